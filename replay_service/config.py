@@ -1,0 +1,183 @@
+"""Frozen configuration objects, validated on construction.
+
+`TableConfig` describes one Reverb table (name, capacity, sequence length and how it is sampled);
+`SamplingConfig` is the sampler / remover / rate-limiter choice; `Timeouts` bounds every blocking
+call. Each `__post_init__` rejects a bad value with a message naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from replay_service.errors import ConfigError
+
+DEFAULT_TABLE_NAME = "uniform_table"
+SAMPLERS = ("uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap")
+REMOVERS = ("fifo", "lifo", "uniform", "min_heap", "max_heap")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _require_positive_int(name: str, value: object) -> None:
+    _require(
+        isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        f"{name} must be a positive integer, got {value!r}",
+    )
+
+
+def _require_timeout(name: str, value: float | None) -> None:
+    _require(
+        value is None
+        or (isinstance(value, int | float) and not isinstance(value, bool) and value > 0),
+        f"{name} must be a positive number of seconds or None (wait forever), got {value!r}",
+    )
+
+
+def validate_table_name(name: object) -> str:
+    """Checks a table name: a non-empty string of letters, digits, '_', '-' or '.'.
+
+    Args:
+      name: The candidate name.
+
+    Returns:
+      The name, unchanged.
+
+    Raises:
+      ConfigError: If the name is empty, not a string or has other characters.
+    """
+    ok = isinstance(name, str) and name != "" and all(c.isalnum() or c in "_-." for c in name)
+    _require(ok, f"table name must be a non-empty string of [A-Za-z0-9_.-], got {name!r}")
+    return name  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How items are sampled from and removed from a table.
+
+    Attributes:
+      sampler: One of `SAMPLERS`. "uniform" (default) or "prioritized" for replay;
+        "fifo"/"lifo"/heaps turn the table into a queue, stack or heap.
+      remover: One of `REMOVERS`: which item is evicted once the table is full. Default "fifo".
+      priority_exponent: Exponent applied to priorities by the "prioritized" sampler.
+      min_size_to_sample: Sampling blocks until the table holds at least this many items.
+      samples_per_insert: If set, a `SampleToInsertRatio` rate limiter keeps the number of
+        samples per inserted item near this value; if None, only `min_size_to_sample` applies.
+      error_buffer: Allowed deviation from `samples_per_insert`, in samples. None picks a safe
+        default (see `effective_error_buffer`). Ignored without `samples_per_insert`.
+      max_times_sampled: An item is removed after this many samples; 0 means never.
+    """
+
+    sampler: str = "uniform"
+    remover: str = "fifo"
+    priority_exponent: float = 0.6
+    min_size_to_sample: int = 1
+    samples_per_insert: float | None = None
+    error_buffer: float | None = None
+    max_times_sampled: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        _require(self.remover in REMOVERS, f"remover must be one of {REMOVERS}, got {self.remover!r}")
+        _require(
+            isinstance(self.priority_exponent, int | float)
+            and math.isfinite(self.priority_exponent)
+            and self.priority_exponent >= 0,
+            f"priority_exponent must be a finite number >= 0, got {self.priority_exponent!r}",
+        )
+        _require_positive_int("min_size_to_sample", self.min_size_to_sample)
+        _require(
+            isinstance(self.max_times_sampled, int) and self.max_times_sampled >= 0,
+            f"max_times_sampled must be an integer >= 0, got {self.max_times_sampled!r}",
+        )
+        spi = self.samples_per_insert
+        if spi is not None:
+            _require(
+                isinstance(spi, int | float) and math.isfinite(spi) and spi > 0,
+                f"samples_per_insert must be a finite number > 0 or None, got {spi!r}",
+            )
+        if self.error_buffer is not None:
+            floor = max(1.0, spi or 1.0)
+            _require(
+                isinstance(self.error_buffer, int | float) and self.error_buffer >= floor,
+                f"error_buffer must be >= max(1, samples_per_insert) = {floor} or else sampling "
+                f"and inserting can block each other forever, got {self.error_buffer!r}",
+            )
+
+    def effective_error_buffer(self) -> float:
+        """Returns the error buffer used with `samples_per_insert`.
+
+        The default is wide enough that a single-threaded loop which alternates one collect step
+        with one training step cannot block itself: at least 10% of `min_size_to_sample` samples
+        and never less than `2 * max(1, samples_per_insert)`.
+
+        Raises:
+          ConfigError: If `samples_per_insert` is not set.
+        """
+        if self.samples_per_insert is None:
+            raise ConfigError("effective_error_buffer() needs samples_per_insert to be set")
+        if self.error_buffer is not None:
+            return float(self.error_buffer)
+        spi = float(self.samples_per_insert)
+        return max(2.0 * max(1.0, spi), 0.1 * spi * self.min_size_to_sample)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """One Reverb table holding fixed-length windows of a data spec.
+
+    Attributes:
+      name: Table name; clients and datasets address the table by it.
+      capacity: Maximum number of items (windows of `sequence_length` steps) kept.
+      sequence_length: Number of consecutive steps in one item.
+      sampling: Sampler, remover and rate limiter.
+    """
+
+    name: str = DEFAULT_TABLE_NAME
+    capacity: int = 50_000
+    sequence_length: int = 2
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        validate_table_name(self.name)
+        _require_positive_int("capacity", self.capacity)
+        _require_positive_int("sequence_length", self.sequence_length)
+        _require(
+            isinstance(self.sampling, SamplingConfig),
+            f"sampling must be a SamplingConfig, got {type(self.sampling).__name__}",
+        )
+        _require(
+            self.sampling.min_size_to_sample <= self.capacity,
+            f"min_size_to_sample ({self.sampling.min_size_to_sample}) must not exceed capacity "
+            f"({self.capacity}), or sampling could never start",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeouts:
+    """Upper bounds, in seconds, on every blocking call. None means wait forever.
+
+    Attributes:
+      connect: Waiting for a server to answer (start-up, remote connect, `server_info`).
+      write: Waiting for written items to be confirmed (`flush`, end of episode, close).
+      sample: Waiting for a sample when the table is empty or the rate limiter blocks; a
+        dataset then raises an error naming the table instead of hanging.
+      checkpoint: Waiting for a checkpoint to be written.
+    """
+
+    connect: float | None = 10.0
+    write: float | None = 30.0
+    sample: float | None = 60.0
+    checkpoint: float | None = 600.0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            _require_timeout(f"timeouts.{field.name}", getattr(self, field.name))
+
+
+def to_ms(seconds: float | None) -> int | None:
+    """Converts a timeout in seconds to Reverb's milliseconds (None stays None)."""
+    return None if seconds is None else max(1, int(seconds * 1000))

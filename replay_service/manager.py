@@ -1,0 +1,458 @@
+"""`ReplayBufferManager`: owns the lifecycle of one replay buffer.
+
+It starts (or connects to) a Reverb server, hands out a TF-Agents replay buffer and a trajectory
+observer, and checkpoints and restores. Layout, validation and sampling live in their own modules;
+this class only puts them in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import reverb
+import tensorflow as tf
+
+from replay_service import specs
+from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore, StoreMetadata
+from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
+from replay_service.datasets import ReplayBuffer
+from replay_service.errors import (
+    BufferStateError,
+    CheckpointError,
+    CheckpointExistsError,
+    ConfigError,
+    ManagerClosedError,
+    NoCheckpointError,
+    ServerUnavailableError,
+    SpecMismatchError,
+)
+from replay_service.observers import TrajectoryObserver
+from replay_service.server import call_with_timeout, connect, start_server
+from replay_service.tables import make_table
+
+_log = logging.getLogger(__name__)
+
+
+class ReplayBufferManager:
+    """Creates, restores, samples and checkpoints one Reverb-backed replay buffer.
+
+    Embedded mode (the default) runs a Reverb server in this process, checkpointing into
+    `checkpoint_dir`. Remote mode (`server_address="host:port"`) uses a running server (see
+    `replay-server`), which owns its checkpoints.
+
+    Args:
+      data_spec: Per-step spec of what is stored, e.g. `agent.collect_data_spec`.
+      capacity: Maximum number of items kept; the oldest is evicted first (by default).
+      checkpoint_dir: Directory holding this buffer's checkpoints (embedded mode, required).
+      sequence_length: Consecutive steps per item; `num_frames()` counts these items.
+      table_name: Name of the Reverb table.
+      sampling: Sampler, remover and rate limiter; uniform with `MinSize(1)` by default.
+      server_address: "host:port" of a running server; None starts an embedded one.
+      port: Port of the embedded server (all interfaces); None picks a free one.
+      timeouts: Bounds on every blocking call.
+      keep_checkpoints: Complete checkpoints retained in `checkpoint_dir`.
+      stride_length: The observer creates an item every `stride_length` steps.
+
+    Raises:
+      ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode...).
+      SpecMismatchError: If `data_spec` is not a nest of tensor specs.
+    """
+
+    def __init__(
+        self,
+        data_spec: Any,
+        capacity: int,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        sequence_length: int = 2,
+        *,
+        table_name: str = DEFAULT_TABLE_NAME,
+        sampling: SamplingConfig | None = None,
+        server_address: str | None = None,
+        port: int | None = None,
+        timeouts: Timeouts | None = None,
+        keep_checkpoints: int = DEFAULT_KEEP,
+        stride_length: int = 1,
+    ) -> None:
+        self._table = TableConfig(
+            name=table_name,
+            capacity=capacity,
+            sequence_length=sequence_length,
+            sampling=sampling or SamplingConfig(),
+        )
+        self._data_spec = data_spec
+        self._metadata = StoreMetadata(
+            table_name=table_name,
+            sequence_length=sequence_length,
+            capacity=capacity,
+            data_spec=specs.describe_spec(data_spec),
+        )
+        if server_address is None and checkpoint_dir is None:
+            raise ConfigError("checkpoint_dir is required unless server_address is given")
+        if server_address is not None and port is not None:
+            raise ConfigError(f"port={port!r} applies only to the embedded server, not remote")
+        if not isinstance(stride_length, int) or stride_length < 1:
+            raise ConfigError(f"stride_length must be an integer >= 1, got {stride_length!r}")
+        self._stride_length = stride_length
+        self._timeouts = timeouts or Timeouts()
+        self._remote_address = server_address
+        self._port = port
+        self._store = (
+            CheckpointStore(checkpoint_dir, keep=keep_checkpoints)
+            if checkpoint_dir is not None and server_address is None
+            else None
+        )
+        self._server: reverb.Server | None = None
+        self._client: reverb.Client | None = None
+        self._replay_buffer: ReplayBuffer | None = None
+        self._observers: list[TrajectoryObserver] = []
+        self._closed = False
+
+    # ------------------------------------------------------------------------ properties
+
+    @property
+    def table_name(self) -> str:
+        """Name of the Reverb table."""
+        return self._table.name
+
+    @property
+    def sequence_length(self) -> int:
+        """Steps per item."""
+        return self._table.sequence_length
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        """Absolute checkpoint directory (embedded mode), else None."""
+        return self._store.root if self._store else None
+
+    @property
+    def server_address(self) -> str:
+        """"host:port" of the server in use.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded yet.
+        """
+        return self._require_client().server_address
+
+    @property
+    def py_client(self) -> reverb.Client:
+        """The Reverb client of the server in use."""
+        return self._require_client()
+
+    # ------------------------------------------------------------------------- lifecycle
+
+    def create_replay_buffer(self, *, overwrite: bool = False) -> tuple[ReplayBuffer, Any]:
+        """Starts a new, empty buffer.
+
+        Args:
+          overwrite: Embedded: delete existing checkpoints of `checkpoint_dir` (files that are not
+            replay_service's are never touched). Remote: empty a non-empty table.
+
+        Returns:
+          `(replay_buffer, observer)`: a TF-Agents `ReverbReplayBuffer` and a
+          `TrajectoryObserver` to pass to an `Actor` or driver.
+
+        Raises:
+          CheckpointExistsError: If checkpoints exist (or the remote table holds items) and
+            `overwrite` is False.
+          CheckpointError: If `checkpoint_dir` is foreign, not writable or in use.
+          PortInUseError, ServerUnavailableError: If the server cannot be started or reached.
+          BufferStateError: If this manager already has a buffer.
+        """
+        self._require_no_buffer()
+        if self._store is None:
+            client = self._connect_remote()
+            size = self._table_info(client).current_size
+            if size and not overwrite:
+                raise CheckpointExistsError(
+                    f"table {self.table_name!r} on {self._remote_address!r} already holds {size} "
+                    "items; use load_replay_buffer() to keep them or overwrite=True to empty it"
+                )
+            client.reset(self.table_name)
+            return self._hand_out(client)
+        self._store.lock()
+        try:
+            self._store.prepare_new(self._metadata, overwrite=overwrite)
+            self._server = start_server(
+                [make_table(self._table, self._data_spec)], self._store, self._port
+            )
+        except BaseException:
+            self._store.unlock()
+            raise
+        _log.info("Created an empty buffer, table %r, in %s", self.table_name, self._store.root)
+        return self._hand_out(self._server.localhost_client())
+
+    def load_replay_buffer(self) -> tuple[ReplayBuffer, Any]:
+        """Restores the newest complete checkpoint (embedded) or attaches to the server's table.
+
+        The stored data spec, sequence length, table name and capacity must equal this
+        manager's; every differing field is named. Reverb restores the capacity stored in the
+        checkpoint, so a different `capacity` is refused rather than silently ignored.
+
+        Returns:
+          `(replay_buffer, observer)` as from `create_replay_buffer`.
+
+        Raises:
+          NoCheckpointError: If `checkpoint_dir` is missing, empty or holds no checkpoint.
+          CheckpointError: If it is foreign, in use, or the checkpoint cannot be restored.
+          SpecMismatchError: If what is stored differs from what this manager was given.
+          BufferStateError: If this manager already has a buffer.
+        """
+        self._require_no_buffer()
+        if self._store is None:
+            return self._hand_out(self._connect_remote())
+        store = self._store
+        stored = store.read_metadata()
+        store.lock()
+        try:
+            store.ensure_dirs()
+            store.clean_staging(stored)
+            latest = store.latest()
+            if latest is None:
+                raise NoCheckpointError(
+                    f"checkpoint_dir {store.root!r} holds no complete checkpoint to load; "
+                    "use create_replay_buffer(overwrite=True) to start over"
+                )
+            self._check_stored(latest.metadata, latest.path)
+            self._server = start_server(
+                [make_table(self._table, self._data_spec)], store, self._port, restore=latest
+            )
+        except BaseException:
+            store.unlock()
+            raise
+        client = self._server.localhost_client()
+        _log.info(
+            "Loaded %d items of table %r from %s",
+            self._table_info(client).current_size,
+            self.table_name,
+            latest.path,
+        )
+        return self._hand_out(client)
+
+    def get_replay_buffer_and_observer(self) -> tuple[ReplayBuffer, Any]:
+        """Returns the buffer created or loaded before, with a new observer.
+
+        Raises:
+          BufferStateError: If neither `create_replay_buffer` nor `load_replay_buffer` ran.
+        """
+        self._require_client()
+        assert self._replay_buffer is not None
+        return self._replay_buffer, self._new_observer()
+
+    def close(self) -> None:
+        """Flushes observers, stops the embedded server and releases the directory. Idempotent.
+
+        No checkpoint is taken: call `checkpoint()` first to keep what was collected.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for observer in self._observers:
+                try:
+                    observer.close()
+                except Exception as e:  # a dead server must not prevent the rest of close()
+                    _log.warning("observer close failed: %s", e)
+        finally:
+            if self._server is not None:
+                self._server.stop()
+            if self._store is not None:
+                self._store.unlock()
+            self._server = self._client = self._replay_buffer = None
+            self._observers = []
+
+    def __enter__(self) -> ReplayBufferManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --------------------------------------------------------------------------- using it
+
+    def get_dataset(
+        self,
+        batch_size: int,
+        num_steps: int | None = None,
+        *,
+        num_parallel_calls: int = 3,
+        prefetch: int = 3,
+    ) -> tf.data.Dataset:
+        """Returns a tf.data dataset of `(trajectory, sample_info)` batches.
+
+        Same as `replay_buffer.as_dataset(batch_size, num_steps, num_parallel_calls).prefetch(3)`.
+        If no item can be sampled within `timeouts.sample`, iterating raises
+        `tf.errors.InvalidArgumentError` naming the table instead of blocking forever.
+
+        Args:
+          batch_size: Items per batch.
+          num_steps: Steps per sampled sequence; None or `sequence_length` returns whole items.
+          num_parallel_calls: Parallel sample unpacking, at most `batch_size`.
+          prefetch: Batches prefetched.
+
+        Raises:
+          ConfigError: If a size is not a positive integer.
+        """
+        replay_buffer = self._require_buffer()
+        for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        num_parallel_calls = min(num_parallel_calls, batch_size)
+        dataset = replay_buffer.as_dataset(
+            sample_batch_size=batch_size,
+            num_steps=num_steps,
+            num_parallel_calls=num_parallel_calls,
+        )
+        return dataset.prefetch(prefetch)
+
+    def num_frames(self) -> int:
+        """Returns the number of items in the table.
+
+        An item is one window of `sequence_length` consecutive steps (with the default stride of
+        1, an episode of T steps gives T - sequence_length + 1 items), not one environment step.
+        """
+        return int(self._table_info(self._require_client()).current_size)
+
+    def clear(self) -> None:
+        """Empties the table in place; every object handed out stays valid.
+
+        Embedded mode then takes a checkpoint of the empty table, so a later
+        `load_replay_buffer()` does not bring the old items back (older checkpoints are kept
+        until retention removes them).
+        """
+        client = self._require_client()
+        client.reset(self.table_name)
+        if self._store is not None:
+            self.checkpoint()
+
+    def checkpoint(self) -> str:
+        """Writes a checkpoint and returns its path.
+
+        Embedded: the path is a complete checkpoint under `<checkpoint_dir>/checkpoints/`.
+        Remote: the path on the server's machine where Reverb wrote it.
+
+        Raises:
+          CheckpointError: If the checkpoint fails, is incomplete or takes longer than
+            `timeouts.checkpoint`.
+        """
+        client = self._require_client()
+        for observer in self._observers:
+            observer.flush()
+        store = self._store
+        if store is not None:
+            store.clean_staging(self._metadata)
+        num_items = self._table_info(client).current_size
+        try:
+            path = call_with_timeout(client.checkpoint, self._timeouts.checkpoint, "checkpoint")
+        except (TimeoutError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint of table {self.table_name!r} failed: {e}") from e
+        if store is None:
+            return path
+        saved = store.adopt(path, self._metadata, num_items=num_items)
+        _log.info("Checkpointed %d items to %s", num_items, saved.path)
+        return saved.path
+
+    # ---------------------------------------------------------------------------- helpers
+
+    def _hand_out(self, client: reverb.Client) -> tuple[ReplayBuffer, Any]:
+        self._client = client
+        self._check_server_table(client)
+        kwargs: dict[str, Any] = (
+            {"local_server": self._server}
+            if self._server is not None
+            else {"server_address": client.server_address}
+        )
+        self._replay_buffer = ReplayBuffer(
+            self._data_spec,
+            self.table_name,
+            self.sequence_length,
+            sample_timeout=self._timeouts.sample,
+            **kwargs,
+        )
+        return self._replay_buffer, self._new_observer()
+
+    def _new_observer(self) -> TrajectoryObserver:
+        observer = TrajectoryObserver(
+            self._require_client(),
+            self.table_name,
+            self.sequence_length,
+            self._data_spec,
+            stride_length=self._stride_length,
+            timeouts=self._timeouts,
+        )
+        self._observers.append(observer)
+        return observer
+
+    def _connect_remote(self) -> reverb.Client:
+        assert self._remote_address is not None
+        return connect(self._remote_address, self._timeouts.connect)
+
+    def _table_info(self, client: reverb.Client) -> Any:
+        timeout = self._timeouts.connect
+        try:
+            infos = client.server_info(timeout=max(1, round(timeout)) if timeout else None)
+        except Exception as e:
+            raise ServerUnavailableError(
+                f"Reverb server at {client.server_address!r} did not answer within {timeout} s: {e}"
+            ) from e
+        if self.table_name not in infos:
+            raise SpecMismatchError(
+                f"server at {client.server_address!r} has no table {self.table_name!r}; "
+                f"its tables are {sorted(infos)}"
+            )
+        return infos[self.table_name]
+
+    def _check_server_table(self, client: reverb.Client) -> None:
+        info = self._table_info(client)
+        expected = specs.describe_spec(specs.table_signature(self._data_spec, self.sequence_length))
+        if info.signature is None:
+            raise SpecMismatchError(
+                f"table {self.table_name!r} at {client.server_address!r} has no signature; "
+                "replay_service needs one to check data and build datasets"
+            )
+        problems = specs.diff_descriptions(expected, specs.describe_spec(info.signature))
+        if info.max_size != self._table.capacity:
+            problems.append(f"capacity: requested {self._table.capacity}, found {info.max_size}")
+        if problems:
+            raise SpecMismatchError(
+                f"table {self.table_name!r} at {client.server_address!r} does not match this "
+                "manager (the leading dimension of each field is sequence_length): "
+                + "; ".join(problems)
+            )
+
+    def _check_stored(self, stored: StoreMetadata, path: str) -> None:
+        problems = stored.differences(self._metadata)
+        if stored.capacity != self._table.capacity:
+            problems.append(
+                f"capacity: requested {self._table.capacity}, stored {stored.capacity} (Reverb "
+                f"restores the stored capacity; pass capacity={stored.capacity} to load it)"
+            )
+        if problems:
+            raise SpecMismatchError(
+                f"checkpoint {path!r} does not match this manager: " + "; ".join(problems)
+            )
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ManagerClosedError("this ReplayBufferManager is closed; create a new one")
+
+    def _require_no_buffer(self) -> None:
+        self._require_open()
+        if self._client is not None:
+            raise BufferStateError(
+                "this manager already has a buffer; use get_replay_buffer_and_observer(), "
+                "clear() to empty it, or close() and a new manager to start another"
+            )
+
+    def _require_client(self) -> reverb.Client:
+        self._require_open()
+        if self._client is None:
+            raise BufferStateError(
+                "no buffer yet: call create_replay_buffer() or load_replay_buffer() first"
+            )
+        return self._client
+
+    def _require_buffer(self) -> ReplayBuffer:
+        self._require_client()
+        assert self._replay_buffer is not None
+        return self._replay_buffer

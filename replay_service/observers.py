@@ -1,0 +1,182 @@
+"""A TF-Agents trajectory observer that writes fixed-length windows to a Reverb table.
+
+It is a drop-in for `tf_agents.replay_buffers.reverb_utils.ReverbAddTrajectoryObserver` (same
+windows: every `stride_length` steps, the last `sequence_length` steps of the current episode)
+with what that observer lacks: every wait has a timeout, items are flushed as they accumulate and
+on close, a wrongly shaped step fails at once with the field that is wrong, and a window never
+spans two episodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import reverb
+import tensorflow as tf
+
+from replay_service.config import Timeouts, to_ms
+from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
+from replay_service.specs import diff_value
+
+# Unconfirmed items allowed before `__call__` waits for the server (Reverb warns past ~50).
+MAX_IN_FLIGHT_ITEMS = 32
+
+
+class TrajectoryObserver:
+    """Writes overlapping windows of unbatched TF-Agents trajectories to one table.
+
+    Pass it in `observers=[...]` of `tf_agents.train.actor.Actor` or a `PyDriver`.
+
+    Args:
+      client: Client of the server holding the table.
+      table_name: Table to write to.
+      sequence_length: Steps per item; must equal the table's.
+      data_spec: Per-step spec (e.g. `agent.collect_data_spec`).
+      stride_length: A new item every `stride_length` steps (1: every window).
+      priority: Initial priority of new items.
+      timeouts: `timeouts.write` bounds every wait for the server.
+
+    Raises:
+      ValueError: If `sequence_length` or `stride_length` < 1.
+    """
+
+    def __init__(
+        self,
+        client: reverb.Client,
+        table_name: str,
+        sequence_length: int,
+        data_spec: Any,
+        *,
+        stride_length: int = 1,
+        priority: float = 1.0,
+        timeouts: Timeouts | None = None,
+    ) -> None:
+        if sequence_length < 1 or stride_length < 1:
+            raise ValueError(
+                f"sequence_length and stride_length must be >= 1, got {sequence_length} and "
+                f"{stride_length}"
+            )
+        self._client = client
+        self._table_name = table_name
+        self._sequence_length = sequence_length
+        self._stride_length = stride_length
+        self._priority = float(priority)
+        self._data_spec = data_spec
+        self._timeout_ms = to_ms((timeouts or Timeouts()).write)
+        self._writer: Any = None
+        self._steps_in_episode = 0
+        self._items_since_flush = 0
+        self._checked = False
+        self._closed = False
+
+    @property
+    def py_client(self) -> reverb.Client:
+        """The Reverb client written through (TF-Agents observers expose the same)."""
+        return self._client
+
+    def __call__(self, trajectory: Any) -> None:
+        """Appends one step; creates an item when a full window is available.
+
+        Args:
+          trajectory: One unbatched `Trajectory` (numpy arrays or eager tensors).
+
+        Raises:
+          SpecMismatchError: If the step does not match the data spec.
+          WriteTimeoutError: If the server does not confirm items within the write timeout.
+          ManagerClosedError: If the observer was closed.
+        """
+        if self._closed:
+            raise ManagerClosedError("this observer is closed; get a new one from the manager")
+        if not self._checked:
+            self._check(trajectory)
+        writer = self._writer or self._open()
+        try:
+            writer.append(trajectory)
+            self._steps_in_episode += 1
+            over = self._steps_in_episode - self._sequence_length
+            if over >= 0 and over % self._stride_length == 0:
+                window = tf.nest.map_structure(lambda h: h[-self._sequence_length :], writer.history)
+                writer.create_item(self._table_name, self._priority, window)
+                self._items_since_flush += 1
+        except ValueError as e:
+            self._raise_mismatch(trajectory, e)
+        if trajectory.is_boundary():
+            self._end_episode()
+        elif self._items_since_flush >= MAX_IN_FLIGHT_ITEMS:
+            self._wait(lambda: writer.flush(MAX_IN_FLIGHT_ITEMS // 2, timeout_ms=self._timeout_ms))
+            self._items_since_flush = 0
+
+    def flush(self) -> None:
+        """Blocks until every item written so far is confirmed by the server.
+
+        Raises:
+          WriteTimeoutError: If that takes longer than the write timeout.
+        """
+        if self._writer is not None:
+            self._wait(lambda: self._writer.flush(timeout_ms=self._timeout_ms))
+            self._items_since_flush = 0
+
+    def reset(self, write_cached_steps: bool = False) -> None:
+        """Ends the current episode: its written items stay, pending steps start a new window.
+
+        Args:
+          write_cached_steps: Accepted for compatibility with TF-Agents observers; steps that
+            do not fill a window are never written.
+        """
+        del write_cached_steps
+        if self._writer is not None:
+            self._end_episode()
+
+    def close(self) -> None:
+        """Flushes pending items and closes the writer. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._writer is not None:
+                self._end_episode()
+                self._writer.close()
+        finally:
+            self._writer = None
+            self._closed = True
+
+    def __enter__(self) -> TrajectoryObserver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open(self) -> Any:
+        self._writer = self._client.trajectory_writer(num_keep_alive_refs=self._sequence_length)
+        return self._writer
+
+    def _end_episode(self) -> None:
+        writer = self._writer
+        self._steps_in_episode = 0
+        self._items_since_flush = 0
+        self._wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=self._timeout_ms))
+
+    def _wait(self, call: Any) -> None:
+        try:
+            call()
+        except reverb.errors.DeadlineExceededError as e:
+            raise WriteTimeoutError(
+                f"table {self._table_name!r}: written items were not confirmed within "
+                f"{self._timeout_ms} ms; the server at {self._client.server_address!r} is down "
+                "or its rate limiter blocks inserts (too few samples per insert)"
+            ) from e
+
+    def _check(self, trajectory: Any) -> None:
+        problems = diff_value(trajectory, self._data_spec)
+        if problems:
+            raise SpecMismatchError(self._mismatch_message(problems))
+        self._checked = True
+
+    def _raise_mismatch(self, trajectory: Any, error: Exception) -> None:
+        problems = diff_value(trajectory, self._data_spec) or [str(error)]
+        raise SpecMismatchError(self._mismatch_message(problems)) from error
+
+    def _mismatch_message(self, problems: list[str]) -> str:
+        return (
+            f"trajectory does not match the data spec of table {self._table_name!r} "
+            "(the observer takes one unbatched step at a time): " + "; ".join(problems)
+        )

@@ -1,0 +1,139 @@
+"""Data specs: table signatures, JSON descriptions and field-by-field comparison.
+
+A table's signature is the data spec with a leading time dimension of `sequence_length`, so plain
+Reverb clients (`reverb.TrajectoryDataset.from_table_signature`) can read the table and Reverb
+rejects wrongly shaped items at insert time. Descriptions are the JSON form kept beside every
+checkpoint, so a restore can name each field that differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tree
+from tf_agents.specs import array_spec, tensor_spec
+
+from replay_service.errors import SpecMismatchError
+
+FieldDescription = dict[str, Any]
+
+
+def flatten_with_paths(structure: Any) -> list[tuple[str, Any]]:
+    """Returns `(path, leaf)` pairs in `tf.nest` order, paths joined with "/"."""
+    return [("/".join(map(str, path)), leaf) for path, leaf in tree.flatten_with_path(structure)]
+
+
+def normalize_spec(data_spec: Any) -> Any:
+    """Turns a nest of TF or array specs into a nest of `tf.TensorSpec`.
+
+    Args:
+      data_spec: A nest (e.g. a TF-Agents `Trajectory`) of `tf.TensorSpec`, `BoundedTensorSpec`
+        or `tf_agents.specs.ArraySpec`.
+
+    Returns:
+      The same nest with every leaf a `tf.TensorSpec` (bounds dropped, names kept).
+
+    Raises:
+      SpecMismatchError: If the nest is empty or a leaf is not a spec.
+    """
+    leaves = tf.nest.flatten(data_spec)
+    if not leaves:
+        raise SpecMismatchError(f"data_spec has no tensors: {data_spec!r}")
+    for path, leaf in flatten_with_paths(data_spec):
+        if not isinstance(leaf, tf.TypeSpec | array_spec.ArraySpec):
+            raise SpecMismatchError(
+                f"data_spec field {path or '<root>'!r} is not a TensorSpec or ArraySpec: {leaf!r}"
+            )
+    tf_spec = tensor_spec.from_spec(data_spec)
+    return tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape, s.dtype, s.name), tf_spec)
+
+
+def table_signature(data_spec: Any, sequence_length: int) -> Any:
+    """Returns the Reverb table signature for windows of `sequence_length` steps.
+
+    Args:
+      data_spec: The per-step data spec (see `normalize_spec`).
+      sequence_length: Number of steps in one item.
+
+    Returns:
+      A nest of `tf.TensorSpec` of shape `[sequence_length, *step_shape]`.
+    """
+    return tf.nest.map_structure(
+        lambda s: tf.TensorSpec([sequence_length, *s.shape], s.dtype, s.name),
+        normalize_spec(data_spec),
+    )
+
+
+def describe_spec(data_spec: Any) -> list[FieldDescription]:
+    """Describes every field of a spec as JSON-compatible data.
+
+    Args:
+      data_spec: A nest of specs.
+
+    Returns:
+      One `{"path", "dtype", "shape"}` dict per leaf, in `tf.nest` order.
+    """
+    spec = normalize_spec(data_spec)
+    return [
+        {"path": path, "dtype": leaf.dtype.name, "shape": leaf.shape.as_list()}
+        for path, leaf in flatten_with_paths(spec)
+    ]
+
+
+def diff_descriptions(
+    expected: list[FieldDescription], actual: list[FieldDescription]
+) -> list[str]:
+    """Lists every field that differs between two spec descriptions.
+
+    Args:
+      expected: The description the caller asked for.
+      actual: The description found (in a checkpoint, on a server).
+
+    Returns:
+      Human-readable differences, empty when the specs agree.
+    """
+    want = {f["path"]: f for f in expected}
+    have = {f["path"]: f for f in actual}
+    problems = [f"field {p!r} is missing (expected {_fmt(want[p])})" for p in want if p not in have]
+    problems += [f"field {p!r} is unexpected ({_fmt(have[p])})" for p in have if p not in want]
+    for path in want.keys() & have.keys():
+        if (want[path]["dtype"], want[path]["shape"]) != (have[path]["dtype"], have[path]["shape"]):
+            problems.append(
+                f"field {path!r}: expected {_fmt(want[path])}, found {_fmt(have[path])}"
+            )
+    return sorted(problems)
+
+
+def diff_value(value: Any, data_spec: Any) -> list[str]:
+    """Lists every way a single step (no batch or time dimension) departs from a spec.
+
+    Args:
+      value: A nest of arrays or tensors, e.g. one TF-Agents `Trajectory`.
+      data_spec: The per-step spec it should match.
+
+    Returns:
+      Human-readable differences, empty when the value matches.
+    """
+    spec = normalize_spec(data_spec)
+    try:
+        tf.nest.assert_same_structure(spec, value, check_types=False)
+    except (ValueError, TypeError) as e:
+        return [f"structure differs from the data spec: {e}"]
+    problems = []
+    for (path, leaf_spec), leaf in zip(
+        flatten_with_paths(spec), tf.nest.flatten(value), strict=True
+    ):
+        array = np.asarray(leaf)
+        dtype = tf.as_dtype(array.dtype)
+        if dtype != leaf_spec.dtype or not leaf_spec.shape.is_compatible_with(array.shape):
+            problems.append(
+                f"field {path!r}: expected {leaf_spec.dtype.name}{leaf_spec.shape.as_list()}, "
+                f"got {dtype.name}{list(array.shape)}"
+            )
+    return problems
+
+
+def _fmt(field: FieldDescription) -> str:
+    return f"{field['dtype']}{field['shape']}"
