@@ -198,7 +198,7 @@ class CheckpointStore:
         return checkpoints[-1] if checkpoints else None
 
     def staged(self) -> list[str]:
-        """Complete Reverb checkpoints still in Reverb's root (e.g. from `py_client.checkpoint()`)."""
+        """Complete checkpoints still in Reverb's root (e.g. from `py_client.checkpoint()`)."""
         return [
             os.path.join(self.reverb_root, name)
             for name in sorted(_listdir(self.reverb_root))
@@ -207,17 +207,15 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------------------- changes
 
-    def prepare_new(self, metadata: StoreMetadata, overwrite: bool = False) -> None:
-        """Makes the directory ready for a new, empty buffer and records its metadata.
+    def check_new(self, overwrite: bool = False) -> None:
+        """Checks, without writing anything, that a new buffer may start in this directory.
 
         Args:
-          metadata: What the new buffer holds.
-          overwrite: Delete existing checkpoints of a replay_service store instead of refusing.
-            Files that are not replay_service's are never deleted.
+          overwrite: Whether existing checkpoints of a replay_service store may be deleted.
 
         Raises:
           CheckpointExistsError: If checkpoints exist and `overwrite` is False.
-          CheckpointError: If the directory holds foreign files or cannot be written.
+          CheckpointError: If the path is not a directory or holds foreign files.
         """
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise CheckpointError(f"checkpoint_dir {self.root!r} exists and is not a directory")
@@ -231,6 +229,20 @@ class CheckpointStore:
                 "Call load_replay_buffer() to continue from it, pass overwrite=True to "
                 "create_replay_buffer() to delete them, or choose another checkpoint_dir."
             )
+
+    def prepare_new(self, metadata: StoreMetadata, overwrite: bool = False) -> None:
+        """Makes the directory ready for a new, empty buffer and records its metadata.
+
+        Args:
+          metadata: What the new buffer holds.
+          overwrite: Delete existing checkpoints of a replay_service store instead of refusing.
+            Files that are not replay_service's are never deleted.
+
+        Raises:
+          CheckpointExistsError: If checkpoints exist and `overwrite` is False.
+          CheckpointError: If the directory holds foreign files or cannot be written.
+        """
+        self.check_new(overwrite)
         try:
             os.makedirs(self.root, exist_ok=True)
             for sub in (self.checkpoints_dir, self.reverb_root):
@@ -257,7 +269,7 @@ class CheckpointStore:
         """
         adopted = [self.adopt(path, metadata) for path in self.staged()]
         for name in _listdir(self.reverb_root):
-            shutil.rmtree(os.path.join(self.reverb_root, name), ignore_errors=True)
+            _remove(os.path.join(self.reverb_root, name))
         return adopted
 
     def adopt(
@@ -297,7 +309,9 @@ class CheckpointStore:
             os.rename(reverb_path, target)
             _fsync_dir(self.checkpoints_dir)
         except OSError as e:
-            raise CheckpointError(f"cannot move checkpoint {reverb_path!r} to {target!r}: {e}")
+            raise CheckpointError(
+                f"cannot move checkpoint {reverb_path!r} to {target!r}: {e}"
+            ) from e
         self.prune()
         return Checkpoint(path=target, sequence=sequence, info=info)
 
@@ -325,8 +339,11 @@ class CheckpointStore:
         """
         if self._lock_file is not None:
             return
-        os.makedirs(self.root, exist_ok=True)
-        handle = open(os.path.join(self.root, LOCK_FILE), "a+", encoding="utf-8")  # noqa: SIM115
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            handle = open(os.path.join(self.root, LOCK_FILE), "a+", encoding="utf-8")  # noqa: SIM115
+        except OSError as e:
+            raise CheckpointError(f"cannot use checkpoint_dir {self.root!r}: {e}") from e
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -378,6 +395,14 @@ def _foreign_message(root: str, entries: list[str]) -> str:
         f"it contains: {shown}.{hint} Use an empty or new directory; files that are not "
         "replay_service's are never deleted."
     )
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def _parse_sequence(name: str) -> int | None:

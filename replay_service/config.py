@@ -80,8 +80,12 @@ class SamplingConfig:
     max_times_sampled: int = 0
 
     def __post_init__(self) -> None:
-        _require(self.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        _require(self.remover in REMOVERS, f"remover must be one of {REMOVERS}, got {self.remover!r}")
+        _require(
+            self.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {self.sampler!r}"
+        )
+        _require(
+            self.remover in REMOVERS, f"remover must be one of {REMOVERS}, got {self.remover!r}"
+        )
         _require(
             isinstance(self.priority_exponent, int | float)
             and math.isfinite(self.priority_exponent)

@@ -1,25 +1,23 @@
 """End-to-end demo: collect CartPole into a fresh buffer, sample, checkpoint, restore.
 
-    python -m replay_service.demo [--steps=500] [--checkpoint_dir=DIR]
+python -m replay_service.demo [--steps=500] [--checkpoint_dir=DIR]
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 
+import tensorflow as tf
+from absl import app, flags, logging
+from tf_agents.environments import suite_gym
+from tf_agents.policies import random_py_policy
+from tf_agents.specs import tensor_spec
+from tf_agents.train import actor
+from tf_agents.train.utils import train_utils
+from tf_agents.trajectories import policy_step, trajectory
 
-import tensorflow as tf  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-from tf_agents.environments import suite_gym  # noqa: E402
-from tf_agents.policies import random_py_policy  # noqa: E402
-from tf_agents.specs import tensor_spec  # noqa: E402
-from tf_agents.train import actor  # noqa: E402
-from tf_agents.train.utils import train_utils  # noqa: E402
-from tf_agents.trajectories import policy_step, trajectory  # noqa: E402
-
-from replay_service import ReplayBufferManager  # noqa: E402
+from replay_service import ReplayBufferManager
 
 _STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)
 _CAPACITY = flags.DEFINE_integer("capacity", 50_000, "Buffer capacity in items.", lower_bound=1)
@@ -50,7 +48,7 @@ def main(argv: list[str]) -> None:
     data_spec = collect_data_spec(env, policy)
 
     with ReplayBufferManager(data_spec, _CAPACITY.value, checkpoint_dir, 2) as manager:
-        replay_buffer, observer = manager.create_replay_buffer()
+        _, observer = manager.create_replay_buffer()
         collect_actor = actor.Actor(
             env,
             policy,
@@ -80,7 +78,8 @@ def main(argv: list[str]) -> None:
     with ReplayBufferManager(data_spec, _CAPACITY.value, checkpoint_dir, 2) as restored:
         restored.load_replay_buffer()
         count = restored.num_frames()
-        print(f"restored   {count} items into a new manager ({'same' if count == frames else 'DIFFERENT'} count)")
+        same = "same" if count == frames else "DIFFERENT"
+        print(f"restored   {count} items into a new manager ({same} count)")
         if count != frames:
             raise SystemExit(f"restore mismatch: wrote {frames} items, restored {count}")
     print(f"done       buffer kept in {checkpoint_dir}")

@@ -128,7 +128,7 @@ class ReplayBufferManager:
 
     @property
     def server_address(self) -> str:
-        """"host:port" of the server in use.
+        """ "host:port" of the server in use.
 
         Raises:
           BufferStateError: If no buffer was created or loaded yet.
@@ -171,6 +171,7 @@ class ReplayBufferManager:
                 )
             client.reset(self.table_name)
             return self._hand_out(client)
+        self._store.check_new(overwrite)
         self._store.lock()
         try:
             self._store.prepare_new(self._metadata, overwrite=overwrite)

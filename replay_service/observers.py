@@ -95,7 +95,9 @@ class TrajectoryObserver:
             self._steps_in_episode += 1
             over = self._steps_in_episode - self._sequence_length
             if over >= 0 and over % self._stride_length == 0:
-                window = tf.nest.map_structure(lambda h: h[-self._sequence_length :], writer.history)
+                window = tf.nest.map_structure(
+                    lambda h: h[-self._sequence_length :], writer.history
+                )
                 writer.create_item(self._table_name, self._priority, window)
                 self._items_since_flush += 1
         except ValueError as e:

@@ -310,7 +310,7 @@ class BuildingEnv(py_environment.PyEnvironment):
         balance_temp = self._outdoor_temp + gains / ENVELOPE_UA_KW_PER_C
         free_temp = balance_temp + (self._zone_temp - balance_temp) * self._decay
         power = self._hvac_power_kw(free_temp, heating, cooling)
-        self._zone_temp = free_temp - power * self._degc_per_kw
+        self._zone_temp = free_temp + power * self._degc_per_kw
         cop = HEATING_COP if power > 0.0 else COOLING_COP
         return abs(power) * STEP_HOURS / cop
 
