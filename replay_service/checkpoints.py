@@ -8,6 +8,7 @@
         ckpt-00000002/             DONE) plus replay_service_checkpoint.json; newest = highest
       .reverb/                     Reverb's own checkpointer root: only Reverb writes here
       .lock                        held by the one process serving this directory
+      corrupt/                     checkpoints that failed to restore, moved aside
 
 Reverb keeps only the lexicographically largest entry of its checkpoint root and deletes the
 rest, so any foreign file there can make it delete the checkpoint it just wrote. Reverb therefore
@@ -42,6 +43,7 @@ STORE_FILE = "replay_service.json"
 CHECKPOINTS_DIR = "checkpoints"
 REVERB_DIR = ".reverb"
 LOCK_FILE = ".lock"
+CORRUPT_DIR = "corrupt"
 CHECKPOINT_META_FILE = "replay_service_checkpoint.json"
 REVERB_DONE_FILE = "DONE"
 CHECKPOINT_PREFIX = "ckpt-"
@@ -226,8 +228,9 @@ class CheckpointStore:
         if existing and not overwrite:
             raise CheckpointExistsError(
                 f"checkpoint_dir {self.root!r} already holds {existing} checkpoint(s). "
-                "Call load_replay_buffer() to continue from it, pass overwrite=True to "
-                "create_replay_buffer() to delete them, or choose another checkpoint_dir."
+                "Continue from it (load_replay_buffer(), or replay-server --restore), delete "
+                "them (create_replay_buffer(overwrite=True), or replay-server --overwrite), or "
+                "choose another checkpoint_dir."
             )
 
     def prepare_new(self, metadata: StoreMetadata, overwrite: bool = False) -> None:
@@ -267,10 +270,17 @@ class CheckpointStore:
         Returns:
           The checkpoints adopted, oldest first.
         """
-        adopted = [self.adopt(path, metadata) for path in self.staged()]
+        adopted = self.adopt_staged(metadata)
         for name in _listdir(self.reverb_root):
             _remove(os.path.join(self.reverb_root, name))
         return adopted
+
+    def adopt_staged(self, metadata: StoreMetadata) -> list[Checkpoint]:
+        """Adopts the complete checkpoints in Reverb's root, leaving partial ones alone.
+
+        Safe while Reverb writes: a checkpoint is complete only once `DONE` exists.
+        """
+        return [self.adopt(path, metadata) for path in self.staged()]
 
     def adopt(
         self, reverb_path: str, metadata: StoreMetadata, num_items: int | None = None
@@ -314,6 +324,22 @@ class CheckpointStore:
             ) from e
         self.prune()
         return Checkpoint(path=target, sequence=sequence, info=info)
+
+    def quarantine(self, checkpoint: Checkpoint) -> str:
+        """Moves a checkpoint that failed to restore into `corrupt/`; returns its new path.
+
+        Raises:
+          CheckpointError: If it cannot be moved.
+        """
+        target_dir = os.path.join(self.root, CORRUPT_DIR)
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%f")
+        target = os.path.join(target_dir, f"{os.path.basename(checkpoint.path)}-{stamp}")
+        try:
+            os.makedirs(target_dir, exist_ok=True)
+            os.rename(checkpoint.path, target)
+        except OSError as e:
+            raise CheckpointError(f"cannot move {checkpoint.path!r} aside: {e}") from e
+        return target
 
     def prune(self) -> list[str]:
         """Deletes complete checkpoints beyond the newest `keep`; returns the deleted paths."""

@@ -12,12 +12,11 @@ import tensorflow as tf
 from absl import app, flags, logging
 from tf_agents.environments import suite_gym
 from tf_agents.policies import random_py_policy
-from tf_agents.specs import tensor_spec
 from tf_agents.train import actor
 from tf_agents.train.utils import train_utils
-from tf_agents.trajectories import policy_step, trajectory
 
 from replay_service import ReplayBufferManager
+from replay_service.specs import trajectory_spec
 
 _STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)
 _CAPACITY = flags.DEFINE_integer("capacity", 50_000, "Buffer capacity in items.", lower_bound=1)
@@ -30,13 +29,7 @@ _ENV = flags.DEFINE_string("env", "CartPole-v0", "A gym environment id for suite
 
 def collect_data_spec(env: object, policy: object) -> object:
     """The per-step `Trajectory` spec an agent's `collect_data_spec` would give."""
-    return tensor_spec.from_spec(
-        trajectory.from_transition(
-            env.time_step_spec(),  # type: ignore[attr-defined]
-            policy_step.PolicyStep(env.action_spec(), (), ()),  # type: ignore[attr-defined]
-            env.time_step_spec(),  # type: ignore[attr-defined]
-        )
-    )
+    return trajectory_spec(env, policy.info_spec)  # type: ignore[attr-defined]
 
 
 def main(argv: list[str]) -> None:

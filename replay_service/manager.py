@@ -24,12 +24,17 @@ from replay_service.errors import (
     CheckpointExistsError,
     ConfigError,
     ManagerClosedError,
-    NoCheckpointError,
     ServerUnavailableError,
     SpecMismatchError,
 )
 from replay_service.observers import TrajectoryObserver
-from replay_service.server import call_with_timeout, connect, start_server
+from replay_service.server import (
+    call_with_timeout,
+    connect,
+    start_from_latest,
+    start_server,
+    take_checkpoint,
+)
 from replay_service.tables import make_table
 
 _log = logging.getLogger(__name__)
@@ -209,15 +214,11 @@ class ReplayBufferManager:
         try:
             store.ensure_dirs()
             store.clean_staging(stored)
-            latest = store.latest()
-            if latest is None:
-                raise NoCheckpointError(
-                    f"checkpoint_dir {store.root!r} holds no complete checkpoint to load; "
-                    "use create_replay_buffer(overwrite=True) to start over"
-                )
-            self._check_stored(latest.metadata, latest.path)
-            self._server = start_server(
-                [make_table(self._table, self._data_spec)], store, self._port, restore=latest
+            self._server, latest = start_from_latest(
+                [make_table(self._table, self._data_spec)],
+                store,
+                self._port,
+                check=lambda c: self._check_stored(c.metadata, c.path),
             )
         except BaseException:
             store.unlock()
@@ -339,18 +340,13 @@ class ReplayBufferManager:
         client = self._require_client()
         for observer in self._observers:
             observer.flush()
-        store = self._store
-        if store is not None:
-            store.clean_staging(self._metadata)
-        num_items = self._table_info(client).current_size
-        try:
-            path = call_with_timeout(client.checkpoint, self._timeouts.checkpoint, "checkpoint")
-        except (TimeoutError, RuntimeError) as e:
-            raise CheckpointError(f"checkpoint of table {self.table_name!r} failed: {e}") from e
-        if store is None:
-            return path
-        saved = store.adopt(path, self._metadata, num_items=num_items)
-        _log.info("Checkpointed %d items to %s", num_items, saved.path)
+        if self._store is None:
+            try:
+                return call_with_timeout(client.checkpoint, self._timeouts.checkpoint, "checkpoint")
+            except (TimeoutError, RuntimeError) as e:
+                raise CheckpointError(f"checkpoint of {client.server_address!r} failed: {e}") from e
+        saved = take_checkpoint(client, self._store, self._metadata, self._timeouts.checkpoint)
+        _log.info("Checkpointed %s items to %s", saved.info["num_items"], saved.path)
         return saved.path
 
     # ---------------------------------------------------------------------------- helpers

@@ -11,10 +11,11 @@ from typing import TypeVar
 
 import reverb
 
-from replay_service.checkpoints import Checkpoint, CheckpointStore
+from replay_service.checkpoints import Checkpoint, CheckpointStore, StoreMetadata
 from replay_service.errors import (
     CheckpointError,
     ConfigError,
+    NoCheckpointError,
     PortInUseError,
     ServerError,
     ServerUnavailableError,
@@ -100,6 +101,66 @@ def start_server(
         raise ServerError(f"cannot start a Reverb server on port {port}: {e}") from e
     _log.info("Reverb server listening on port %d (all interfaces)", port)
     return server
+
+
+def start_from_latest(
+    tables: Sequence[reverb.Table],
+    store: CheckpointStore,
+    port: int | None,
+    check: Callable[[Checkpoint], None],
+) -> tuple[reverb.Server, Checkpoint]:
+    """Starts a server restored from the newest checkpoint that loads.
+
+    A checkpoint that Reverb cannot load (corrupt files despite `DONE`) is moved to
+    `<checkpoint_dir>/corrupt/` with a warning and the previous one is tried, so a bad
+    checkpoint cannot make a supervised server crash-loop.
+
+    Args:
+      tables: Tables to serve (Reverb takes their options from the checkpoint).
+      store: The checkpoint directory.
+      port: Port to listen on; None picks one.
+      check: Called with each candidate before it is loaded; raises to refuse it (e.g. a
+        spec mismatch), which stops the search.
+
+    Returns:
+      The running server and the checkpoint it restored.
+
+    Raises:
+      NoCheckpointError: If no checkpoint (or none that loads) is left.
+      PortInUseError: If `port` is taken.
+    """
+    while (latest := store.latest()) is not None:
+        check(latest)
+        try:
+            return start_server(tables, store, port, restore=latest), latest
+        except CheckpointError as e:
+            moved = store.quarantine(latest)
+            _log.warning("checkpoint %s does not load (%s); moved it to %s", latest.path, e, moved)
+    raise NoCheckpointError(
+        f"checkpoint_dir {store.root!r} holds no complete checkpoint that loads; start a new "
+        "buffer (create_replay_buffer(overwrite=True), or replay-server --overwrite)"
+    )
+
+
+def take_checkpoint(
+    client: reverb.Client,
+    store: CheckpointStore,
+    metadata: StoreMetadata,
+    timeout: float | None,
+) -> Checkpoint:
+    """Checkpoints the server behind `client` into `store` and returns the complete checkpoint.
+
+    Raises:
+      CheckpointError: If Reverb fails or takes longer than `timeout` seconds.
+    """
+    store.clean_staging(metadata)
+    try:
+        infos = client.server_info(timeout=max(1, round(timeout)) if timeout else None)
+        num_items = int(infos[metadata.table_name].current_size)
+        path = call_with_timeout(client.checkpoint, timeout, "checkpoint")
+    except (TimeoutError, RuntimeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint of {client.server_address!r} failed: {e}") from e
+    return store.adopt(path, metadata, num_items=num_items)
 
 
 def connect(address: str, timeout: float | None) -> reverb.Client:

@@ -137,3 +137,80 @@ def diff_value(value: Any, data_spec: Any) -> list[str]:
 
 def _fmt(field: FieldDescription) -> str:
     return f"{field['dtype']}{field['shape']}"
+
+
+TRAJECTORY_DEFAULTS: dict[str, FieldDescription] = {
+    "step_type": {"dtype": "int32", "shape": []},
+    "next_step_type": {"dtype": "int32", "shape": []},
+    "reward": {"dtype": "float32", "shape": []},
+    "discount": {"dtype": "float32", "shape": []},
+}
+
+
+def spec_from_description(fields: list[FieldDescription], structure: str = "trajectory") -> Any:
+    """Rebuilds a data spec from `describe_spec`-style field descriptions.
+
+    Args:
+      fields: `{"path", "dtype", "shape"}` dicts; "a/b" paths build nested dicts.
+      structure: "trajectory" wraps the top level in a TF-Agents `Trajectory` (missing
+        `step_type`, `next_step_type`, `reward` and `discount` get TF-Agents' standard scalar
+        specs, a missing `policy_info` is `()`); "dict" keeps plain nested dicts.
+
+    Returns:
+      A nest of `tf.TensorSpec`.
+
+    Raises:
+      SpecMismatchError: If a dtype, shape or path is invalid, or a Trajectory field is unknown.
+    """
+    root: dict[str, Any] = {}
+    for field in fields:
+        path = str(field.get("path", ""))
+        try:
+            dtype = tf.as_dtype(field["dtype"])
+            shape = [int(d) for d in field["shape"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise SpecMismatchError(f"data spec field {path!r} is invalid ({field!r}): {e}") from e
+        if not path or any(d < 0 for d in shape):
+            raise SpecMismatchError(f"data spec field {field!r} needs a path and shape >= 0")
+        *parents, leaf = path.split("/")
+        node = root
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = tf.TensorSpec(shape, dtype, name=leaf)
+    if structure == "dict":
+        return root
+    if structure != "trajectory":
+        raise SpecMismatchError(f"structure must be 'trajectory' or 'dict', got {structure!r}")
+    from tf_agents.trajectories import trajectory
+
+    for name, default in TRAJECTORY_DEFAULTS.items():
+        root.setdefault(name, tf.TensorSpec(default["shape"], default["dtype"], name=name))
+    root.setdefault("policy_info", ())
+    unknown = sorted(set(root) - set(trajectory.Trajectory._fields))
+    if unknown or "observation" not in root or "action" not in root:
+        raise SpecMismatchError(
+            f"a trajectory data spec needs 'observation' and 'action' and takes only "
+            f"{trajectory.Trajectory._fields}; got fields {sorted(root)}"
+        )
+    return trajectory.Trajectory(**root)
+
+
+def trajectory_spec(env: Any, policy_info_spec: Any = ()) -> Any:
+    """The per-step `Trajectory` spec for `env` (what an agent's `collect_data_spec` gives).
+
+    Args:
+      env: A TF-Agents py or TF environment.
+      policy_info_spec: The policy's `info_spec`; `()` for none.
+
+    Returns:
+      A `Trajectory` of `tf.TensorSpec`/`BoundedTensorSpec`.
+    """
+    from tf_agents.trajectories import policy_step, trajectory
+
+    return tensor_spec.from_spec(
+        trajectory.from_transition(
+            env.time_step_spec(),
+            policy_step.PolicyStep(env.action_spec(), (), policy_info_spec),
+            env.time_step_spec(),
+        )
+    )

@@ -1,0 +1,225 @@
+"""Server configuration files (TOML) loaded into frozen, validated dataclasses.
+
+    [server]                      # everything optional
+    port = 8000
+    checkpoint_dir = "replay_checkpoints"
+    checkpoint_interval_s = 600   # 0 disables periodic checkpoints
+    keep_checkpoints = 3
+
+    [table]
+    name = "uniform_table"
+    capacity = 50000
+    sequence_length = 2
+
+    [table.sampling]              # see SamplingConfig
+    sampler = "uniform"
+
+    [data_spec]                   # either an environment to take the spec from ...
+    env = "building"              # "building" or a gym id such as "CartPole-v0"
+    # ... or explicit fields (paths "a/b" nest):
+    # structure = "trajectory"
+    # fields.observation = { dtype = "float32", shape = [4] }
+    # fields.action = { dtype = "int64", shape = [] }
+
+Every unknown key and every bad value is reported with its dotted key path and the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from typing import Any
+
+from replay_service import specs
+from replay_service.checkpoints import DEFAULT_KEEP
+from replay_service.config import SamplingConfig, TableConfig
+from replay_service.errors import ConfigError, SpecMismatchError
+
+DEFAULT_PORT = 8000
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """The standalone server process.
+
+    Attributes:
+      port: TCP port; Reverb listens on all interfaces.
+      checkpoint_dir: Checkpoint directory (layout in `replay_service.checkpoints`).
+      checkpoint_interval_s: Seconds between periodic checkpoints; 0 disables them.
+      keep_checkpoints: Complete checkpoints retained.
+    """
+
+    port: int = DEFAULT_PORT
+    checkpoint_dir: str = "replay_checkpoints"
+    checkpoint_interval_s: float = 600.0
+    keep_checkpoints: int = DEFAULT_KEEP
+
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.port, int)
+            or isinstance(self.port, bool)
+            or not 0 < self.port < 65536
+        ):
+            raise ConfigError(f"server.port must be an integer in 1..65535, got {self.port!r}")
+        if not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir:
+            raise ConfigError(f"server.checkpoint_dir must be a path, got {self.checkpoint_dir!r}")
+        interval = self.checkpoint_interval_s
+        if not isinstance(interval, int | float) or isinstance(interval, bool) or interval < 0:
+            raise ConfigError(
+                f"server.checkpoint_interval_s must be a number >= 0, got {interval!r}"
+            )
+        if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 1:
+            raise ConfigError(
+                f"server.keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpecConfig:
+    """Where the table signature comes from: an environment, or explicit fields.
+
+    Attributes:
+      env: "building" or a gym id; the spec is the environment's `Trajectory` spec.
+      structure: "trajectory" or "dict", for explicit `fields`.
+      fields: `{"path", "dtype", "shape"}` descriptions.
+    """
+
+    env: str | None = "building"
+    structure: str = "trajectory"
+    fields: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.env is None) == (not self.fields):
+            raise ConfigError(
+                "data_spec needs exactly one of 'env' or 'fields', got "
+                f"env={self.env!r} and {len(self.fields)} field(s)"
+            )
+
+    def build(self) -> Any:
+        """Returns the per-step data spec.
+
+        Raises:
+          ConfigError: If the environment is unknown or a field is invalid.
+        """
+        if self.fields:
+            described = [{"path": p, "dtype": d, "shape": list(s)} for p, d, s in self.fields]
+            try:
+                return specs.spec_from_description(described, self.structure)
+            except SpecMismatchError as e:
+                raise ConfigError(f"data_spec: {e}") from e
+        from replay_service.envs import load_env
+
+        try:
+            env = load_env(str(self.env), seed=0)
+        except ValueError as e:
+            raise ConfigError(f"data_spec.env: {e}") from e
+        return specs.trajectory_spec(env)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """A whole server: process settings, its table and the data spec of the table.
+
+    Attributes:
+      server: Process settings.
+      table: The table served.
+      data_spec: Where the table signature comes from.
+    """
+
+    server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
+    table: TableConfig = dataclasses.field(default_factory=TableConfig)
+    data_spec: DataSpecConfig = dataclasses.field(default_factory=DataSpecConfig)
+
+
+_SECTIONS = {"server", "table", "data_spec"}
+
+
+def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> ServiceConfig:
+    """Reads a TOML config (or the defaults) and applies flag overrides.
+
+    Args:
+      path: TOML file; None uses the defaults (the seed's uniform table).
+      **overrides: Dotted keys with "__" for ".", e.g. `server__port=9000`; None values are
+        ignored.
+
+    Returns:
+      The validated configuration.
+
+    Raises:
+      ConfigError: If the file is missing or malformed, a key is unknown or a value invalid.
+    """
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = os.fspath(path)
+        try:
+            with open(source, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {source!r} does not exist") from None
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"config file {source!r} is not valid TOML: {e}") from e
+    for key, value in overrides.items():
+        if value is not None:
+            section, _, name = key.partition("__")
+            data.setdefault(section, {})[name] = value
+    try:
+        return _parse(data)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from e
+
+
+def _parse(data: dict[str, Any]) -> ServiceConfig:
+    _reject_unknown("", data, _SECTIONS)
+    server = _section(data, "server")
+    _reject_unknown("server", server, _field_names(ServerConfig))
+    table = dict(_section(data, "table"))
+    sampling = _section(table, "sampling", prefix="table.")
+    table.pop("sampling", None)
+    _reject_unknown("table", table, _field_names(TableConfig) - {"sampling"})
+    _reject_unknown("table.sampling", sampling, _field_names(SamplingConfig))
+    spec = dict(_section(data, "data_spec"))
+    _reject_unknown("data_spec", spec, _field_names(DataSpecConfig))
+    fields = spec.pop("fields", {})
+    if not isinstance(fields, dict):
+        raise ConfigError(f"data_spec.fields must be a table, got {fields!r}")
+    parsed_fields = tuple(_parse_field(path, value) for path, value in fields.items())
+    if parsed_fields and "env" not in spec:
+        spec["env"] = None
+    return ServiceConfig(
+        server=ServerConfig(**server),
+        table=TableConfig(**table, sampling=SamplingConfig(**sampling)),
+        data_spec=DataSpecConfig(**spec, fields=parsed_fields),
+    )
+
+
+def _parse_field(path: str, value: Any) -> tuple[str, str, tuple[int, ...]]:
+    key = f"data_spec.fields.{path}"
+    if not isinstance(value, dict) or set(value) != {"dtype", "shape"}:
+        raise ConfigError(f"{key} must be {{ dtype = ..., shape = [...] }}, got {value!r}")
+    shape = value["shape"]
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ConfigError(f"{key}.shape must be a list of integers >= 0, got {shape!r}")
+    return path, str(value["dtype"]), tuple(shape)
+
+
+def _section(data: dict[str, Any], name: str, prefix: str = "") -> dict[str, Any]:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{prefix}{name}] must be a table, got {value!r}")
+    return value
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _reject_unknown(where: str, data: dict[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        place = f"{where}." if where else ""
+        raise ConfigError(
+            f"unknown key {place}{unknown[0]!r} (value {data[unknown[0]]!r}); "
+            f"known keys{' of ' + where if where else ''}: {sorted(known)}"
+        )

@@ -1,0 +1,110 @@
+"""replay-server: a standalone Reverb buffer server, and `replay-server status`.
+
+Serve (restoring the newest checkpoint):
+  replay-server --config=configs/default.toml --restore
+Serve a new, empty buffer (refuses a directory with checkpoints unless --overwrite):
+  replay-server --config=configs/default.toml --port=8000 --checkpoint_dir=/data/replay
+Inspect a running server:
+  replay-server status --address=localhost:8000 [--checkpoint_dir=/data/replay]
+
+SIGTERM and SIGINT take a final checkpoint before a clean stop. Reverb's gRPC listens on all
+interfaces WITHOUT authentication: keep the port on a trusted network.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+from absl import app, flags, logging
+
+from replay_service.config_file import load_config
+from replay_service.errors import ReplayServiceError
+
+_CONFIG = flags.DEFINE_string("config", None, "TOML config file (see configs/). Default: built-in.")
+_PORT = flags.DEFINE_integer("port", None, "Port to listen on; overrides server.port.")
+_CHECKPOINT_DIR = flags.DEFINE_string(
+    "checkpoint_dir", None, "Checkpoint directory; overrides server.checkpoint_dir."
+)
+_INTERVAL = flags.DEFINE_float(
+    "checkpoint_interval_s", None, "Seconds between checkpoints (0: only on stop)."
+)
+_KEEP = flags.DEFINE_integer("keep_checkpoints", None, "Complete checkpoints to retain.")
+_RESTORE = flags.DEFINE_boolean(
+    "restore", False, "Restore the newest complete checkpoint of the checkpoint directory."
+)
+_OVERWRITE = flags.DEFINE_boolean(
+    "overwrite", False, "Without --restore: delete existing checkpoints instead of refusing."
+)
+_ADDRESS = flags.DEFINE_string("address", None, "status: host:port of the server to inspect.")
+_TIMEOUT = flags.DEFINE_float("timeout", 10.0, "status: seconds to wait for the server.")
+
+
+def _serve() -> int:
+    from replay_service.service import ReplayServer
+
+    config = load_config(
+        _CONFIG.value,
+        server__port=_PORT.value,
+        server__checkpoint_dir=_CHECKPOINT_DIR.value,
+        server__checkpoint_interval_s=_INTERVAL.value,
+        server__keep_checkpoints=_KEEP.value,
+    )
+    server = ReplayServer(config)
+    server.start(restore=_RESTORE.value, overwrite=_OVERWRITE.value)
+    restored = server.restored_from
+    logging.warning(
+        "replay-server: table %r (capacity %d, sequence_length %d) listening on port %d (all "
+        "interfaces, no authentication); checkpoints in %s; %s",
+        config.table.name,
+        config.table.capacity,
+        config.table.sequence_length,
+        server.port,
+        config.server.checkpoint_dir,
+        f"restored {restored.path}" if restored else "started empty",
+    )
+    print(f"replay-server listening on port {server.port}", flush=True)
+
+    def on_signal(signum: int, _: Any) -> None:
+        logging.warning("replay-server: %s received, checkpointing and stopping", signum)
+        server.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not server.wait(1.0):
+        pass
+    final = server.stop()
+    print(f"replay-server stopped; final checkpoint {final.path if final else 'none'}", flush=True)
+    return 0
+
+
+def _status() -> int:
+    from replay_service.status import format_status, server_status
+
+    if not _ADDRESS.value:
+        raise app.UsageError("status needs --address=host:port")
+    tables = server_status(_ADDRESS.value, _TIMEOUT.value)
+    print(format_status(_ADDRESS.value, tables, _CHECKPOINT_DIR.value))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Serves, or with the `status` command reports on a running server."""
+    command = argv[1:]
+    if command not in ([], ["status"]):
+        raise app.UsageError(f"unknown command {' '.join(command)!r}; use no command or 'status'")
+    try:
+        return _status() if command == ["status"] else _serve()
+    except ReplayServiceError as e:
+        print(f"replay-server: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
