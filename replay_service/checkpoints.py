@@ -199,6 +199,10 @@ class CheckpointStore:
         checkpoints = self.checkpoints()
         return checkpoints[-1] if checkpoints else None
 
+    def has_checkpoints(self) -> bool:
+        """Whether a replay_service store here holds any complete checkpoint."""
+        return self.is_store() and bool(self.checkpoints() or self.staged())
+
     def staged(self) -> list[str]:
         """Complete checkpoints still in Reverb's root (e.g. from `py_client.checkpoint()`)."""
         return [
@@ -224,7 +228,7 @@ class CheckpointStore:
         entries = [e for e in _listdir(self.root) if e != LOCK_FILE]
         if entries and not self.is_store():
             raise CheckpointError(_foreign_message(self.root, entries))
-        existing = len(self.checkpoints()) + len(self.staged())
+        existing = len(self.checkpoints()) + len(self.staged()) if self.is_store() else 0
         if existing and not overwrite:
             raise CheckpointExistsError(
                 f"checkpoint_dir {self.root!r} already holds {existing} checkpoint(s). "

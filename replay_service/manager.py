@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import reverb
 import tensorflow as tf
 
+from replay_service import export as export_lib
 from replay_service import specs
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore, StoreMetadata
 from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
@@ -36,6 +37,10 @@ from replay_service.server import (
     take_checkpoint,
 )
 from replay_service.tables import make_table
+from replay_service.writers import TransitionWriter
+
+if TYPE_CHECKING:
+    from replay_service.torch_sampling import TorchBatchStream, TorchReplayDataset
 
 _log = logging.getLogger(__name__)
 
@@ -453,3 +458,143 @@ class ReplayBufferManager:
         self._require_client()
         assert self._replay_buffer is not None
         return self._replay_buffer
+
+    # ---- PyTorch, collection without TF-Agents, export/import
+
+    @property
+    def data_spec(self) -> Any:
+        """The per-step data spec this manager was given."""
+        return self._data_spec
+
+    @property
+    def table_config(self) -> TableConfig:
+        """Name, capacity, sequence length and sampling of the table this manager asks for."""
+        return self._table
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """Bounds on every blocking call."""
+        return self._timeouts
+
+    def torch_batches(
+        self,
+        batch_size: int,
+        *,
+        device: str | Any = "cpu",
+        pin_memory: bool = False,
+        prefetch: int = 2,
+        transitions: bool = False,
+        with_info: bool = False,
+    ) -> TorchBatchStream:
+        """Returns an endless iterator of torch batches sampled from this buffer.
+
+        See `replay_service.torch_sampling.TorchBatchStream` (options) and `TransitionBatch`
+        (`transitions=True`: states, actions, rewards, next_states, dones, truncated, hiddens).
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded; when iterating, if nothing can
+            be sampled within `Timeouts.sample`.
+          ConfigError: If an option is invalid.
+        """
+        from replay_service import torch_sampling
+
+        return torch_sampling.TorchBatchStream(
+            torch_sampling.SampleSource.from_manager(self),
+            batch_size,
+            device=device,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
+            transitions=transitions,
+            with_info=with_info,
+        )
+
+    def torch_dataset(
+        self, batch_size: int, *, transitions: bool = False, with_info: bool = False
+    ) -> TorchReplayDataset:
+        """Returns a `torch.utils.data.IterableDataset` of batches sampled from this buffer.
+
+        Use `dataset.data_loader(num_workers=N)`, or a `DataLoader(dataset, batch_size=None,
+        num_workers=N, multiprocessing_context="forkserver")`; see `TorchReplayDataset`.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ConfigError: If an option is invalid.
+        """
+        from replay_service import torch_sampling
+
+        return torch_sampling.TorchReplayDataset(
+            torch_sampling.SampleSource.from_manager(self),
+            batch_size,
+            transitions=transitions,
+            with_info=with_info,
+        )
+
+    def transition_writer(
+        self, *, priority: float = 1.0, check_continuity: bool = True
+    ) -> TransitionWriter:
+        """Returns a writer of `(state, action, reward, next_state, done, truncated)` transitions.
+
+        It writes the same items as the observer (see `replay_service.writers`); `checkpoint()`
+        flushes it and `close()` closes it.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+        """
+        writer = TransitionWriter(
+            self._require_client(),
+            self.table_name,
+            self.sequence_length,
+            self._data_spec,
+            stride_length=self._stride_length,
+            priority=priority,
+            timeouts=self._timeouts,
+            check_continuity=check_continuity,
+        )
+        self._observers.append(writer)  # type: ignore[arg-type]
+        return writer
+
+    def export(
+        self,
+        dirpath: str | os.PathLike[str],
+        prefix: str = export_lib.DEFAULT_PREFIX,
+        *,
+        overwrite: bool = False,
+    ) -> tuple[str, str]:
+        """Writes every item exactly once to `<prefix>state.safetensors` + `<prefix>metadata.json`.
+
+        Takes a checkpoint first (see `replay_service.export` for the method and format).
+
+        Returns:
+          `(state_path, metadata_path)`.
+
+        Raises:
+          CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
+          CheckpointError: If the checkpoint cannot be taken or read.
+        """
+        return export_lib.export_buffer(self, dirpath, prefix, overwrite=overwrite)
+
+    def import_buffer(
+        self,
+        dirpath: str | os.PathLike[str],
+        prefix: str = export_lib.DEFAULT_PREFIX,
+        *,
+        overwrite: bool = False,
+        drop_oldest: bool = False,
+    ) -> tuple[ReplayBuffer, Any]:
+        """Creates this manager's buffer from an export: every item, its priority, in order.
+
+        The capacity may differ from the exported one; fewer slots than items is refused unless
+        `drop_oldest=True` (the newest items are kept). See `replay_service.export`.
+
+        Returns:
+          `(replay_buffer, observer)` as from `create_replay_buffer`.
+
+        Raises:
+          CheckpointError: If a file is missing, corrupt or truncated.
+          SpecMismatchError: If the data spec or sequence length differ.
+          ConfigError: If the items do not fit and `drop_oldest` is False.
+          CheckpointExistsError, BufferStateError: As `create_replay_buffer`.
+        """
+        return export_lib.import_buffer(
+            self, dirpath, prefix, overwrite=overwrite, drop_oldest=drop_oldest
+        )

@@ -2,6 +2,8 @@
 
 Serve (restoring the newest checkpoint):
   replay-server --config=configs/default.toml --restore
+Restore if there is a checkpoint, else start empty (supervised servers, containers):
+  replay-server --config=configs/default.toml --restore_if_exists
 Serve a new, empty buffer (refuses a directory with checkpoints unless --overwrite):
   replay-server --config=configs/default.toml --port=8000 --checkpoint_dir=/data/replay
 Inspect a running server:
@@ -34,6 +36,12 @@ _KEEP = flags.DEFINE_integer("keep_checkpoints", None, "Complete checkpoints to 
 _RESTORE = flags.DEFINE_boolean(
     "restore", False, "Restore the newest complete checkpoint of the checkpoint directory."
 )
+_RESTORE_IF_EXISTS = flags.DEFINE_boolean(
+    "restore_if_exists",
+    False,
+    "Restore when the checkpoint directory holds a checkpoint, else start empty (for supervised "
+    "servers and containers that restart).",
+)
 _OVERWRITE = flags.DEFINE_boolean(
     "overwrite", False, "Without --restore: delete existing checkpoints instead of refusing."
 )
@@ -51,8 +59,13 @@ def _serve() -> int:
         server__checkpoint_interval_s=_INTERVAL.value,
         server__keep_checkpoints=_KEEP.value,
     )
+    from replay_service.checkpoints import CheckpointStore
+
+    restore = _RESTORE.value or (
+        _RESTORE_IF_EXISTS.value and CheckpointStore(config.server.checkpoint_dir).has_checkpoints()
+    )
     server = ReplayServer(config)
-    server.start(restore=_RESTORE.value, overwrite=_OVERWRITE.value)
+    server.start(restore=restore, overwrite=_OVERWRITE.value)
     restored = server.restored_from
     logging.warning(
         "replay-server: table %r (capacity %d, sequence_length %d) listening on port %d (all "

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
-from conftest import FAST_TIMEOUTS, all_items, collect
 from tf_agents.specs import tensor_spec
 from tf_agents.train import actor
 from tf_agents.train.utils import train_utils
 from tf_agents.trajectories import trajectory as trajectory_lib
 
+from conftest import FAST_TIMEOUTS, all_items, collect
 from replay_service import (
     BufferStateError,
     CheckpointError,

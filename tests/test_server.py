@@ -1,0 +1,289 @@
+"""The standalone server as a real subprocess on a loopback port, with remote clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import reverb
+import tensorflow as tf
+
+from conftest import FAST_TIMEOUTS, all_items, collect
+from replay_service import ConfigError, ReplayBufferManager
+from replay_service.checkpoints import CHECKPOINTS_DIR, CORRUPT_DIR
+from replay_service.config_file import load_config
+from replay_service.server import pick_free_port
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO, "configs", "cartpole.toml")
+PRIORITIZED_CONFIG = os.path.join(REPO, "configs", "cartpole_prioritized.toml")
+TABLE = "uniform_table"
+START_TIMEOUT_S = 60
+
+
+class ServerProcess:
+    """A `python -m replay_service.serve` subprocess."""
+
+    def __init__(self, *args: str) -> None:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "replay_service.serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        self.output: list[str] = []
+
+    def wait_listening(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line and self.proc.poll() is not None:
+                break
+            self.output.append(line)
+            if line.startswith("replay-server listening on port"):
+                return
+        raise AssertionError("server did not start:\n" + "".join(self.output))
+
+    def finish(self, sig: int | None = signal.SIGTERM, timeout: float = 60) -> tuple[int, str]:
+        if sig is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        out, _ = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, "".join(self.output) + (out or "")
+
+
+@pytest.fixture()
+def start_server(tmp_path) -> Iterator:
+    started: list[ServerProcess] = []
+
+    def start(
+        *extra: str, port: int | None = None, wait: bool = True, config: str = CONFIG
+    ) -> tuple[ServerProcess, str]:
+        port = port or pick_free_port()
+        args = [
+            f"--config={config}",
+            f"--port={port}",
+            f"--checkpoint_dir={tmp_path / 'server_ckpt'}",
+            *extra,
+        ]
+        server = ServerProcess(*args)
+        started.append(server)
+        if wait:
+            server.wait_listening()
+        return server, f"localhost:{port}"
+
+    yield start
+    for server in started:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def remote(data_spec, address, table=TABLE):
+    return ReplayBufferManager(
+        data_spec, 100_000, server_address=address, table_name=table, timeouts=FAST_TIMEOUTS
+    )
+
+
+def test_plain_reverb_client_sees_the_table_and_can_write_and_sample(start_server):
+    _, address = start_server("--checkpoint_interval_s=0")
+    client = reverb.Client(address)
+    info = client.server_info(timeout=10)[TABLE]
+    assert info.max_size == 100_000
+    assert info.signature.observation.shape == [2, 4]
+    assert info.signature.observation.dtype == tf.float32
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        for i in range(1001):
+            step = tf.nest.map_structure(
+                lambda s, v=i % 2: np.full(s.shape[1:], v, s.dtype.as_numpy_dtype), info.signature
+            )
+            writer.append(step)
+            if i:
+                window = tf.nest.map_structure(lambda c: c[-2:], writer.history)
+                writer.create_item(TABLE, 1.0, window)
+        writer.flush(timeout_ms=10_000)
+    assert client.server_info(timeout=10)[TABLE].current_size == 1000
+    sample = next(client.sample(TABLE, num_samples=1, emit_timesteps=False))
+    assert sample.data[0].shape[0] == 2
+
+
+def test_sigterm_checkpoints_and_restore_gives_the_same_items(start_server, env, policy, data_spec):
+    server, address = start_server("--checkpoint_interval_s=0", "--restore_if_exists")
+    collector = remote(data_spec, address)
+    _, observer = collector.load_replay_buffer()
+    collect(env, policy, observer, 80)
+    written = all_items(collector.py_client, TABLE, collector.num_frames())
+    collector.close()
+    code, output = server.finish(signal.SIGTERM)
+    assert code == 0, output
+    assert "final checkpoint" in output
+
+    restarted, address = start_server("--restore_if_exists")
+    assert "restored" in "".join(restarted.output)
+    learner = remote(data_spec, address)
+    learner.load_replay_buffer()
+    read = all_items(learner.py_client, TABLE, len(written))
+    assert read.keys() == written.keys()
+    for key, data in written.items():
+        for a, b in zip(data, read[key], strict=True):
+            np.testing.assert_array_equal(a, b)
+    learner.close()
+    code, output = restarted.finish(signal.SIGINT)
+    assert code == 0, output
+
+
+def test_a_corrupt_newest_checkpoint_is_moved_aside(start_server, tmp_path, env, policy, data_spec):
+    server, address = start_server("--checkpoint_interval_s=0")
+    collector = remote(data_spec, address)
+    _, observer = collector.load_replay_buffer()
+    collect(env, policy, observer, 30)
+    first_count = collector.num_frames()
+    collector.checkpoint()  # lands in the server's layout via its adoption loop
+    collect(env, policy, observer, 30)
+    collector.close()
+    assert server.finish(signal.SIGTERM)[0] == 0
+    root = tmp_path / "server_ckpt"
+    newest = sorted(os.listdir(root / CHECKPOINTS_DIR))[-1]
+    with open(root / CHECKPOINTS_DIR / newest / "tables.tfrecord", "wb") as f:
+        f.write(b"not a tfrecord")
+
+    restarted, address = start_server("--restore")
+    learner = remote(data_spec, address)
+    learner.load_replay_buffer()
+    assert learner.num_frames() == first_count
+    assert [n.startswith(newest) for n in os.listdir(root / CORRUPT_DIR)] == [True]
+    assert any("does not load" in line for line in restarted.output)
+    learner.close()
+
+
+def test_collector_and_learner_in_separate_processes(start_server, data_spec):
+    _, address = start_server("--checkpoint_interval_s=0", config=PRIORITIZED_CONFIG)
+    collector = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {os.path.join(REPO, "tests")!r})
+        from conftest import collect
+        from tf_agents.environments import suite_gym
+        from tf_agents.policies import random_py_policy
+        from replay_service import ReplayBufferManager
+        from replay_service.specs import trajectory_spec
+        env = suite_gym.load("CartPole-v0")
+        policy = random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec())
+        with ReplayBufferManager(trajectory_spec(env), 100000, server_address={address!r},
+                                 table_name="prioritized_table") as manager:
+            _, observer = manager.load_replay_buffer()
+            collect(env, policy, observer, 1200)
+            print("collected", manager.num_frames())
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", collector],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    learner = remote(data_spec, address, table="prioritized_table")
+    learner.load_replay_buffer()
+    assert learner.num_frames() >= 1000  # min_size_to_sample of the prioritized config
+    batch, info = next(iter(learner.get_dataset(batch_size=32, num_steps=2)))
+    assert batch.observation.shape == [32, 2, 4]
+    assert float(tf.reduce_min(info.probability)) > 0
+    learner.close()
+
+
+def test_status_reports_tables_and_last_checkpoint(start_server, tmp_path, env, policy, data_spec):
+    _, address = start_server("--checkpoint_interval_s=0")
+    collector = remote(data_spec, address)
+    _, observer = collector.load_replay_buffer()
+    collect(env, policy, observer, 20)
+    count = collector.num_frames()
+    collector.checkpoint()
+    collector.close()
+    time.sleep(2)  # the server adopts the client's checkpoint within a second
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replay_service.serve",
+            "status",
+            f"--address={address}",
+            f"--checkpoint_dir={tmp_path / 'server_ckpt'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"table {TABLE}: {count}/100000 items, {count} inserts, 0 samples" in result.stdout
+    assert "sampler uniform, remover fifo" in result.stdout
+    assert "ckpt-00000001" in result.stdout
+
+
+def test_refuses_existing_checkpoints_and_a_port_in_use(start_server):
+    server, address = start_server("--checkpoint_interval_s=0")
+    port = int(address.rsplit(":", 1)[1])
+    busy, _ = start_server("--checkpoint_dir=/tmp/unused-dir-for-port-test", port=port, wait=False)
+    code, output = busy.finish(sig=None)
+    assert code == 2 and f"port {port} is already in use" in output
+    assert server.finish(signal.SIGTERM)[0] == 0
+    again, _ = start_server(wait=False)
+    code, output = again.finish(sig=None)
+    assert code == 2 and "--restore" in output and "--overwrite" in output
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[server]\nprot = 1\n", "unknown key server.'prot'"),
+        ("[table]\ncapacity = 0\n", "capacity must be a positive integer, got 0"),
+        ('[table.sampling]\nsampler = "bogus"\n', "sampler must be one of"),
+        ("[table\n", "not valid TOML"),
+        ('[data_spec]\nenv = "NoSuchEnv-v9"\n', "NoSuchEnv-v9"),
+        ('[data_spec]\nfields.observation = { dtype = "float32" }\n', "dtype = ..., shape"),
+        ("[server]\nport = 70000\n", "port must be an integer in 1..65535, got 70000"),
+        ("[table.sampling]\nsamples_per_insert = 4.0\nerror_buffer = 1.0\n", "error_buffer"),
+    ],
+)
+def test_bad_configs_name_the_key_and_value(tmp_path, toml, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(path).data_spec.build()
+    assert message in str(info.value)
+    assert str(path) in str(info.value) or "data_spec" in str(info.value)
+
+
+def test_missing_config_file_and_flag_overrides(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    config = load_config(CONFIG, server__port=9123, server__checkpoint_dir="x")
+    assert (config.server.port, config.server.checkpoint_dir) == (9123, "x")
+    assert config.table.sampling.sampler == "uniform"
+
+
+def test_bad_config_on_the_command_line_exits_with_a_message(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[table]\ncapacity = -3\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "replay_service.serve", f"--config={path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert result.returncode == 2
+    assert "capacity must be a positive integer, got -3" in result.stderr
+    assert "Traceback" not in result.stderr
