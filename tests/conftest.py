@@ -6,6 +6,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,7 +23,12 @@ from tf_agents.policies import random_py_policy
 
 from replay_service import ReplayBufferManager, Timeouts
 from replay_service.demo import collect_data_spec
+from replay_service.server import pick_free_port
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, "configs")
+CARTPOLE_CONFIG = os.path.join(CONFIGS, "cartpole.toml")
+START_TIMEOUT_S = 60
 FAST_TIMEOUTS = Timeouts(connect=5.0, write=10.0, sample=1.0, checkpoint=60.0)
 
 
@@ -83,3 +93,68 @@ def all_items(client: reverb.Client, table: str, expected: int) -> dict[int, lis
             break
     assert len(items) == expected, f"saw {len(items)} distinct items, expected {expected}"
     return items
+
+
+class ServerProcess:
+    """A `python -m replay_service.serve` subprocess whose output is collected by a thread."""
+
+    def __init__(self, *args: str) -> None:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "replay_service.serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        self.output: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+
+    def wait_listening(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if any(line.startswith("replay-server listening on port") for line in self.output):
+                return
+            time.sleep(0.05)
+        raise AssertionError("server did not start:\n" + "".join(self.output))
+
+    def finish(self, sig: int | None = signal.SIGTERM, timeout: float = 60) -> tuple[int, str]:
+        if sig is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return self.proc.returncode, "".join(self.output)
+
+
+@pytest.fixture()
+def start_server(tmp_path) -> Iterator:
+    started: list[ServerProcess] = []
+
+    def start(
+        *extra: str, port: int | None = None, wait: bool = True, config: str = CARTPOLE_CONFIG
+    ) -> tuple[ServerProcess, str]:
+        port = port or pick_free_port()
+        args = [
+            f"--config={config}",
+            f"--port={port}",
+            f"--checkpoint_dir={tmp_path / 'server_ckpt'}",
+            *extra,
+        ]
+        server = ServerProcess(*args)
+        started.append(server)
+        if wait:
+            server.wait_listening()
+        return server, f"localhost:{port}"
+
+    yield start
+    for server in started:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()

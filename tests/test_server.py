@@ -8,85 +8,19 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
 
-from conftest import FAST_TIMEOUTS, all_items, collect
+from conftest import CARTPOLE_CONFIG, CONFIGS, FAST_TIMEOUTS, REPO, all_items, collect
 from replay_service import ConfigError, ReplayBufferManager
 from replay_service.checkpoints import CHECKPOINTS_DIR, CORRUPT_DIR
 from replay_service.config_file import load_config
-from replay_service.server import pick_free_port
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(REPO, "configs", "cartpole.toml")
-PRIORITIZED_CONFIG = os.path.join(REPO, "configs", "cartpole_prioritized.toml")
+PRIORITIZED_CONFIG = os.path.join(CONFIGS, "cartpole_prioritized.toml")
 TABLE = "uniform_table"
-START_TIMEOUT_S = 60
-
-
-class ServerProcess:
-    """A `python -m replay_service.serve` subprocess."""
-
-    def __init__(self, *args: str) -> None:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replay_service.serve", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
-            env=env,
-        )
-        self.output: list[str] = []
-
-    def wait_listening(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line and self.proc.poll() is not None:
-                break
-            self.output.append(line)
-            if line.startswith("replay-server listening on port"):
-                return
-        raise AssertionError("server did not start:\n" + "".join(self.output))
-
-    def finish(self, sig: int | None = signal.SIGTERM, timeout: float = 60) -> tuple[int, str]:
-        if sig is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        out, _ = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, "".join(self.output) + (out or "")
-
-
-@pytest.fixture()
-def start_server(tmp_path) -> Iterator:
-    started: list[ServerProcess] = []
-
-    def start(
-        *extra: str, port: int | None = None, wait: bool = True, config: str = CONFIG
-    ) -> tuple[ServerProcess, str]:
-        port = port or pick_free_port()
-        args = [
-            f"--config={config}",
-            f"--port={port}",
-            f"--checkpoint_dir={tmp_path / 'server_ckpt'}",
-            *extra,
-        ]
-        server = ServerProcess(*args)
-        started.append(server)
-        if wait:
-            server.wait_listening()
-        return server, f"localhost:{port}"
-
-    yield start
-    for server in started:
-        if server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait()
 
 
 def remote(data_spec, address, table=TABLE):
@@ -269,7 +203,7 @@ def test_bad_configs_name_the_key_and_value(tmp_path, toml, message):
 def test_missing_config_file_and_flag_overrides(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
-    config = load_config(CONFIG, server__port=9123, server__checkpoint_dir="x")
+    config = load_config(CARTPOLE_CONFIG, server__port=9123, server__checkpoint_dir="x")
     assert (config.server.port, config.server.checkpoint_dir) == (9123, "x")
     assert config.table.sampling.sampler == "uniform"
 
