@@ -19,6 +19,7 @@ from replay_service.errors import (
 )
 from replay_service.manager import ReplayBufferManager
 from replay_service.observers import TrajectoryObserver
+from replay_service.starter import PopulateConfig, PopulateResult, copy_buffer, populate
 from replay_service.tables import make_replay_tables, make_table
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "ConfigError",
     "ManagerClosedError",
     "NoCheckpointError",
+    "PopulateConfig",
+    "PopulateResult",
     "PortInUseError",
     "ReplayBuffer",
     "ReplayBufferManager",
@@ -44,7 +47,9 @@ __all__ = [
     "Timeouts",
     "TrajectoryObserver",
     "WriteTimeoutError",
+    "copy_buffer",
     "make_replay_tables",
     "make_table",
+    "populate",
 ]
 __version__ = "0.1.0"

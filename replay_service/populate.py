@@ -1,0 +1,417 @@
+"""Fill a starter replay buffer from a baseline policy, or copy one for a training run.
+
+A starter buffer is collected once (by default: the building env under the schedule policy,
+one week of 15-minute steps per run) and never modified afterwards; every training run trains
+from its own copy, made with --copy-to.
+
+  replay-populate --buffer-name my-starter-buffer --capacity 50000 \\
+      --steps-per-run 672 --num-runs 10
+  replay-populate --buffer-name my-starter-buffer --copy-to runs/exp1/replay
+
+The buffer is <output-dir>/<buffer-name>, a replay_service checkpoint directory, and appears
+under that name only once every run was collected and checkpointed. A summary plot of the
+collected rewards and actions is written beside it as <buffer-name>.summary.png. Flags may be
+spelled with hyphens or underscores (--buffer-name or --buffer_name). Exit status: 0 on success,
+2 on an error, reported as one line on stderr that starts with "error:".
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import NoReturn, TextIO
+
+from absl import app, flags, logging
+
+from replay_service.checkpoints import CheckpointStore
+from replay_service.envs import BUILDING_ENV_ID
+from replay_service.errors import ConfigError, ReplayServiceError
+from replay_service.starter import (
+    DEFAULT_CAPACITY,
+    DEFAULT_ENV,
+    DEFAULT_NUM_ENVS,
+    DEFAULT_NUM_RUNS,
+    DEFAULT_OUTPUT_DIR,
+    DEFAULT_POLICY,
+    DEFAULT_SEQUENCE_LENGTH,
+    DEFAULT_STEPS_PER_RUN,
+    PopulateConfig,
+    copy_buffer,
+    format_summary,
+    populate,
+    starter_buffer_path,
+)
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+HELP_ARGS = frozenset(
+    {"-h", "-?", "-help", "--help", "-helpshort", "--helpshort", "-helpfull", "--helpfull"}
+)
+BAR_WIDTH = 30
+REFRESH_S = 0.1
+PLAIN_UPDATES = 10
+_FLAG_ARG = re.compile(r"(--?)([A-Za-z][\w-]*)(=.*)?", re.DOTALL)
+
+POPULATE_FLAGS = flags.FlagValues()
+"""This command's flags, kept apart from `absl.flags.FLAGS` so that no other module's flags
+(e.g. `replay_service.demo`'s --env and --capacity) can clash with them."""
+
+_BUFFER_NAME = flags.DEFINE_string(
+    "buffer_name",
+    None,
+    "Name of the starter buffer (required): the directory in --output-dir that holds it. A "
+    "single directory name: not empty, no '/', not starting with '.'.",
+    flag_values=POPULATE_FLAGS,
+)
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir",
+    DEFAULT_OUTPUT_DIR,
+    "Directory holding starter buffers; created if missing.",
+    flag_values=POPULATE_FLAGS,
+)
+_ENV = flags.DEFINE_string(
+    "env",
+    DEFAULT_ENV,
+    f"Environment: '{BUILDING_ENV_ID}' (one thermal zone, 15-minute steps, one-week episodes) "
+    "or any gym id suite_gym can load, e.g. CartPole-v0.",
+    flag_values=POPULATE_FLAGS,
+)
+_POLICY = flags.DEFINE_string(
+    "policy",
+    DEFAULT_POLICY,
+    "Behaviour policy: 'schedule' (comfort setpoints 08:00-18:00 on weekdays, setback "
+    "otherwise; building env only), 'random' (uniform within the action bounds), or a "
+    "directory holding a saved policy (PolicySaver layout).",
+    flag_values=POPULATE_FLAGS,
+)
+_CAPACITY = flags.DEFINE_integer(
+    "capacity",
+    DEFAULT_CAPACITY,
+    "Maximum number of items in the buffer (an item is a window of --sequence-length "
+    "consecutive steps). It must hold everything collected: a capacity below num-envs x "
+    "num-runs x steps-per-run (twice that with --sequence-length 1, where episode ends are "
+    "items too) is refused up front, rather than letting later runs evict the first ones. With "
+    "--append the buffer's own capacity is used.",
+    flag_values=POPULATE_FLAGS,
+)
+_STEPS_PER_RUN = flags.DEFINE_integer(
+    "steps_per_run",
+    DEFAULT_STEPS_PER_RUN,
+    "Environment steps per run and environment (672 = one week of 15-minute steps). Episodes "
+    "carry on from one run to the next.",
+    flag_values=POPULATE_FLAGS,
+)
+_NUM_RUNS = flags.DEFINE_integer(
+    "num_runs",
+    DEFAULT_NUM_RUNS,
+    "Number of runs; the buffer is checkpointed after each.",
+    flag_values=POPULATE_FLAGS,
+)
+_SEQUENCE_LENGTH = flags.DEFINE_integer(
+    "sequence_length",
+    DEFAULT_SEQUENCE_LENGTH,
+    "Consecutive steps per item; must match the training's num_steps. With --append the "
+    "buffer's own value is used.",
+    flag_values=POPULATE_FLAGS,
+)
+_NUM_ENVS = flags.DEFINE_integer(
+    "num_envs",
+    DEFAULT_NUM_ENVS,
+    "Environments stepped in turn, each with its own observer, so their episodes stay "
+    "separate. Environment i (and its random policy) is seeded with seed + i.",
+    flag_values=POPULATE_FLAGS,
+)
+_SEED = flags.DEFINE_integer(
+    "seed",
+    None,
+    "Base seed of the environments and random policies. Default: drawn at random and printed "
+    "in the summary, so the buffer can be rebuilt.",
+    flag_values=POPULATE_FLAGS,
+)
+_OVERWRITE = flags.DEFINE_boolean(
+    "overwrite",
+    False,
+    "Replace an existing buffer of that name. The new one is built beside it; the old one is "
+    "removed only once the new one is complete. With --copy-to: replace the buffer in the "
+    "target directory.",
+    flag_values=POPULATE_FLAGS,
+)
+_APPEND = flags.DEFINE_boolean(
+    "append",
+    False,
+    "Add the collected steps to an existing buffer of that name (same env, policy specs, "
+    "capacity and sequence length). The extended buffer replaces the old one only once complete.",
+    flag_values=POPULATE_FLAGS,
+)
+_COPY_TO = flags.DEFINE_string(
+    "copy_to",
+    None,
+    "Instead of populating, copy the newest checkpoint of the starter buffer --buffer-name into "
+    "this directory, e.g. a training run's own replay checkpoint dir; it must be new or empty "
+    "(see --overwrite). Train from the copy: the starter buffer stays unchanged.",
+    flag_values=POPULATE_FLAGS,
+)
+
+_OWN_FLAGS = (
+    _BUFFER_NAME,
+    _OUTPUT_DIR,
+    _ENV,
+    _POLICY,
+    _CAPACITY,
+    _STEPS_PER_RUN,
+    _NUM_RUNS,
+    _SEQUENCE_LENGTH,
+    _NUM_ENVS,
+    _SEED,
+    _OVERWRITE,
+    _APPEND,
+    _COPY_TO,
+)
+
+
+class ProgressBar:
+    """Shows collection progress and speed on a stream.
+
+    On a terminal one line is redrawn at most every `REFRESH_S` seconds; otherwise (a log file,
+    a pipe) a plain line is written every tenth of the way.
+
+    Args:
+      stream: Where to write, normally `sys.stderr`.
+      label: Text in front of the bar.
+    """
+
+    def __init__(self, stream: TextIO, label: str = "collecting") -> None:
+        self._stream = stream
+        self._label = label
+        self._tty = stream.isatty()
+        self._start: tuple[float, int] | None = None
+        self._last_draw = 0.0
+        self._last_tenth = 0
+        self._open_line = False
+
+    def __call__(self, done: int, total: int) -> None:
+        """Reports `done` of `total` steps."""
+        now = time.monotonic()
+        if self._start is None:
+            self._start = (now, done)
+        if self._tty:
+            if done < total and now - self._last_draw < REFRESH_S:
+                return
+            self._last_draw = now
+            self._stream.write(f"\r{self._line(done, total, now)}")
+            self._open_line = done < total
+            if not self._open_line:
+                self._stream.write("\n")
+        else:
+            tenth = done * PLAIN_UPDATES // total
+            if tenth == self._last_tenth:
+                return
+            self._last_tenth = tenth
+            self._stream.write(f"{self._line(done, total, now)}\n")
+        self._stream.flush()
+
+    def close(self) -> None:
+        """Ends an unfinished terminal line, so that what follows starts on its own line."""
+        if self._open_line:
+            self._stream.write("\n")
+            self._stream.flush()
+            self._open_line = False
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _line(self, done: int, total: int, now: float) -> str:
+        assert self._start is not None
+        started, first = self._start
+        rate = (done - first) / (now - started) if now > started else 0.0
+        filled = BAR_WIDTH * done // total
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        return f"{self._label} [{bar}] {done}/{total} steps, {rate:,.0f} steps/s"
+
+
+def normalize_flag_spelling(argv: Sequence[str], flag_values: flags.FlagValues) -> list[str]:
+    """Rewrites `--some-flag[=value]` to `--some_flag[=value]` for flags `flag_values` knows.
+
+    `--no-some-flag` becomes `--nosome_flag` for boolean flags. The value of a flag given as a
+    separate argument, and everything after `--`, is left as it is.
+
+    Args:
+      argv: The command line, program name first.
+      flag_values: The defined flags.
+
+    Returns:
+      The rewritten command line.
+    """
+    booleans = {name: flag_values[name].boolean for name in flag_values}
+    result, args = list(argv[:1]), list(argv[1:])
+    expects_value = False
+    for index, arg in enumerate(args):
+        if expects_value:
+            result.append(arg)
+            expects_value = False
+            continue
+        if arg == "--":
+            result.extend(args[index:])
+            break
+        match = _FLAG_ARG.fullmatch(arg)
+        name = _canonical_flag_name(match.group(2), booleans) if match else None
+        if match is None or name is None:
+            result.append(arg)
+            continue
+        dashes, _, value = match.groups()
+        result.append(f"{dashes}{name}{value or ''}")
+        expects_value = value is None and not booleans.get(name, True)
+    return result
+
+
+def _canonical_flag_name(name: str, booleans: dict[str, bool]) -> str | None:
+    underscored = name.replace("-", "_")
+    if underscored in booleans:
+        return underscored
+    negated = underscored.removeprefix("no").lstrip("_")
+    if underscored.startswith("no") and booleans.get(negated):
+        return f"no{negated}"
+    return None
+
+
+def help_text() -> str:
+    """Returns the usage text: this module's docstring and its flags, spelled with hyphens."""
+    module = POPULATE_FLAGS.find_module_defining_flag(_BUFFER_NAME.name)
+    text = POPULATE_FLAGS.module_help(module)
+    text = text.strip("\n").removeprefix(f"{module}:").strip("\n")
+    for holder in _OWN_FLAGS:
+        text = re.sub(rf"--(\[no\])?{holder.name}\b", rf"--\g<1>{_hyphenated(holder.name)}", text)
+    return f"{__doc__.strip()}\n\nflags:\n{text}\n"
+
+
+def _hyphenated(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """The `flags_parser` of `app.run`: accepts hyphenated names, prints help, exits on errors.
+
+    Parses `POPULATE_FLAGS`; `absl.flags.FLAGS` is marked parsed with no arguments, as
+    `app.run` requires.
+
+    Args:
+      argv: The command line, program name first.
+
+    Returns:
+      The arguments left after parsing the flags, program name first.
+    """
+    args = normalize_flag_spelling(argv, POPULATE_FLAGS)
+    before_separator = args[1 : args.index("--")] if "--" in args else args[1:]
+    if HELP_ARGS.intersection(before_separator):
+        sys.stdout.write(help_text())
+        sys.exit(0)
+    try:
+        remaining = POPULATE_FLAGS(args)
+    except flags.Error as e:
+        _fail(f"{e} (see --help)")
+    flags.FLAGS(remaining[:1])
+    return remaining
+
+
+def _explicit(holder: flags.FlagHolder[int]) -> int | None:
+    return holder.value if holder.present else None
+
+
+def config_from_flags() -> PopulateConfig:
+    """Builds the `PopulateConfig` the parsed flags describe.
+
+    With --append, --capacity and --sequence-length count only when given, so the buffer's
+    own values apply otherwise.
+
+    Raises:
+      ConfigError: If a value is invalid.
+    """
+    append = _APPEND.value
+    return PopulateConfig(
+        buffer_name=_required_buffer_name(),
+        output_dir=_OUTPUT_DIR.value,
+        env=_ENV.value,
+        policy=_POLICY.value,
+        capacity=_explicit(_CAPACITY) if append else _CAPACITY.value,
+        steps_per_run=_STEPS_PER_RUN.value,
+        num_runs=_NUM_RUNS.value,
+        sequence_length=_explicit(_SEQUENCE_LENGTH) if append else _SEQUENCE_LENGTH.value,
+        num_envs=_NUM_ENVS.value,
+        seed=_SEED.value,
+        overwrite=_OVERWRITE.value,
+        append=append,
+    )
+
+
+def _required_buffer_name() -> str:
+    if _BUFFER_NAME.value is None:
+        raise ConfigError("--buffer-name is required: the name of the starter buffer")
+    return _BUFFER_NAME.value
+
+
+def copy_from_flags() -> str:
+    """Copies the starter buffer named by the flags to --copy-to and describes the copy.
+
+    Returns:
+      Lines to print.
+
+    Raises:
+      ConfigError: If --append is given too.
+      CheckpointError: If the copy is refused or fails (see `copy_buffer`).
+    """
+    if _APPEND.value:
+        raise ConfigError(
+            f"--copy-to {_COPY_TO.value!r} copies a buffer; it cannot be combined with --append"
+        )
+    name = _required_buffer_name()
+    source = starter_buffer_path(_OUTPUT_DIR.value, name)
+    target = copy_buffer(source, _COPY_TO.value, overwrite=_OVERWRITE.value)
+    store = CheckpointStore(target)
+    stored, latest = store.read_metadata(), store.latest()
+    items = latest.info.get("num_items") if latest is not None else None
+    count = f"{items} items" if items is not None else "its newest checkpoint"
+    return (
+        f"copied starter buffer {name!r} ({count}) from {source} to {target}\n"
+        f"train from the copy: ReplayBufferManager(data_spec, {stored.capacity}, {target!r}, "
+        f"{stored.sequence_length}).load_replay_buffer()"
+    )
+
+
+def _fail(message: str, notes: Sequence[str] = (), code: int = EXIT_ERROR) -> NoReturn:
+    """Prints `message` and `notes` as one line on stderr and exits with `code`."""
+    text = " ".join("; ".join(part for part in (message, *notes) if part).split())
+    sys.stderr.write(f"error: {text}\n")
+    sys.exit(code)
+
+
+def main(argv: Sequence[str]) -> None:
+    """Populates the starter buffer, or copies it with --copy-to, and prints a summary."""
+    logging.set_verbosity(logging.WARNING)
+    try:
+        if len(argv) > 1:
+            raise ConfigError(f"unexpected arguments {list(argv[1:])!r}; see --help")
+        if _COPY_TO.value is not None:
+            print(copy_from_flags())
+            return
+        config = config_from_flags()
+        with ProgressBar(sys.stderr) as progress:
+            result = populate(config, progress=progress)
+        print(format_summary(result))
+    except ReplayServiceError as e:
+        _fail(str(e), getattr(e, "__notes__", ()))
+    except KeyboardInterrupt as e:
+        _fail("interrupted", getattr(e, "__notes__", ()), EXIT_INTERRUPTED)
+
+
+def run() -> None:
+    """Console-script entry point (`replay-populate`)."""
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    run()

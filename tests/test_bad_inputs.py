@@ -1,0 +1,231 @@
+"""A battery of bad inputs: each gives a clear error naming the problem and keeps stored data."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tf_agents.specs import tensor_spec
+
+from conftest import FAST_TIMEOUTS, REPO, collect
+from replay_service import (
+    CheckpointError,
+    ConfigError,
+    NoCheckpointError,
+    SamplingConfig,
+    ServerUnavailableError,
+    SpecMismatchError,
+    TableConfig,
+    Timeouts,
+)
+from replay_service.checkpoints import CHECKPOINTS_DIR, CORRUPT_DIR, CheckpointStore
+from replay_service.config_file import load_config
+
+
+@pytest.fixture()
+def saved(make_manager, env, policy):
+    """A checkpoint directory holding one checkpoint; returns (path, item count)."""
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 40)
+    count = manager.num_frames()
+    manager.checkpoint()
+    manager.close()
+    return manager.checkpoint_dir, count
+
+
+def assert_intact(make_manager, path, count):
+    manager = make_manager(checkpoint_dir=path)
+    manager.load_replay_buffer()
+    assert manager.num_frames() == count
+    manager.close()
+
+
+CONSTRUCTOR_CASES = [
+    ({"capacity": 0}, ConfigError, "capacity must be a positive integer, got 0"),
+    ({"capacity": -1}, ConfigError, "got -1"),
+    ({"sequence_length": 0}, ConfigError, "sequence_length must be a positive integer, got 0"),
+    ({"table_name": "../escape"}, ConfigError, "table name must be"),
+    ({"table_name": ""}, ConfigError, "table name must be"),
+    ({"stride_length": 0}, ConfigError, "stride_length must be an integer >= 1, got 0"),
+    ({"keep_checkpoints": 0}, ConfigError, "keep (checkpoints to retain) must be"),
+    ({"data_spec": {"x": "not a spec"}}, SpecMismatchError, "'x' is not a TensorSpec"),
+    ({"sampling": "uniform"}, ConfigError, "sampling must be a SamplingConfig"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), CONSTRUCTOR_CASES)
+def test_constructor_arguments(make_manager, kwargs, error, message):
+    with pytest.raises(error) as info:
+        make_manager(**kwargs)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: SamplingConfig(sampler="bogus"), "sampler must be one of"),
+        (lambda: SamplingConfig(remover="random"), "remover must be one of"),
+        (lambda: SamplingConfig(priority_exponent=float("nan")), "priority_exponent"),
+        (lambda: SamplingConfig(samples_per_insert=float("inf")), "samples_per_insert"),
+        (lambda: SamplingConfig(samples_per_insert=-2.0), "samples_per_insert"),
+        (lambda: SamplingConfig(samples_per_insert=4.0, error_buffer=2.0), "error_buffer"),
+        (lambda: SamplingConfig(min_size_to_sample=0), "min_size_to_sample"),
+        (lambda: TableConfig(capacity=10, sampling=SamplingConfig(min_size_to_sample=11)), "11"),
+        (lambda: Timeouts(sample=-1), "timeouts.sample"),
+        (lambda: Timeouts(connect=0), "timeouts.connect"),
+    ],
+)
+def test_config_objects(factory, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        factory()
+
+
+def test_port_out_of_range_and_in_use(make_manager, tmp_path):
+    with pytest.raises(ConfigError, match="port must be an integer in 1..65535, got 70000"):
+        make_manager(port=70000).create_replay_buffer()
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(Exception, match=f"port {port} is already in use"):
+            make_manager(checkpoint_dir=str(tmp_path / "p"), port=port).create_replay_buffer()
+
+
+def test_non_reverb_port_gives_server_unavailable(make_manager):
+    with socket.socket() as plain:
+        plain.bind(("127.0.0.1", 0))
+        plain.listen()
+        address = f"127.0.0.1:{plain.getsockname()[1]}"
+        manager = make_manager(server_address=address, timeouts=Timeouts(connect=1.0))
+        with pytest.raises(ServerUnavailableError, match=address):
+            manager.load_replay_buffer()
+
+
+def test_wrong_dtype_shape_and_structure_steps(make_manager, data_spec):
+    manager = make_manager()
+    manager.create_replay_buffer()
+    good = tf.nest.map_structure(
+        lambda t: t.numpy(), tensor_spec.sample_spec_nest(data_spec, outer_dims=())
+    )
+    cases = [
+        (good._replace(observation=good.observation.astype(np.float64)), "float64"),
+        (good._replace(action=np.zeros([2, 2], np.int64)), "'action'"),
+        ({"observation": good.observation}, "structure"),
+    ]
+    for bad, message in cases:
+        _, fresh = manager.get_replay_buffer_and_observer()
+        with pytest.raises(SpecMismatchError, match=message):
+            fresh(bad)
+    assert manager.num_frames() == 0
+
+
+def test_foreign_file_in_checkpoints_dir_is_ignored(make_manager, saved):
+    path, count = saved
+    with open(os.path.join(path, CHECKPOINTS_DIR, "zzzz-notes.txt"), "w") as f:
+        f.write("not a checkpoint")
+    os.makedirs(os.path.join(path, CHECKPOINTS_DIR, "ckpt-99999999"))  # no DONE: not complete
+    assert_intact(make_manager, path, count)
+
+
+def test_truncated_only_checkpoint_is_moved_aside_not_deleted(make_manager, saved):
+    path, _ = saved
+    newest = CheckpointStore(path).latest()
+    tables = os.path.join(newest.path, "tables.tfrecord")
+    with open(tables, "r+b") as f:
+        f.truncate(os.path.getsize(tables) // 2)
+    with pytest.raises(NoCheckpointError, match="no complete checkpoint that loads"):
+        make_manager(checkpoint_dir=path).load_replay_buffer()
+    assert len(os.listdir(os.path.join(path, CORRUPT_DIR))) == 1
+
+
+def test_malformed_store_file(make_manager, saved):
+    path, count = saved
+    store_file = CheckpointStore(path).store_file
+    with open(store_file) as f:
+        original = f.read()
+    with open(store_file, "w") as f:
+        f.write("{not json")
+    with pytest.raises(CheckpointError, match="replay_service.json"):
+        make_manager(checkpoint_dir=path).load_replay_buffer()
+    with open(store_file, "w") as f:
+        f.write('{"format": "something-else"}')
+    with pytest.raises(CheckpointError, match="something-else"):
+        make_manager(checkpoint_dir=path).load_replay_buffer()
+    with open(store_file, "w") as f:
+        f.write(original)
+    assert_intact(make_manager, path, count)
+
+
+def test_get_dataset_arguments(make_manager):
+    manager = make_manager()
+    manager.create_replay_buffer()
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer, got 0"):
+        manager.get_dataset(0)
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer, got -3"):
+        manager.get_dataset(-3)
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[server]\ncheckpoint_dir = ""\n', "server.checkpoint_dir must be a path"),
+        ("[server]\ncheckpoint_interval_s = -5\n", "checkpoint_interval_s must be a number >= 0"),
+        ("[server]\nkeep_checkpoints = 0\n", "keep_checkpoints must be an integer >= 1, got 0"),
+        ("[table]\nsequence_length = -2\n", "sequence_length must be a positive integer, got -2"),
+        ('[table]\nname = "a/b"\n', "table name must be"),
+        ("[bogus]\nx = 1\n", "unknown key 'bogus'"),
+        (
+            '[data_spec]\nenv = "building"\nfields.x = { dtype = "float32", shape = [1] }\n',
+            "exactly one",
+        ),
+        ('[data_spec]\nenv = false\nfields.observation = { dtype = "floaty", shape = [1] }\n', ""),
+        ('[data_spec]\nfields.observation = { dtype = "float32", shape = [-1] }\n', "shape"),
+        ('table = "not a table"\n', "[table] must be a table"),
+    ],
+)
+def test_config_file_values(tmp_path, toml, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises((ConfigError, TypeError)) as info:
+        load_config(path).data_spec.build()
+    assert message in str(info.value)
+
+
+def test_server_cli_rejects_unknown_command_and_status_without_address():
+    for args, message in ((["frobnicate"], "unknown command"), (["status"], "--address")):
+        result = subprocess.run(
+            [sys.executable, "-m", "replay_service.serve", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        )
+        assert result.returncode != 0
+        assert message in result.stderr
+
+
+def test_status_of_a_server_that_is_down():
+    from replay_service.server import pick_free_port
+    from replay_service.status import server_status
+
+    address = f"localhost:{pick_free_port()}"
+    with pytest.raises(ServerUnavailableError, match=address):
+        server_status(address, timeout=1.0)
+
+
+def test_sampling_timeout_is_bounded(make_manager):
+    manager = make_manager(timeouts=Timeouts(sample=0.3))
+    manager.create_replay_buffer()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="within 0.3 s"):
+        next(iter(manager.get_dataset(2)))
+
+
+def test_fast_timeouts_fixture_is_sane():
+    assert FAST_TIMEOUTS.sample < FAST_TIMEOUTS.write
