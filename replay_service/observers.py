@@ -5,6 +5,10 @@ windows: every `stride_length` steps, the last `sequence_length` steps of the cu
 with what that observer lacks: every wait has a timeout, items are flushed as they accumulate and
 on close, a wrongly shaped step fails at once with the field that is wrong, and a window never
 spans two episodes.
+
+Items are created by a Reverb `StructuredWriter` whose pattern and conditions are fixed up front,
+so the per-step Python work is one `append`; TF-Agents' observer slices the writer history and
+calls `create_item` in Python for every step.
 """
 
 from __future__ import annotations
@@ -12,14 +16,36 @@ from __future__ import annotations
 from typing import Any
 
 import reverb
-import tensorflow as tf
+import tree
+from reverb import structured_writer as sw
 
 from replay_service.config import Timeouts, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
-from replay_service.specs import diff_value
+from replay_service.specs import diff_value, normalize_spec
 
-# Unconfirmed items allowed before `__call__` waits for the server (Reverb warns past ~50).
+# Steps appended between waits for the server, which keeps unconfirmed items well below the
+# ~50 at which Reverb warns; the wait lets the newest half stay in flight.
 MAX_IN_FLIGHT_ITEMS = 32
+
+
+def window_config(
+    data_spec: Any, table_name: str, sequence_length: int, stride_length: int, priority: float
+) -> Any:
+    """The `StructuredWriter` config that inserts the last `sequence_length` steps of an episode
+    into `table_name` every `stride_length` steps."""
+    step_structure = tree.map_structure(lambda _: None, normalize_spec(data_spec))
+    pattern = sw.pattern_from_transform(
+        step_structure, lambda step: tree.map_structure(lambda c: c[-sequence_length:], step)
+    )
+    return sw.create_config(
+        pattern,
+        table_name,
+        conditions=[
+            sw.Condition.step_index() >= sequence_length - 1,
+            sw.Condition.steps_since_applied() >= stride_length,
+        ],
+        priority=sw.constant_priority_fn(priority),
+    )
 
 
 class TrajectoryObserver:
@@ -63,9 +89,11 @@ class TrajectoryObserver:
         self._priority = float(priority)
         self._data_spec = data_spec
         self._timeout_ms = to_ms((timeouts or Timeouts()).write)
+        self._config = window_config(
+            data_spec, table_name, sequence_length, stride_length, self._priority
+        )
         self._writer: Any = None
-        self._steps_in_episode = 0
-        self._items_since_flush = 0
+        self._steps_since_flush = 0
         self._checked = False
         self._closed = False
 
@@ -92,21 +120,15 @@ class TrajectoryObserver:
         writer = self._writer or self._open()
         try:
             writer.append(trajectory)
-            self._steps_in_episode += 1
-            over = self._steps_in_episode - self._sequence_length
-            if over >= 0 and over % self._stride_length == 0:
-                window = tf.nest.map_structure(
-                    lambda h: h[-self._sequence_length :], writer.history
-                )
-                writer.create_item(self._table_name, self._priority, window)
-                self._items_since_flush += 1
         except ValueError as e:
             self._raise_mismatch(trajectory, e)
         if trajectory.is_boundary():
             self._end_episode()
-        elif self._items_since_flush >= MAX_IN_FLIGHT_ITEMS:
+            return
+        self._steps_since_flush += 1
+        if self._steps_since_flush >= MAX_IN_FLIGHT_ITEMS:
             self._wait(lambda: writer.flush(MAX_IN_FLIGHT_ITEMS // 2, timeout_ms=self._timeout_ms))
-            self._items_since_flush = 0
+            self._steps_since_flush = 0
 
     def flush(self) -> None:
         """Blocks until every item written so far is confirmed by the server.
@@ -116,7 +138,7 @@ class TrajectoryObserver:
         """
         if self._writer is not None:
             self._wait(lambda: self._writer.flush(timeout_ms=self._timeout_ms))
-            self._items_since_flush = 0
+            self._steps_since_flush = 0
 
     def reset(self, write_cached_steps: bool = False) -> None:
         """Ends the current episode: its written items stay, pending steps start a new window.
@@ -130,13 +152,12 @@ class TrajectoryObserver:
             self._end_episode()
 
     def close(self) -> None:
-        """Flushes pending items and closes the writer. Idempotent."""
+        """Flushes pending items and releases the writer. Idempotent."""
         if self._closed:
             return
         try:
             if self._writer is not None:
                 self._end_episode()
-                self._writer.close()
         finally:
             self._writer = None
             self._closed = True
@@ -148,13 +169,12 @@ class TrajectoryObserver:
         self.close()
 
     def _open(self) -> Any:
-        self._writer = self._client.trajectory_writer(num_keep_alive_refs=self._sequence_length)
+        self._writer = self._client.structured_writer([self._config])
         return self._writer
 
     def _end_episode(self) -> None:
         writer = self._writer
-        self._steps_in_episode = 0
-        self._items_since_flush = 0
+        self._steps_since_flush = 0
         self._wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=self._timeout_ms))
 
     def _wait(self, call: Any) -> None:
