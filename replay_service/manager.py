@@ -18,7 +18,7 @@ from replay_service import export as export_lib
 from replay_service import specs
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore, StoreMetadata
 from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
-from replay_service.datasets import ReplayBuffer
+from replay_service.datasets import ReplayBuffer, sample_dataset
 from replay_service.errors import (
     BufferStateError,
     CheckpointError,
@@ -287,14 +287,16 @@ class ReplayBufferManager:
     ) -> tf.data.Dataset:
         """Returns a tf.data dataset of `(trajectory, sample_info)` batches.
 
-        Same as `replay_buffer.as_dataset(batch_size, num_steps, num_parallel_calls).prefetch(3)`.
-        If no item can be sampled within `timeouts.sample`, iterating raises
-        `tf.errors.InvalidArgumentError` naming the table instead of blocking forever.
+        The same batches as `replay_buffer.as_dataset(batch_size, num_steps).prefetch(3)`, from a
+        tuned pipeline (see `datasets.sample_dataset`) when `num_steps` is None or
+        `sequence_length`; other `num_steps` split items with TF-Agents' pipeline. If no item can
+        be sampled within `timeouts.sample`, iterating raises `tf.errors.InvalidArgumentError`
+        naming the table instead of blocking forever.
 
         Args:
           batch_size: Items per batch.
           num_steps: Steps per sampled sequence; None or `sequence_length` returns whole items.
-          num_parallel_calls: Parallel sample unpacking, at most `batch_size`.
+          num_parallel_calls: Parallel unpacking in TF-Agents' pipeline (other `num_steps`).
           prefetch: Batches prefetched.
 
         Raises:
@@ -304,12 +306,24 @@ class ReplayBufferManager:
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        num_parallel_calls = min(num_parallel_calls, batch_size)
-        dataset = replay_buffer.as_dataset(
-            sample_batch_size=batch_size,
-            num_steps=num_steps,
-            num_parallel_calls=num_parallel_calls,
-        )
+        if num_steps not in (None, self.sequence_length):
+            # Splitting items into shorter sequences: TF-Agents' pipeline does that.
+            dataset = replay_buffer.as_dataset(
+                sample_batch_size=batch_size,
+                num_steps=num_steps,
+                num_parallel_calls=min(num_parallel_calls, batch_size),
+            )
+        else:
+            ordered = self._table.sampling.sampler in ("fifo", "lifo", "max_heap", "min_heap")
+            dataset = sample_dataset(
+                self._require_client().server_address,
+                self.table_name,
+                self._data_spec,
+                self.sequence_length,
+                batch_size,
+                sample_timeout=self._timeouts.sample,
+                num_workers=1 if ordered else 2,
+            )
         return dataset.prefetch(prefetch)
 
     def num_frames(self) -> int:
