@@ -25,6 +25,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+benchmark: $(STAMP)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,bench]'
+	$(BIN)/python scripts/benchmark.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check replay_service scripts tests
 	$(BIN)/ruff format --check replay_service scripts tests

@@ -46,6 +46,7 @@ LOCK_FILE = ".lock"
 CORRUPT_DIR = "corrupt"
 CHECKPOINT_META_FILE = "replay_service_checkpoint.json"
 REVERB_DONE_FILE = "DONE"
+REVERB_ITEMS_FILE = "items.tfrecord"
 CHECKPOINT_PREFIX = "ckpt-"
 DEFAULT_KEEP = 3
 
@@ -286,15 +287,12 @@ class CheckpointStore:
         """
         return [self.adopt(path, metadata) for path in self.staged()]
 
-    def adopt(
-        self, reverb_path: str, metadata: StoreMetadata, num_items: int | None = None
-    ) -> Checkpoint:
+    def adopt(self, reverb_path: str, metadata: StoreMetadata) -> Checkpoint:
         """Moves a finished Reverb checkpoint into `checkpoints/`, then applies retention.
 
         Args:
           reverb_path: Directory Reverb wrote (must contain `DONE`).
           metadata: Store metadata recorded with the checkpoint.
-          num_items: Items in the table when the checkpoint was taken, if known.
 
         Returns:
           The adopted checkpoint.
@@ -313,7 +311,7 @@ class CheckpointStore:
             "sequence": sequence,
             "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
             "reverb_name": os.path.basename(reverb_path),
-            "num_items": num_items,
+            "num_items": count_items(reverb_path),
             "store": metadata.to_json(),
         }
         target = os.path.join(self.checkpoints_dir, f"{CHECKPOINT_PREFIX}{sequence:08d}")
@@ -413,6 +411,22 @@ class CheckpointStore:
                 "use create_replay_buffer() to start a new buffer"
             )
         raise CheckpointError(_foreign_message(self.root, entries))
+
+
+def count_items(reverb_path: str) -> int | None:
+    """Counts the items stored in a (single-table) Reverb checkpoint, or None if unreadable.
+
+    Reverb writes one ZLIB-compressed record per item to `items.tfrecord`; counting them is exact
+    even when items were inserted while the checkpoint was taken.
+    """
+    import tensorflow as tf
+
+    path = os.path.join(reverb_path, REVERB_ITEMS_FILE)
+    try:
+        records = tf.data.TFRecordDataset(path, compression_type="ZLIB")
+        return int(records.reduce(0, lambda count, _: count + 1))
+    except (tf.errors.OpError, OSError):
+        return None
 
 
 def _foreign_message(root: str, entries: list[str]) -> str:

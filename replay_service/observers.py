@@ -13,6 +13,7 @@ calls `create_item` in Python for every step.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import reverb
@@ -26,6 +27,17 @@ from replay_service.specs import diff_value, normalize_spec
 # Steps appended between waits for the server, which keeps unconfirmed items well below the
 # ~50 at which Reverb warns; the wait lets the newest half stay in flight.
 MAX_IN_FLIGHT_ITEMS = 32
+
+
+def abandon_writer(writer: Any) -> None:
+    """Keeps a Reverb writer alive until the process exits, so its destructor never runs.
+
+    Reverb's writer destructor waits, without a timeout, until every pending item is confirmed
+    (reverb#4, #144); when the server died (or restarted on the same port) that wait never ends
+    and whatever drops the last reference hangs. A writer that failed to flush within the write
+    timeout is therefore leaked on purpose: its pending items are lost either way.
+    """
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(writer))
 
 
 def window_config(
@@ -152,12 +164,20 @@ class TrajectoryObserver:
             self._end_episode()
 
     def close(self) -> None:
-        """Flushes pending items and releases the writer. Idempotent."""
+        """Flushes pending items and releases the writer. Idempotent.
+
+        Raises:
+          WriteTimeoutError: If pending items are not confirmed within the write timeout (the
+            server is down); the observer is closed all the same and those items are lost.
+        """
         if self._closed:
             return
         try:
             if self._writer is not None:
                 self._end_episode()
+        except Exception:
+            abandon_writer(self._writer)
+            raise
         finally:
             self._writer = None
             self._closed = True

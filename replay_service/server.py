@@ -155,12 +155,10 @@ def take_checkpoint(
     """
     store.clean_staging(metadata)
     try:
-        infos = client.server_info(timeout=max(1, round(timeout)) if timeout else None)
-        num_items = int(infos[metadata.table_name].current_size)
         path = call_with_timeout(client.checkpoint, timeout, "checkpoint")
-    except (TimeoutError, RuntimeError, KeyError) as e:
+    except (TimeoutError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint of {client.server_address!r} failed: {e}") from e
-    return store.adopt(path, metadata, num_items=num_items)
+    return store.adopt(path, metadata)
 
 
 def connect(address: str, timeout: float | None) -> reverb.Client:

@@ -1,0 +1,397 @@
+"""Speed and memory of replay_service against its anchors, measured side by side in one run.
+
+    .venv/bin/python scripts/benchmark.py [--workloads=cartpole,image] [--json=out.json]
+    make benchmark        # installs the optional TorchRL anchor, then runs this
+
+For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it measures:
+  insert   steps/s through this project's observer and TransitionWriter, and through the
+           anchors: TF-Agents' ReverbAddTrajectoryObserver, a raw TrajectoryWriter, a raw
+           StructuredWriter
+  sample   items/s at batch 256 through get_dataset (tf) and torch_batches (torch), and through
+           TF-Agents' as_dataset with default settings, a tuned raw TrajectoryDataset and, if
+           installed, TorchRL's ReplayBuffer(LazyTensorStorage) (in-process, no server)
+  ckpt     checkpoint save and restore MB/s, against a plain sequential file write (with fsync)
+           of the same number of bytes on the same disk
+  memory   resident memory per stored step of the embedded server
+and prints every figure with its ratio ours/anchor. Timings are wall-clock on this machine now:
+compare ratios, not absolute numbers, across machines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import reverb
+import tensorflow as tf
+from absl import app, flags
+from tf_agents.replay_buffers import reverb_utils
+from tf_agents.trajectories import trajectory as trajectory_lib
+
+from replay_service import ReplayBufferManager, Timeouts
+from replay_service.checkpoints import CheckpointStore
+from replay_service.specs import spec_from_description
+
+_WORKLOADS = flags.DEFINE_list("workloads", ["cartpole", "image"], "cartpole and/or image.")
+_STEPS = flags.DEFINE_integer("steps", 20_000, "Steps inserted per writer (cartpole).")
+_IMAGE_STEPS = flags.DEFINE_integer("image_steps", 2_000, "Steps inserted per writer (image).")
+_BATCHES = flags.DEFINE_integer("batches", 60, "Batches of 256 timed per sampler.")
+_JSON = flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
+
+BATCH = 256
+SEQUENCE_LENGTH = 2
+EPISODE = 200
+MID, FIRST, LAST = 1, 0, 2
+
+
+@dataclasses.dataclass
+class Row:
+    """One measured figure and, when it is ours, the anchor it is compared with."""
+
+    workload: str
+    metric: str
+    path: str
+    value: float
+    unit: str
+    anchor: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A step shape to measure with."""
+
+    name: str
+    observation_shape: tuple[int, ...]
+    observation_dtype: str
+    steps: int
+
+    def spec(self) -> Any:
+        return spec_from_description(
+            [
+                {
+                    "path": "observation",
+                    "dtype": self.observation_dtype,
+                    "shape": list(self.observation_shape),
+                },
+                {"path": "action", "dtype": "int64", "shape": []},
+            ]
+        )
+
+    def trajectories(self) -> list[trajectory_lib.Trajectory]:
+        """Pre-built steps in episodes of `EPISODE` steps (building them is not timed)."""
+        rng = np.random.default_rng(0)
+        observations = rng.integers(0, 255, (64, *self.observation_shape)).astype(
+            self.observation_dtype
+        )
+        out = []
+        for i in range(self.steps):
+            t = i % EPISODE
+            step_type = FIRST if t == 0 else LAST if t == EPISODE - 1 else MID
+            next_type = LAST if t == EPISODE - 2 else FIRST if t == EPISODE - 1 else MID
+            out.append(
+                trajectory_lib.Trajectory(
+                    np.int32(step_type),
+                    observations[i % 64],
+                    np.int64(i % 2),
+                    (),
+                    np.int32(next_type),
+                    np.float32(1.0),
+                    np.float32(0.0 if t == EPISODE - 2 else 1.0),
+                )
+            )
+        return out
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def dir_bytes(path: str) -> int:
+    return sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(path)
+        for name in names
+    )
+
+
+# ------------------------------------------------------------------------------------ inserts
+
+
+def insert_ours(manager: ReplayBufferManager, steps: list[Any]) -> float:
+    _, observer = manager.get_replay_buffer_and_observer()
+
+    def run() -> None:
+        for step in steps:
+            observer(step)
+        observer.flush()
+
+    return timed(run)
+
+
+def insert_transition_writer(manager: ReplayBufferManager, steps: list[Any]) -> float:
+    writer = manager.transition_writer()
+    obs = [s.observation for s in steps]
+    n = len(steps)
+
+    def run() -> None:
+        for i in range(n - 1):
+            end = i % EPISODE == EPISODE - 2
+            writer.add(obs[i], steps[i].action, 1.0, obs[i + 1], end, False)
+        writer.flush()
+
+    return timed(run)
+
+
+def insert_tf_agents(manager: ReplayBufferManager, steps: list[Any]) -> float:
+    observer = reverb_utils.ReverbAddTrajectoryObserver(
+        manager.py_client, manager.table_name, SEQUENCE_LENGTH
+    )
+
+    def run() -> None:
+        for step in steps:
+            observer(step)
+        observer.flush()
+        observer.close()
+
+    return timed(run)
+
+
+def insert_trajectory_writer(manager: ReplayBufferManager, steps: list[Any]) -> float:
+    table = manager.table_name
+
+    def run() -> None:
+        with manager.py_client.trajectory_writer(num_keep_alive_refs=SEQUENCE_LENGTH) as writer:
+            in_episode = 0
+            for step in steps:
+                writer.append(step)
+                in_episode += 1
+                if in_episode >= SEQUENCE_LENGTH:
+                    window = tf.nest.map_structure(lambda c: c[-SEQUENCE_LENGTH:], writer.history)
+                    writer.create_item(table, 1.0, window)
+                if step.step_type == LAST:
+                    writer.end_episode(timeout_ms=30_000)
+                    in_episode = 0
+            writer.flush(timeout_ms=30_000)
+
+    return timed(run)
+
+
+def insert_structured_writer(manager: ReplayBufferManager, steps: list[Any]) -> float:
+    from replay_service.observers import window_config
+
+    config = window_config(manager._data_spec, manager.table_name, SEQUENCE_LENGTH, 1, 1.0)
+
+    def run() -> None:
+        writer = manager.py_client.structured_writer([config])
+        for step in steps:
+            writer.append(step)
+            if step.step_type == LAST:
+                writer.end_episode(timeout_ms=30_000)
+        writer.flush(timeout_ms=30_000)
+
+    return timed(run)
+
+
+# ------------------------------------------------------------------------------------ samples
+
+
+def rate(iterator: Iterator[Any], batches: int) -> float:
+    next(iterator)  # warm-up: pipeline start, first round trips
+    seconds = timed(lambda: [next(iterator) for _ in range(batches)])
+    return batches * BATCH / seconds
+
+
+def sample_rows(workload: str, manager: ReplayBufferManager, batches: int) -> list[Row]:
+    replay_buffer, _ = manager.get_replay_buffer_and_observer()
+    anchors = {
+        "tf-agents as_dataset": iter(
+            replay_buffer.as_dataset(sample_batch_size=BATCH, num_steps=SEQUENCE_LENGTH)
+        ),
+        "raw TrajectoryDataset": iter(
+            reverb.TrajectoryDataset.from_table_signature(
+                manager.server_address,
+                manager.table_name,
+                max_in_flight_samples_per_worker=4 * BATCH,
+            )
+            .batch(BATCH, drop_remainder=True)
+            .prefetch(4)
+        ),
+    }
+    rows = [
+        Row(workload, "sample", name, rate(it, batches), "items/s") for name, it in anchors.items()
+    ]
+    tf_rate = rate(iter(manager.get_dataset(BATCH, SEQUENCE_LENGTH)), batches)
+    rows.append(Row(workload, "sample", "ours tf", tf_rate, "items/s", "tf-agents as_dataset"))
+    stream = manager.torch_batches(BATCH)
+    rows.append(
+        Row(workload, "sample", "ours torch", rate(iter(stream), batches), "items/s", "ours tf")
+    )
+    stream.close()
+    torchrl = torchrl_rate(manager, batches)
+    if torchrl is not None:
+        rows.append(Row(workload, "sample", "torchrl LazyTensorStorage", torchrl, "items/s"))
+    return rows
+
+
+def torchrl_rate(manager: ReplayBufferManager, batches: int) -> float | None:
+    try:
+        import torch
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+    except ImportError:
+        return None
+    size = manager.num_frames()
+    batch, _ = next(iter(manager.get_dataset(size if size < 4096 else 4096, SEQUENCE_LENGTH)))
+    data = TensorDict(
+        {"observation": torch.from_numpy(batch.observation.numpy())}, batch_size=[len(batch.reward)]
+    )
+    buffer = ReplayBuffer(storage=LazyTensorStorage(size), batch_size=BATCH)
+    while len(buffer) < size:
+        buffer.extend(data[: size - len(buffer)])
+    return rate(iter(buffer.sample, None), batches)
+
+
+# -------------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_rows(workload: str, manager: ReplayBufferManager, spec: Any) -> list[Row]:
+    saved_at = timed(manager.checkpoint)
+    path = CheckpointStore(manager.checkpoint_dir).latest().path
+    size = dir_bytes(path)
+    root = manager.checkpoint_dir
+    capacity = manager._table.capacity
+    manager.close()
+
+    def restore() -> None:
+        with ReplayBufferManager(spec, capacity, root, SEQUENCE_LENGTH) as restored:
+            restored.load_replay_buffer()
+
+    restore_s = timed(restore)
+    disk_s = disk_write_seconds(size, root)
+    mb = size / 1e6
+    return [
+        Row(workload, "ckpt", "plain file write+fsync", mb / disk_s, "MB/s"),
+        Row(workload, "ckpt", "ours save", mb / saved_at, "MB/s", "plain file write+fsync"),
+        Row(workload, "ckpt", "ours restore", mb / restore_s, "MB/s", "plain file write+fsync"),
+        Row(workload, "ckpt", "checkpoint size", mb, "MB"),
+    ]
+
+
+def disk_write_seconds(size: int, directory: str) -> float:
+    path = os.path.join(directory, "..", "disk_probe.bin")
+    block = os.urandom(1 << 20)
+
+    def write() -> None:
+        with open(path, "wb") as f:
+            for _ in range(max(1, size >> 20)):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+
+    seconds = timed(write)
+    os.remove(path)
+    return seconds * size / max(1 << 20, (size >> 20) << 20)
+
+
+# ---------------------------------------------------------------------------------------- run
+
+
+def run_workload(workload: Workload, batches: int) -> list[Row]:
+    spec = workload.spec()
+    steps = workload.trajectories()
+    rows: list[Row] = []
+    root = tempfile.mkdtemp(prefix=f"replay_bench_{workload.name}_")
+    inserts = {
+        "tf-agents observer": insert_tf_agents,
+        "raw TrajectoryWriter": insert_trajectory_writer,
+        "raw StructuredWriter": insert_structured_writer,
+        "ours observer": insert_ours,
+        "ours TransitionWriter.add": insert_transition_writer,
+    }
+    manager = ReplayBufferManager(
+        spec,
+        2 * workload.steps,
+        os.path.join(root, "ckpt"),
+        SEQUENCE_LENGTH,
+        timeouts=Timeouts(sample=120),
+    )
+    manager.create_replay_buffer()
+    for name, insert in inserts.items():
+        manager.clear()
+        before = rss_bytes()
+        seconds = insert(manager, steps)
+        grown = rss_bytes() - before
+        anchor = "tf-agents observer" if name.startswith("ours") else None
+        rows.append(Row(workload.name, "insert", name, len(steps) / seconds, "steps/s", anchor))
+        if name == "ours observer":
+            rows.append(
+                Row(workload.name, "memory", "server RSS per stored step", grown / len(steps), "B")
+            )
+            raw = (
+                np.prod(workload.observation_shape) * np.dtype(workload.observation_dtype).itemsize
+            )
+            rows.append(Row(workload.name, "memory", "raw observation bytes", float(raw), "B"))
+    rows += sample_rows(workload.name, manager, batches)
+    rows += checkpoint_rows(workload.name, manager, spec)
+    shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    values = {(r.workload, r.path): r.value for r in rows}
+    print(f"{'workload':9} {'metric':7} {'path':32} {'value':>14}  {'ratio':>7}  vs")
+    for r in rows:
+        ratio = ""
+        if r.anchor and values.get((r.workload, r.anchor)):
+            ratio = f"{r.value / values[(r.workload, r.anchor)]:.2f}x"
+        print(
+            f"{r.workload:9} {r.metric:7} {r.path:32} {r.value:>10,.0f} {r.unit:>5}  {ratio:>7}"
+            f"  {r.anchor or ''}"
+        )
+
+
+def main(argv: list[str]) -> None:
+    """Runs every workload and prints (and optionally saves) the table."""
+    del argv
+    workloads = {
+        "cartpole": Workload("cartpole", (4,), "float32", _STEPS.value),
+        "image": Workload("image", (84, 84, 4), "uint8", _IMAGE_STEPS.value),
+    }
+    unknown = sorted(set(_WORKLOADS.value) - set(workloads))
+    if unknown:
+        raise app.UsageError(f"unknown workloads {unknown}; choose from {sorted(workloads)}")
+    print(
+        f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cpus, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}"
+    )
+    rows = [
+        row for name in _WORKLOADS.value for row in run_workload(workloads[name], _BATCHES.value)
+    ]
+    print_table(rows)
+    if _JSON.value:
+        with open(_JSON.value, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in rows], f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)
