@@ -25,13 +25,13 @@ from replay_service.errors import (
     CheckpointExistsError,
     ConfigError,
     ManagerClosedError,
-    ServerUnavailableError,
     SpecMismatchError,
 )
 from replay_service.observers import TrajectoryObserver
 from replay_service.server import (
     call_with_timeout,
     connect,
+    server_info,
     start_from_latest,
     start_server,
     take_checkpoint,
@@ -404,13 +404,7 @@ class ReplayBufferManager:
         return connect(self._remote_address, self._timeouts.connect)
 
     def _table_info(self, client: reverb.Client) -> Any:
-        timeout = self._timeouts.connect
-        try:
-            infos = client.server_info(timeout=max(1, round(timeout)) if timeout else None)
-        except Exception as e:
-            raise ServerUnavailableError(
-                f"Reverb server at {client.server_address!r} did not answer within {timeout} s: {e}"
-            ) from e
+        infos = server_info(client, self._timeouts.connect)
         if self.table_name not in infos:
             raise SpecMismatchError(
                 f"server at {client.server_address!r} has no table {self.table_name!r}; "

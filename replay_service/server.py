@@ -7,7 +7,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import reverb
 
@@ -161,6 +161,21 @@ def take_checkpoint(
     return store.adopt(path, metadata)
 
 
+def server_info(client: reverb.Client, timeout: float | None) -> dict[str, Any]:
+    """`client.server_info()` bounded by `timeout` seconds (Reverb takes whole seconds).
+
+    Raises:
+      ServerUnavailableError: If the server does not answer in time.
+    """
+    try:
+        return client.server_info(timeout=max(1, round(timeout)) if timeout else None)
+    except Exception as e:  # Reverb raises RuntimeError or DeadlineExceededError.
+        raise ServerUnavailableError(
+            f"no Reverb server answered at {client.server_address!r} within {timeout} s ({e}); "
+            "is the server running and the port reachable?"
+        ) from e
+
+
 def connect(address: str, timeout: float | None) -> reverb.Client:
     """Returns a client after the server at `address` has answered.
 
@@ -176,13 +191,7 @@ def connect(address: str, timeout: float | None) -> reverb.Client:
     if not host or not port.isdigit():
         raise ConfigError(f"server_address must look like 'host:port', got {address!r}")
     client = reverb.Client(address)
-    try:
-        client.server_info(timeout=max(1, round(timeout)) if timeout else None)
-    except Exception as e:  # Reverb raises RuntimeError or DeadlineExceededError.
-        raise ServerUnavailableError(
-            f"no Reverb server answered at {address!r} within {timeout} s ({e}); "
-            "is the server running and the port reachable?"
-        ) from e
+    server_info(client, timeout)
     return client
 
 

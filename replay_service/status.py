@@ -6,8 +6,7 @@ import dataclasses
 from typing import Any
 
 from replay_service.checkpoints import CheckpointStore
-from replay_service.errors import ServerUnavailableError
-from replay_service.server import connect
+from replay_service.server import connect, server_info
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +43,7 @@ def server_status(address: str, timeout: float | None = 10.0) -> list[TableStatu
     Raises:
       ServerUnavailableError: If no server answers within `timeout`.
     """
-    client = connect(address, timeout)
-    try:
-        infos = client.server_info(timeout=max(1, round(timeout)) if timeout else None)
-    except Exception as e:
-        raise ServerUnavailableError(f"server at {address!r} stopped answering: {e}") from e
+    infos = server_info(connect(address, timeout), timeout)
     return [_table_status(info) for _, info in sorted(infos.items())]
 
 
