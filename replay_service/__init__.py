@@ -21,6 +21,7 @@ from replay_service.manager import ReplayBufferManager
 from replay_service.observers import TrajectoryObserver
 from replay_service.starter import PopulateConfig, PopulateResult, copy_buffer, populate
 from replay_service.tables import make_replay_tables, make_table
+from replay_service.writers import TransitionWriter
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
@@ -38,6 +39,7 @@ __all__ = [
     "ReplayBuffer",
     "ReplayBufferManager",
     "ReplayServiceError",
+    "SampleSource",
     "SamplingConfig",
     "ServerError",
     "ServerUnavailableError",
@@ -45,7 +47,12 @@ __all__ = [
     "StoreMetadata",
     "TableConfig",
     "Timeouts",
+    "TorchBatchStream",
+    "TorchReplayDataset",
+    "TorchSampleInfo",
     "TrajectoryObserver",
+    "TransitionBatch",
+    "TransitionWriter",
     "WriteTimeoutError",
     "copy_buffer",
     "make_replay_tables",
@@ -53,3 +60,20 @@ __all__ = [
     "populate",
 ]
 __version__ = "0.1.0"
+
+_TORCH_EXPORTS = (
+    "SampleSource",
+    "TorchBatchStream",
+    "TorchReplayDataset",
+    "TorchSampleInfo",
+    "TransitionBatch",
+)
+
+
+def __getattr__(name: str) -> object:
+    """Torch-based classes, imported on first use so `import replay_service` needs no torch."""
+    if name in _TORCH_EXPORTS:
+        from replay_service import torch_sampling
+
+        return getattr(torch_sampling, name)
+    raise AttributeError(f"module 'replay_service' has no attribute {name!r}")

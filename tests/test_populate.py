@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import FAST_TIMEOUTS, all_items
 from tf_agents.drivers import py_driver
 from tf_agents.policies import tf_policy
 from tf_agents.policies.policy_saver import POLICY_SPECS_PBTXT
@@ -29,6 +28,7 @@ from tf_agents.trajectories import policy_step
 from tf_agents.trajectories import time_step as ts
 from tf_agents.utils import common, nest_utils
 
+from conftest import FAST_TIMEOUTS, all_items
 from replay_service import (
     CheckpointError,
     CheckpointExistsError,

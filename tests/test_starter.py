@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import collect
 
+from conftest import collect
 from replay_service import (
     CheckpointError,
     CheckpointExistsError,

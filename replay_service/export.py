@@ -1,0 +1,638 @@
+"""Exact, portable export of a replay table to safetensors, and import into a new buffer.
+
+An export is two files in one directory:
+
+    <prefix>state.safetensors   one tensor per data field, "data/<path>" of shape
+                                [num_items, sequence_length, *field_shape] and the spec's dtype;
+                                "priorities" (float64 [num_items]) and "times_sampled"
+                                (int32 [num_items]); items oldest first (insertion order)
+    <prefix>metadata.json       format tag, table name, sequence length, capacity, item count,
+                                data spec (`specs.describe_spec`), tensor names, item order and
+                                the versions of replay_service, dm-reverb, tf-agents, tensorflow
+
+How every item is read exactly once. Reverb has no "iterate all items" call, and sampling the
+live table would count toward its rate limiter, `times_sampled` and `max_times_sampled`. The
+export therefore takes a checkpoint with the manager and reads that: the item records
+(`items.tfrecord`) give keys, priorities, `times_sampled` and the insertion order; the data is
+decoded by Reverb itself, in a throw-away in-process server restored from a copy of the
+checkpoint whose table was rewritten to a FIFO sampler with `max_times_sampled=1` and no rate
+limit. Sampling that copy returns each item exactly once, oldest first, then leaves it empty;
+the items are placed by key into the order of the item records. The live table is not touched
+beyond the checkpoint, which becomes the newest checkpoint of `checkpoint_dir`. The copy holds
+the buffer in memory a second time while the export runs, and like every Reverb server it
+listens on all interfaces for that time (see the README's security section).
+
+Nothing random or time-dependent is written: the same items give byte-identical files. Reverb's
+item keys are not exported (an import cannot choose them), and an import starts every item at
+`times_sampled == 0`; export -> import -> export is therefore byte-identical whenever the
+exported items had never been sampled, and otherwise differs only in "times_sampled".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import math
+import os
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import reverb
+import safetensors
+import tensorflow as tf
+from reverb.cc import schema_pb2
+from reverb.cc.checkpointing import checkpoint_pb2
+from safetensors.numpy import load_file, save_file
+
+from replay_service import specs
+from replay_service.config import SamplingConfig, Timeouts, to_ms
+from replay_service.errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    ConfigError,
+    SpecMismatchError,
+    WriteTimeoutError,
+)
+from replay_service.observers import MAX_IN_FLIGHT_ITEMS
+from replay_service.server import pick_free_port
+
+if TYPE_CHECKING:
+    from replay_service.manager import ReplayBufferManager
+
+FORMAT = "replay_service.export/1"
+DEFAULT_PREFIX = "buffer_"
+STATE_SUFFIX = "state.safetensors"
+METADATA_SUFFIX = "metadata.json"
+DATA_PREFIX = "data/"
+PRIORITIES = "priorities"
+TIMES_SAMPLED = "times_sampled"
+ITEM_ORDER = "insertion order, oldest first"
+VERSIONED_PACKAGES = ("replay_service", "dm-reverb", "tf-agents", "tensorflow")
+CHECKPOINT_TABLES = "tables.tfrecord"
+CHECKPOINT_ITEMS = "items.tfrecord"
+CHECKPOINT_CHUNKS = "chunks.tfrecord"
+CHECKPOINT_DONE = "DONE"
+CHECKPOINT_COMPRESSION = "ZLIB"
+RECORD_BATCH = 4096
+READ_BATCH = 256
+# Reverb's MinSize limiter: a samples/inserts difference that never limits.
+UNLIMITED_DIFF = float(np.finfo(np.float64).max)
+_UNSIGNED_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportedItems:
+    """Every item of a table, oldest first.
+
+    Attributes:
+      data: One array per field of the table signature (`tf.nest` order), each shaped
+        `[num_items, sequence_length, *field_shape]`.
+      priorities: float64 `[num_items]`.
+      times_sampled: int32 `[num_items]`.
+    """
+
+    data: list[np.ndarray]
+    priorities: np.ndarray
+    times_sampled: np.ndarray
+
+    @property
+    def num_items(self) -> int:
+        """Number of items."""
+        return int(self.priorities.shape[0])
+
+    def newest(self, count: int) -> ExportedItems:
+        """Returns the newest `count` items."""
+        start = max(0, self.num_items - count)
+        return ExportedItems(
+            data=[a[start:] for a in self.data],
+            priorities=self.priorities[start:],
+            times_sampled=self.times_sampled[start:],
+        )
+
+
+def export_paths(dirpath: str | os.PathLike[str], prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
+    """Returns `(state_path, metadata_path)` of an export."""
+    root = os.fspath(dirpath)
+    return (
+        os.path.join(root, f"{prefix}{STATE_SUFFIX}"),
+        os.path.join(root, f"{prefix}{METADATA_SUFFIX}"),
+    )
+
+
+def export_buffer(
+    manager: ReplayBufferManager,
+    dirpath: str | os.PathLike[str],
+    prefix: str = DEFAULT_PREFIX,
+    *,
+    overwrite: bool = False,
+) -> tuple[str, str]:
+    """Writes every item of the manager's table, exactly once, to `dirpath` (see module docs).
+
+    Args:
+      manager: A manager with a buffer; embedded, or remote on a server whose checkpoint
+        directory is readable from this machine.
+      dirpath: Directory to write into; created if missing.
+      prefix: File name prefix.
+      overwrite: Replace the two export files in a non-empty directory (other files are kept).
+
+    Returns:
+      `(state_path, metadata_path)`.
+
+    Raises:
+      CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
+      CheckpointError: If the checkpoint cannot be taken, read or decoded, or the files cannot
+        be written.
+      BufferStateError: If the manager has no buffer.
+    """
+    state_path, metadata_path = export_paths(dirpath, prefix)
+    _check_target(os.fspath(dirpath), overwrite)
+    signature = specs.table_signature(manager.data_spec, manager.sequence_length)
+    checkpoint_path = manager.checkpoint()
+    items = read_checkpoint(checkpoint_path, manager.table_name, signature, manager.timeouts.sample)
+    metadata = build_metadata(
+        manager.table_name,
+        manager.sequence_length,
+        manager.table_config.capacity,
+        manager.data_spec,
+        items.num_items,
+    )
+    tensors = {name: array for name, array in zip(_data_names(signature), items.data, strict=True)}
+    tensors[PRIORITIES] = items.priorities
+    tensors[TIMES_SAMPLED] = items.times_sampled
+    _write_files(state_path, metadata_path, tensors, metadata)
+    return state_path, metadata_path
+
+
+def import_buffer(
+    manager: ReplayBufferManager,
+    dirpath: str | os.PathLike[str],
+    prefix: str = DEFAULT_PREFIX,
+    *,
+    overwrite: bool = False,
+    drop_oldest: bool = False,
+) -> tuple[Any, Any]:
+    """Creates the manager's buffer and inserts every exported item with its priority, in order.
+
+    The manager's capacity may differ from the exported one (this is how a buffer is resized).
+    Its data spec and sequence length must match the export; the table name may differ. The
+    files are read and checked completely before the buffer is created, so a refusal leaves
+    the manager's directory or remote table as it was. Items are inserted oldest first with
+    their priorities; an item whose first steps repeat the previous item's last steps shares
+    them, as collected windows do. Reverb assigns new keys and `times_sampled` starts at 0.
+
+    Args:
+      manager: A manager that has not created or loaded a buffer yet.
+      dirpath: Directory holding the export.
+      prefix: File name prefix used by the export.
+      overwrite: Passed to `create_replay_buffer` (delete existing checkpoints or empty a
+        non-empty remote table).
+      drop_oldest: If the export holds more items than the manager's capacity, keep the newest
+        `capacity` items instead of refusing.
+
+    Returns:
+      `(replay_buffer, observer)` as from `create_replay_buffer`.
+
+    Raises:
+      CheckpointError: If a file is missing, corrupt or truncated (naming the file).
+      SpecMismatchError: If the data spec or sequence length differ (naming every field).
+      ConfigError: If the items exceed the capacity without `drop_oldest`, or the table's
+        samples-per-insert rate limiter would block the inserts.
+      CheckpointExistsError, BufferStateError: As `create_replay_buffer`.
+      WriteTimeoutError: If the server does not confirm the items within `Timeouts.write`.
+    """
+    state_path, metadata_path = export_paths(dirpath, prefix)
+    metadata = read_metadata(metadata_path)
+    _check_compatible(metadata, manager, metadata_path)
+    signature = specs.table_signature(manager.data_spec, manager.sequence_length)
+    items = read_state(state_path, signature, int(metadata["num_items"]))
+    capacity = manager.table_config.capacity
+    if items.num_items > capacity:
+        if not drop_oldest:
+            raise ConfigError(
+                f"{state_path!r} holds {items.num_items} items but the manager's capacity is "
+                f"{capacity}; use a capacity >= {items.num_items}, or drop_oldest=True to keep "
+                f"the newest {capacity}"
+            )
+        items = items.newest(capacity)
+    _check_rate_limiter(manager.table_config.sampling, items.num_items)
+    replay_buffer, observer = manager.create_replay_buffer(overwrite=overwrite)
+    insert_items(
+        manager.py_client, manager.table_name, manager.sequence_length, items, manager.timeouts
+    )
+    return replay_buffer, observer
+
+
+# ------------------------------------------------------------------------- reading Reverb
+
+
+def read_checkpoint(
+    checkpoint_path: str, table_name: str, signature: Any, timeout: float | None
+) -> ExportedItems:
+    """Reads every item of `table_name` from a complete Reverb checkpoint (see module docs).
+
+    Args:
+      checkpoint_path: Directory holding `tables.tfrecord`, `items.tfrecord`,
+        `chunks.tfrecord` and `DONE`.
+      table_name: Table to read.
+      signature: The table signature (nest of `tf.TensorSpec`, leading `sequence_length`).
+      timeout: Seconds to wait for the throw-away server's items; None waits forever.
+
+    Returns:
+      The items, oldest first.
+
+    Raises:
+      CheckpointError: If the checkpoint is unreadable here, lacks the table, or its items
+        cannot all be decoded exactly once.
+    """
+    if not os.path.isfile(os.path.join(checkpoint_path, CHECKPOINT_DONE)):
+        raise CheckpointError(
+            f"checkpoint {checkpoint_path!r} is not readable from this machine or incomplete; "
+            "export needs the checkpoint files (run it where the server writes them)"
+        )
+    table = _read_table(checkpoint_path, table_name)
+    records = _read_items(checkpoint_path, table_name)
+    keys = np.array([r.key for r in records], dtype=np.uint64)
+    priorities = np.array([r.priority for r in records], dtype=np.float64)
+    times_sampled = np.array([r.times_sampled for r in records], dtype=np.int32)
+    with tempfile.TemporaryDirectory(prefix="replay_service_export_") as tmp:
+        copy = _drainable_copy(checkpoint_path, table, records, tmp)
+        data, sampled_keys = _drain(copy, table_name, signature, len(records), tmp, timeout)
+    order = _positions(keys, sampled_keys, checkpoint_path)
+    return ExportedItems(
+        data=[np.ascontiguousarray(a[order]) for a in data],
+        priorities=priorities,
+        times_sampled=times_sampled,
+    )
+
+
+def _read_records(path: str) -> list[bytes]:
+    try:
+        dataset = tf.data.TFRecordDataset(path, compression_type=CHECKPOINT_COMPRESSION)
+        return [r for batch in dataset.batch(RECORD_BATCH).as_numpy_iterator() for r in batch]
+    except tf.errors.OpError as e:
+        raise CheckpointError(f"cannot read checkpoint file {path!r}: {e.message}") from e
+
+
+def _read_table(checkpoint_path: str, table_name: str) -> Any:
+    path = os.path.join(checkpoint_path, CHECKPOINT_TABLES)
+    tables = [checkpoint_pb2.PriorityTableCheckpoint.FromString(r) for r in _read_records(path)]
+    for table in tables:
+        if table.table_name == table_name:
+            return table
+    raise CheckpointError(
+        f"checkpoint {checkpoint_path!r} has no table {table_name!r}; it has "
+        f"{sorted(t.table_name for t in tables)}"
+    )
+
+
+def _read_items(checkpoint_path: str, table_name: str) -> list[Any]:
+    path = os.path.join(checkpoint_path, CHECKPOINT_ITEMS)
+    records = [schema_pb2.PrioritizedItem.FromString(r) for r in _read_records(path)]
+    records = [r for r in records if r.table == table_name]
+    return sorted(records, key=lambda r: (r.inserted_at.seconds, r.inserted_at.nanos))
+
+
+def _drainable_copy(checkpoint_path: str, table: Any, records: list[Any], tmp: str) -> str:
+    copy = os.path.join(tmp, "checkpoint")
+    os.makedirs(copy)
+    drained = type(table)()
+    drained.CopyFrom(table)
+    drained.sampler.Clear()
+    drained.sampler.fifo = True
+    drained.sampler.is_deterministic = True
+    drained.max_times_sampled = 1
+    drained.max_size = max(drained.max_size, len(records), 1)
+    limiter = drained.rate_limiter
+    limiter.samples_per_insert = 1.0
+    limiter.min_diff = -UNLIMITED_DIFF
+    limiter.max_diff = UNLIMITED_DIFF
+    limiter.min_size_to_sample = 1
+    options = tf.io.TFRecordOptions(compression_type=CHECKPOINT_COMPRESSION)
+    with tf.io.TFRecordWriter(os.path.join(copy, CHECKPOINT_TABLES), options) as writer:
+        writer.write(drained.SerializeToString())
+    with tf.io.TFRecordWriter(os.path.join(copy, CHECKPOINT_ITEMS), options) as writer:
+        for record in records:
+            fresh = type(record)()
+            fresh.CopyFrom(record)
+            fresh.times_sampled = 0
+            writer.write(fresh.SerializeToString())
+    _link_or_copy(
+        os.path.join(checkpoint_path, CHECKPOINT_CHUNKS), os.path.join(copy, CHECKPOINT_CHUNKS)
+    )
+    with open(os.path.join(copy, CHECKPOINT_DONE), "w", encoding="utf-8"):
+        pass
+    return copy
+
+
+def _drain(
+    copy: str, table_name: str, signature: Any, count: int, tmp: str, timeout: float | None
+) -> tuple[list[np.ndarray], np.ndarray]:
+    flat = tf.nest.flatten(signature)
+    if count == 0:
+        return [np.zeros([0, *s.shape], s.dtype.as_numpy_dtype) for s in flat], np.zeros(
+            [0], np.uint64
+        )
+    placeholder = reverb.Table(
+        name=table_name,
+        sampler=reverb.selectors.Fifo(),
+        remover=reverb.selectors.Fifo(),
+        max_size=count,
+        rate_limiter=reverb.rate_limiters.MinSize(1),
+        max_times_sampled=1,
+        signature=signature,
+    )
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(
+        os.path.join(tmp, "root"), fallback_checkpoint_path=copy
+    )
+    try:
+        server = reverb.Server([placeholder], port=pick_free_port(), checkpointer=checkpointer)
+    except (RuntimeError, ValueError) as e:
+        raise CheckpointError(f"Reverb cannot restore a copy of the checkpoint: {e}") from e
+    try:
+        timeout_ms = to_ms(timeout)
+        dataset = reverb.TrajectoryDataset(
+            server_address=server.localhost_client().server_address,
+            table=table_name,
+            dtypes=tf.nest.map_structure(lambda s: s.dtype, signature),
+            shapes=tf.nest.map_structure(lambda s: s.shape, signature),
+            max_in_flight_samples_per_worker=min(count, READ_BATCH),
+            num_workers_per_iterator=1,
+            max_samples=count,
+            rate_limiter_timeout_ms=-1 if timeout_ms is None else timeout_ms,
+        ).batch(READ_BATCH)
+        batches = list(dataset)
+    finally:
+        server.stop()
+    keys = np.concatenate([b.info.key.numpy() for b in batches]) if batches else np.zeros([0])
+    data = [
+        np.concatenate([leaf.numpy() for leaf in column])
+        for column in zip(*(tf.nest.flatten(b.data) for b in batches), strict=True)
+    ]
+    return data, keys.astype(np.uint64)
+
+
+def _positions(keys: np.ndarray, sampled: np.ndarray, checkpoint_path: str) -> np.ndarray:
+    """Returns `order` such that `sampled[order]` follows `keys`."""
+    if len(sampled) != len(keys) or len(np.unique(sampled)) != len(sampled):
+        raise CheckpointError(
+            f"checkpoint {checkpoint_path!r}: read {len(sampled)} items "
+            f"({len(np.unique(sampled))} distinct) of {len(keys)}; the checkpoint is corrupt"
+        )
+    sorter = np.argsort(sampled)
+    found = np.searchsorted(sampled, keys, sorter=sorter)
+    index = sorter[np.minimum(found, len(sampled) - 1)]
+    if not np.array_equal(sampled[index], keys):
+        raise CheckpointError(
+            f"checkpoint {checkpoint_path!r}: the decoded items do not match its item records"
+        )
+    return index
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def build_metadata(
+    table_name: str, sequence_length: int, capacity: int, data_spec: Any, num_items: int
+) -> dict[str, Any]:
+    """Returns the JSON metadata of an export (no time stamps: equal inputs, equal bytes)."""
+    signature = specs.table_signature(data_spec, sequence_length)
+    return {
+        "format": FORMAT,
+        "table_name": table_name,
+        "sequence_length": sequence_length,
+        "capacity": capacity,
+        "num_items": num_items,
+        "data_spec": specs.describe_spec(data_spec),
+        "tensors": {
+            "data": [
+                {"path": path, "name": name}
+                for (path, _), name in zip(
+                    specs.flatten_with_paths(signature), _data_names(signature), strict=True
+                )
+            ],
+            "priorities": PRIORITIES,
+            "times_sampled": TIMES_SAMPLED,
+        },
+        "item_order": ITEM_ORDER,
+        "versions": {name: _version(name) for name in VERSIONED_PACKAGES},
+    }
+
+
+def read_metadata(path: str) -> dict[str, Any]:
+    """Reads and checks an export's metadata file.
+
+    Raises:
+      CheckpointError: If it is missing, not JSON, or not a replay_service export.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"export metadata {path!r} does not exist") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"export metadata {path!r} is corrupt or truncated: {e}") from e
+    found = data.get("format") if isinstance(data, dict) else type(data).__name__
+    if found != FORMAT:
+        raise CheckpointError(f"{path!r} is not a {FORMAT} file (format: {found!r})")
+    missing = [k for k in ("sequence_length", "num_items", "data_spec") if k not in data]
+    if missing:
+        raise CheckpointError(f"export metadata {path!r} is malformed: it lacks {missing}")
+    count = data["num_items"]
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise CheckpointError(f"export metadata {path!r}: bad num_items {count!r}")
+    fields = data["data_spec"]
+    if not isinstance(fields, list) or not all(
+        isinstance(f, dict) and {"path", "dtype", "shape"} <= f.keys() for f in fields
+    ):
+        raise CheckpointError(f"export metadata {path!r}: malformed data_spec {fields!r}")
+    return data
+
+
+def read_state(path: str, signature: Any, num_items: int) -> ExportedItems:
+    """Loads and checks an export's tensors against the table signature.
+
+    Raises:
+      CheckpointError: If the file is missing, corrupt, truncated, or a tensor is missing or
+        has the wrong dtype or shape (naming the file and the tensor).
+    """
+    try:
+        tensors = load_file(path)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"export state {path!r} does not exist") from e
+    except (OSError, ValueError, safetensors.SafetensorError) as e:
+        raise CheckpointError(f"export state {path!r} is corrupt or truncated: {e}") from e
+    names = _data_names(signature)
+    expected = {
+        name: (spec.dtype.as_numpy_dtype, (num_items, *spec.shape.as_list()))
+        for name, spec in zip(names, tf.nest.flatten(signature), strict=True)
+    }
+    expected[PRIORITIES] = (np.float64, (num_items,))
+    expected[TIMES_SAMPLED] = (np.int32, (num_items,))
+    for name, (dtype, shape) in expected.items():
+        array = tensors.get(name)
+        if array is None:
+            raise CheckpointError(f"export state {path!r} has no tensor {name!r}")
+        if array.dtype != np.dtype(dtype) or array.shape != shape:
+            raise CheckpointError(
+                f"export state {path!r}: tensor {name!r} is {array.dtype}{list(array.shape)}, "
+                f"expected {np.dtype(dtype)}{list(shape)}"
+            )
+    priorities = tensors[PRIORITIES]
+    if not np.all(np.isfinite(priorities) & (priorities >= 0)):
+        bad = priorities[~(np.isfinite(priorities) & (priorities >= 0))][0]
+        raise CheckpointError(f"export state {path!r}: priority {bad!r} is not finite and >= 0")
+    return ExportedItems(
+        data=[tensors[name] for name in names],
+        priorities=priorities,
+        times_sampled=tensors[TIMES_SAMPLED],
+    )
+
+
+def _write_files(
+    state_path: str, metadata_path: str, tensors: dict[str, np.ndarray], metadata: dict[str, Any]
+) -> None:
+    directory = os.path.dirname(state_path) or "."
+    try:
+        os.makedirs(directory, exist_ok=True)
+        state_tmp, metadata_tmp = f"{state_path}.tmp", f"{metadata_path}.tmp"
+        save_file(tensors, state_tmp, metadata={"format": FORMAT})
+        with open(metadata_tmp, "w", encoding="utf-8") as f:
+            json.dump(metadata, f, indent=2, sort_keys=True)
+            f.write("\n")
+        for tmp in (state_tmp, metadata_tmp):
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(state_tmp, state_path)
+        os.replace(metadata_tmp, metadata_path)
+    except OSError as e:
+        raise CheckpointError(f"cannot write the export into {directory!r}: {e}") from e
+
+
+def _check_target(dirpath: str, overwrite: bool) -> None:
+    if os.path.exists(dirpath) and not os.path.isdir(dirpath):
+        raise CheckpointError(f"export directory {dirpath!r} exists and is not a directory")
+    entries = sorted(os.listdir(dirpath)) if os.path.isdir(dirpath) else []
+    if entries and not overwrite:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise CheckpointExistsError(
+            f"export directory {dirpath!r} is not empty (it contains: {shown}); choose an empty "
+            "directory, or pass overwrite=True to replace the export files (other files are kept)"
+        )
+
+
+def _check_compatible(metadata: dict[str, Any], manager: ReplayBufferManager, path: str) -> None:
+    problems = []
+    if metadata["sequence_length"] != manager.sequence_length:
+        problems.append(
+            f"sequence_length: manager {manager.sequence_length}, "
+            f"export {metadata['sequence_length']!r}"
+        )
+    problems += [
+        f"data_spec {p}"
+        for p in specs.diff_descriptions(
+            specs.describe_spec(manager.data_spec), metadata["data_spec"]
+        )
+    ]
+    if problems:
+        raise SpecMismatchError(
+            f"export {path!r} does not match this manager: " + "; ".join(problems)
+        )
+
+
+def _check_rate_limiter(sampling: SamplingConfig, num_items: int) -> None:
+    spi = sampling.samples_per_insert
+    if spi is None:
+        return
+    allowed = sampling.min_size_to_sample + math.floor(sampling.effective_error_buffer() / spi)
+    if num_items > allowed:
+        raise ConfigError(
+            f"importing {num_items} items would block: the table's rate limiter "
+            f"(samples_per_insert={spi}) admits about {allowed} inserts before it waits for "
+            "samples; import with a manager without samples_per_insert"
+        )
+
+
+def _data_names(signature: Any) -> list[str]:
+    return [f"{DATA_PREFIX}{path}" for path, _ in specs.flatten_with_paths(signature)]
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# --------------------------------------------------------------------------- inserting
+
+
+def insert_items(
+    client: reverb.Client,
+    table_name: str,
+    sequence_length: int,
+    items: ExportedItems,
+    timeouts: Timeouts,
+) -> None:
+    """Inserts items in order with their priorities, sharing steps repeated by the next item.
+
+    Args:
+      client: Client of the server holding the (empty) table.
+      table_name: Table to insert into.
+      sequence_length: Steps per item.
+      items: What to insert, oldest first.
+      timeouts: `timeouts.write` bounds every wait for the server.
+
+    Raises:
+      WriteTimeoutError: If the server does not confirm the items in time.
+    """
+    if items.num_items == 0:
+        return
+    timeout_ms = to_ms(timeouts.write)
+    continues = _continues_previous(items.data, sequence_length)
+    priorities = items.priorities.tolist()
+    with client.trajectory_writer(num_keep_alive_refs=sequence_length) as writer:
+        for index, priority in enumerate(priorities):
+            first = sequence_length - 1 if continues[index] else 0
+            for step in range(first, sequence_length):
+                writer.append([column[index, step] for column in items.data])
+            trajectory = [column[-sequence_length:] for column in writer.history]
+            writer.create_item(table_name, priority, trajectory)
+            if (index + 1) % MAX_IN_FLIGHT_ITEMS == 0:
+                _wait(lambda: writer.flush(MAX_IN_FLIGHT_ITEMS // 2, timeout_ms=timeout_ms))
+        _wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=timeout_ms))
+
+
+def _continues_previous(data: list[np.ndarray], sequence_length: int) -> np.ndarray:
+    """Per item: whether its first L-1 steps are byte-identical to the previous item's last."""
+    count = data[0].shape[0] if data else 0
+    same = np.zeros([count], dtype=bool)
+    if sequence_length < 2 or count < 2:
+        return same
+    same[1:] = True
+    for column in data:
+        unsigned = _UNSIGNED_OF_SIZE.get(column.dtype.itemsize)
+        if unsigned is None or column.dtype.hasobject:
+            return np.zeros([count], dtype=bool)
+        bits = column.view(unsigned)
+        equal = bits[1:, :-1] == bits[:-1, 1:]
+        same[1:] &= equal.all(axis=tuple(range(1, equal.ndim)))
+    return same
+
+
+def _wait(call: Any) -> None:
+    try:
+        call()
+    except reverb.errors.DeadlineExceededError as e:
+        raise WriteTimeoutError(
+            f"imported items were not confirmed within the write timeout: {e}"
+        ) from e

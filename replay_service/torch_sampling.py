@@ -1,0 +1,606 @@
+"""PyTorch sampling from the Reverb table that TF-Agents collectors (or `writers`) fill.
+
+Two forms share one pipeline: a `reverb.TrajectoryDataset` batched by tf.data and iterated
+eagerly, each batched field handed to torch without a copy (DLPack, or `torch.from_numpy` for
+dtypes DLPack lacks). Nothing loops over items in Python.
+
+- `TorchBatchStream` (`manager.torch_batches(...)`): an iterator in the training process, with an
+  optional background thread that samples, converts, pins and moves batches to `device` ahead of
+  use into a bounded queue.
+- `TorchReplayDataset` (`manager.torch_dataset(...)`): a `torch.utils.data.IterableDataset` for
+  `DataLoader(dataset, batch_size=None, num_workers=N)`; each worker opens its own connection.
+
+Each batch is either the nested `Trajectory` (same nest type as the data spec, every tensor of
+shape `[batch_size, sequence_length, ...]`) or, with `transitions=True`, a `TransitionBatch`
+(see its docstring for the exact mapping from TF-Agents step types and discounts).
+
+Items are drawn by the server (its sampler and rate limiter), not in the client. With the
+uniform or prioritized sampler every draw is random with replacement, so independent streams,
+threads or DataLoader workers never repeat one another's sequence, and there is no client-side
+seed that could be duplicated; with an ordered sampler (FIFO, LIFO, heaps) they share the order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import reverb
+import tensorflow as tf
+import torch
+import tree
+from tf_agents.trajectories import time_step as ts
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from replay_service.config import to_ms
+from replay_service.datasets import sampling_timeout_message
+from replay_service.errors import (
+    BufferStateError,
+    ConfigError,
+    ManagerClosedError,
+    ServerUnavailableError,
+)
+from replay_service.specs import table_signature
+
+if TYPE_CHECKING:
+    from replay_service.manager import ReplayBufferManager
+
+LAST = int(ts.StepType.LAST)
+TRANSITION_SEQUENCE_LENGTH = 2
+DEFAULT_PREFETCH = 2
+# Samples requested ahead per Reverb worker, in batches (Reverb recommends 2-3x the batch size).
+IN_FLIGHT_BATCHES = 2
+# Reverb sampling workers behind one iterator; samplers whose order matters get one.
+SAMPLING_WORKERS = 2
+ORDERED_SAMPLERS = ("fifo", "lifo", "max_heap", "min_heap")
+# How often a blocked producer or consumer looks at the stop flag.
+POLL_S = 0.1
+# How long close() waits for the background thread before leaving it to finish on its own.
+JOIN_TIMEOUT_S = 5.0
+DEFAULT_MP_CONTEXT = "forkserver"
+
+_ITEM, _END, _ERROR = "item", "end", "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSource:
+    """Where to sample from and what the items look like; picklable, holds no connection.
+
+    Attributes:
+      server_address: "host:port" of the Reverb server.
+      table_name: Table to sample.
+      signature: Nest of `tf.TensorSpec` of one item (leading dimension `sequence_length`).
+      sequence_length: Steps per item.
+      sample_timeout: Seconds to wait for an item before failing; None waits forever.
+      ordered: The table's sampler returns items in an order (FIFO, LIFO, heaps), which one
+        sampling worker keeps.
+    """
+
+    server_address: str
+    table_name: str
+    signature: Any
+    sequence_length: int
+    sample_timeout: float | None
+    ordered: bool = False
+
+    @classmethod
+    def from_manager(cls, manager: ReplayBufferManager) -> SampleSource:
+        """Describes the table of a manager that created or loaded a buffer (embedded or remote).
+
+        Raises:
+          BufferStateError: If the manager has no buffer yet.
+          ManagerClosedError: If it is closed.
+        """
+        return cls(
+            server_address=manager.server_address,
+            table_name=manager.table_name,
+            signature=table_signature(manager.data_spec, manager.sequence_length),
+            sequence_length=manager.sequence_length,
+            sample_timeout=manager.timeouts.sample,
+            ordered=manager.table_config.sampling.sampler in ORDERED_SAMPLERS,
+        )
+
+    def tf_dataset(self, batch_size: int, *, num_workers: int | None = None) -> tf.data.Dataset:
+        """Returns a dataset of `ReplaySample(info, data)` batches of exactly `batch_size`.
+
+        It ends (rather than blocks) when no item arrives within `sample_timeout`.
+
+        Args:
+          batch_size: Items per batch.
+          num_workers: Reverb sampling workers behind the iterator; None: 1 for an ordered
+            sampler, else `SAMPLING_WORKERS`.
+        """
+        if num_workers is None:
+            num_workers = 1 if self.ordered else SAMPLING_WORKERS
+        timeout_ms = to_ms(self.sample_timeout)
+        dataset = reverb.TrajectoryDataset(
+            server_address=self.server_address,
+            table=self.table_name,
+            dtypes=tf.nest.map_structure(lambda s: s.dtype, self.signature),
+            shapes=tf.nest.map_structure(lambda s: s.shape, self.signature),
+            max_in_flight_samples_per_worker=IN_FLIGHT_BATCHES * batch_size,
+            num_workers_per_iterator=num_workers,
+            rate_limiter_timeout_ms=-1 if timeout_ms is None else timeout_ms,
+        )
+        return dataset.batch(batch_size, drop_remainder=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransitionBatch:
+    """One batch of transitions, read from 2-step TF-Agents `Trajectory` windows.
+
+    A TF-Agents trajectory step `t` holds `step_type[t]`, `observation[t]`, `action[t]` and
+    `policy_info[t]` together with what followed the action: `reward[t]`, `discount[t]` and
+    `next_step_type[t]`. An episode ends after step `t` when `next_step_type[t]` is LAST; the
+    step after it is the boundary step holding the episode's final observation. Environment
+    termination gives `discount 0`; a time limit (truncation) keeps `discount 1`. For a window
+    `[:, 0:2]` this gives, per item:
+
+    - `states` = `observation[:, 0]`, `actions` = `action[:, 0]`, `rewards` = `reward[:, 0]`,
+      `next_states` = `observation[:, 1]` (each a nest if the spec's field is one);
+    - `dones` = `next_step_type[:, 0] == LAST and discount[:, 0] == 0`: the transition
+      reached a terminal state; do not bootstrap from `next_states`;
+    - `truncated` = `next_step_type[:, 0] == LAST and discount[:, 0] != 0`: the episode ended
+      without termination (e.g. a time limit); `next_states` is its real final observation,
+      bootstrap from it as from any other;
+    - `hiddens` = `policy_info[:, 0]` (a nest), or None when the spec's `policy_info` is empty.
+
+    `dones` and `truncated` are `torch.bool` of shape `[batch]`, never both True. The seeds'
+    `dones = terminated | truncated` is `dones | truncated`. Windows written by replay_service
+    never start at a boundary step, so every item is a real transition. Tensors are views into
+    the sampled batch (no copies); `rewards` keeps the spec's shape (`[batch]` for a scalar).
+
+    Attributes:
+      states: Observations before the action.
+      actions: Actions taken.
+      rewards: Rewards received for them.
+      next_states: Observations after the action.
+      dones: The transition terminated the episode.
+      truncated: The transition ended the episode without terminating it.
+      hiddens: Policy info (e.g. an actor's hidden state), or None.
+    """
+
+    states: Any
+    actions: Any
+    rewards: torch.Tensor
+    next_states: Any
+    dones: torch.Tensor
+    truncated: torch.Tensor
+    hiddens: Any | None
+
+
+class TorchSampleInfo(NamedTuple):
+    """Reverb's per-item sample info as tensors of shape `[batch]`.
+
+    Attributes:
+      key: Item keys (`torch.uint64`), e.g. for `py_client.mutate_priorities`.
+      probability: Probability of selecting each item (`float64`).
+      table_size: Items in the table when sampled (`int64`).
+      priority: Priority of each item (`float64`).
+      times_sampled: Times each item was sampled, this time included (`int32`).
+    """
+
+    key: torch.Tensor
+    probability: torch.Tensor
+    table_size: torch.Tensor
+    priority: torch.Tensor
+    times_sampled: torch.Tensor
+
+
+def to_transitions(trajectory: Any) -> TransitionBatch:
+    """Turns a batch of 2-step trajectory windows (torch tensors) into a `TransitionBatch`.
+
+    Args:
+      trajectory: A TF-Agents `Trajectory` of tensors shaped `[batch, 2, ...]`.
+
+    Returns:
+      The transitions; see `TransitionBatch` for the exact semantics.
+
+    Raises:
+      ConfigError: If the windows do not have exactly 2 steps.
+    """
+    steps = trajectory.step_type.shape[1]
+    if steps != TRANSITION_SEQUENCE_LENGTH:
+        raise ConfigError(
+            f"transitions need windows of {TRANSITION_SEQUENCE_LENGTH} steps, got {steps}; "
+            "sample nested trajectories instead (transitions=False)"
+        )
+    ends = trajectory.next_step_type[:, 0] == LAST
+    terminated = ends & (trajectory.discount[:, 0] == 0)
+    policy_info = trajectory.policy_info
+    return TransitionBatch(
+        states=tree.map_structure(lambda x: x[:, 0], trajectory.observation),
+        actions=tree.map_structure(lambda x: x[:, 0], trajectory.action),
+        rewards=trajectory.reward[:, 0],
+        next_states=tree.map_structure(lambda x: x[:, 1], trajectory.observation),
+        dones=terminated,
+        truncated=ends & ~terminated,
+        hiddens=tree.map_structure(lambda x: x[:, 0], policy_info)
+        if tree.flatten(policy_info)
+        else None,
+    )
+
+
+def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
+    """Hands an eager CPU tensor to torch without copying (DLPack) where the dtype allows.
+
+    Args:
+      value: An eager `tf.Tensor`.
+
+    Returns:
+      A CPU `torch.Tensor` sharing (or, for dtypes DLPack lacks, copying) the data.
+    """
+    try:
+        return torch.from_dlpack(tf.experimental.dlpack.to_dlpack(value))
+    except (tf.errors.OpError, RuntimeError, TypeError, ValueError, BufferError):
+        return torch.from_numpy(value.numpy())
+
+
+def iterate_batches(
+    source: SampleSource,
+    batch_size: int,
+    *,
+    transitions: bool = False,
+    with_info: bool = False,
+    place: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    num_workers: int | None = None,
+) -> Iterator[Any]:
+    """Samples batches forever and yields them as torch objects.
+
+    Args:
+      source: The table to sample.
+      batch_size: Items per batch.
+      transitions: Yield `TransitionBatch` instead of the nested `Trajectory`.
+      with_info: Yield `(data, TorchSampleInfo)` pairs.
+      place: Applied to every tensor before anything else (pinning, device transfer).
+      num_workers: Reverb sampling workers; None chooses (see `SampleSource.tf_dataset`).
+
+    Yields:
+      Batches as described by `transitions` and `with_info`.
+
+    Raises:
+      BufferStateError: If no item could be sampled within `source.sample_timeout`.
+      ServerUnavailableError: If the server cannot be reached.
+    """
+    convert = tensor_to_torch if place is None else (lambda t: place(tensor_to_torch(t)))
+    iterator = iter(source.tf_dataset(batch_size, num_workers=num_workers))
+    while True:
+        try:
+            sample = next(iterator)
+        except StopIteration:
+            raise BufferStateError(
+                sampling_timeout_message(source.table_name, source.sample_timeout)
+            ) from None
+        except tf.errors.UnavailableError as e:
+            raise ServerUnavailableError(
+                f"sampling table {source.table_name!r} from {source.server_address!r} failed: "
+                f"{e.message}"
+            ) from e
+        data = tree.map_structure(convert, sample.data)
+        if transitions:
+            data = to_transitions(data)
+        if with_info:
+            yield data, TorchSampleInfo(*(convert(t) for t in sample.info))
+        else:
+            yield data
+
+
+class TorchBatchStream:
+    """An endless iterator of torch batches from a replay table, optionally prefetched.
+
+    With `prefetch > 0`, one daemon thread samples, converts, pins and moves up to `prefetch`
+    batches ahead into a bounded queue; `close()` (also on `with` exit and garbage collection)
+    stops it. With `prefetch == 0` everything happens inside `next()`.
+
+    Args:
+      source: The table to sample (`SampleSource.from_manager(manager)`).
+      batch_size: Items per batch.
+      device: Where the tensors are placed ("cpu", "cuda", "cuda:1", a `torch.device`).
+      pin_memory: Pin host memory before the transfer to `device`, making it asynchronous;
+        ignored with a warning when no accelerator is available (as `DataLoader` does).
+      prefetch: Batches prepared ahead by the background thread; 0 disables the thread.
+      transitions: Yield `TransitionBatch` (needs `sequence_length == 2`) instead of the
+        nested `Trajectory`.
+      with_info: Yield `(batch, TorchSampleInfo)` pairs.
+
+    Raises:
+      ConfigError: If a size is invalid, `device` is unknown or unavailable, or `transitions`
+        is asked of windows that are not 2 steps long.
+    """
+
+    def __init__(
+        self,
+        source: SampleSource,
+        batch_size: int,
+        *,
+        device: str | torch.device = "cpu",
+        pin_memory: bool = False,
+        prefetch: int = DEFAULT_PREFETCH,
+        transitions: bool = False,
+        with_info: bool = False,
+    ) -> None:
+        _check_sizes(batch_size, transitions, source.sequence_length)
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+            raise ConfigError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+        target = _resolve_device(device)
+        place = _placer(target, _resolve_pin_memory(pin_memory))
+        self._source = source
+        self._produce = lambda: iterate_batches(
+            source, batch_size, transitions=transitions, with_info=with_info, place=place
+        )
+        self._prefetch = prefetch
+        self._prefetcher: _Prefetcher | None = None
+        self._inline: Iterator[Any] | None = None
+        self._failure: Exception | None = None
+        self._closed = False
+
+    def __iter__(self) -> TorchBatchStream:
+        return self
+
+    def __next__(self) -> Any:
+        """Returns the next batch.
+
+        Raises:
+          BufferStateError: If no item could be sampled within the sample timeout.
+          ManagerClosedError: If the stream was closed.
+        """
+        if self._closed:
+            raise ManagerClosedError("this batch stream is closed; ask the manager for a new one")
+        if self._prefetch == 0:
+            if self._failure is not None:
+                raise self._failure
+            if self._inline is None:
+                self._inline = self._produce()
+            try:
+                return next(self._inline)
+            except Exception as e:  # the generator is finished: keep reporting why
+                self._failure = e
+                raise
+        if self._prefetcher is None:
+            self._prefetcher = _Prefetcher(
+                self._produce, self._prefetch, f"replay_service:torch:{self._source.table_name}"
+            )
+        return self._prefetcher.get()
+
+    def close(self) -> None:
+        """Stops the background thread and releases the sampler. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+        self._prefetcher = self._inline = None
+
+    def __enter__(self) -> TorchBatchStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if hasattr(self, "_closed"):
+            self.close()
+
+
+class TorchReplayDataset(IterableDataset):
+    """An endless `IterableDataset` of torch batches for `DataLoader(..., batch_size=None)`.
+
+    The dataset holds only a picklable `SampleSource`; every process that iterates it opens its
+    own Reverb connection on its first batch. Batches stay on the CPU (use the DataLoader's
+    `pin_memory=True` and move them in the training loop).
+
+    DataLoader workers must be started with "forkserver" or "spawn": gRPC and TensorFlow cannot
+    run in a process forked from one that already uses them (the process hangs). `data_loader()`
+    sets this; with another DataLoader, pass `multiprocessing_context="forkserver"`. A worker
+    started by plain fork raises `BufferStateError` saying so instead of hanging. Workers sample
+    independently: the server draws every item at random, so workers never yield copies of one
+    another's stream, and their seeds (which torch makes distinct per worker) are not involved.
+
+    Args:
+      source: The table to sample (`SampleSource.from_manager(manager)`).
+      batch_size: Items per batch (the DataLoader must not batch again: `batch_size=None`).
+      transitions: Yield `TransitionBatch` instead of the nested `Trajectory`.
+      with_info: Yield `(batch, TorchSampleInfo)` pairs.
+
+    Raises:
+      ConfigError: If `batch_size` is invalid or `transitions` is asked of windows that are not
+        2 steps long.
+    """
+
+    def __init__(
+        self,
+        source: SampleSource,
+        batch_size: int,
+        *,
+        transitions: bool = False,
+        with_info: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_sizes(batch_size, transitions, source.sequence_length)
+        self.source = source
+        self.batch_size = batch_size
+        self.transitions = transitions
+        self.with_info = with_info
+        self._owner_pid = os.getpid()
+        self._unpickled = False
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unpickled = True
+
+    def __iter__(self) -> Iterator[Any]:
+        """Samples batches forever in the calling process or DataLoader worker.
+
+        Raises:
+          BufferStateError: If no item could be sampled within the sample timeout, or if this
+            is a DataLoader worker started by fork.
+        """
+        worker = get_worker_info()
+        if worker is not None and not self._unpickled and os.getpid() != self._owner_pid:
+            raise BufferStateError(
+                f"DataLoader worker {worker.id} was started by fork, where gRPC and TensorFlow "
+                "hang; create the DataLoader with multiprocessing_context='forkserver' (or "
+                "'spawn'), or use TorchReplayDataset.data_loader()"
+            )
+        return iterate_batches(
+            self.source,
+            self.batch_size,
+            transitions=self.transitions,
+            with_info=self.with_info,
+            num_workers=1 if worker is not None else None,
+        )
+
+    def data_loader(
+        self,
+        num_workers: int = 2,
+        *,
+        pin_memory: bool = False,
+        multiprocessing_context: str = DEFAULT_MP_CONTEXT,
+        **kwargs: Any,
+    ) -> DataLoader:
+        """Returns a `DataLoader` over this dataset with workers that can use Reverb.
+
+        Args:
+          num_workers: Worker processes, each sampling on its own connection (0: in-process).
+          pin_memory: Let the DataLoader pin batches (needs an accelerator).
+          multiprocessing_context: "forkserver" or "spawn"; "fork" hangs (see class docs).
+          **kwargs: Other `DataLoader` arguments (`prefetch_factor`, `persistent_workers`...).
+
+        Raises:
+          ConfigError: If `multiprocessing_context` is "fork" or `num_workers` < 0.
+        """
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        if multiprocessing_context not in ("forkserver", "spawn"):
+            raise ConfigError(
+                "multiprocessing_context must be 'forkserver' or 'spawn' (gRPC and TensorFlow "
+                f"hang in forked workers), got {multiprocessing_context!r}"
+            )
+        if num_workers == 0:
+            return DataLoader(self, batch_size=None, pin_memory=pin_memory, **kwargs)
+        return DataLoader(
+            self,
+            batch_size=None,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            multiprocessing_context=multiprocessing_context,
+            **kwargs,
+        )
+
+
+class _Prefetcher:
+    """Runs an iterator in a daemon thread, `depth` items ahead, through a bounded queue."""
+
+    def __init__(self, produce: Callable[[], Iterator[Any]], depth: int, name: str) -> None:
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._final: tuple[str, Any] | None = None
+        self._thread = threading.Thread(
+            target=_fill, args=(produce, self._queue, self._stop), name=name, daemon=True
+        )
+        self._thread.start()
+
+    def get(self) -> Any:
+        """Returns the next item; re-raises the producer's error; StopIteration at its end."""
+        entry = self._final
+        while entry is None:
+            try:
+                entry = self._queue.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    entry = (_END, None)
+        kind, value = entry
+        if kind == _ITEM:
+            return value
+        self._final = entry
+        if kind == _ERROR:
+            raise value
+        raise StopIteration
+
+    def close(self) -> None:
+        """Asks the thread to stop, frees the queue and waits up to `JOIN_TIMEOUT_S`.
+
+        A thread blocked inside a sample call (at most the sample timeout) finishes on its own.
+        """
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not threading.current_thread():
+            self._thread.join(JOIN_TIMEOUT_S)
+
+
+def _fill(
+    produce: Callable[[], Iterator[Any]],
+    out: queue.Queue[tuple[str, Any]],
+    stop: threading.Event,
+) -> None:
+    try:
+        for item in produce():
+            if not _put(out, (_ITEM, item), stop):
+                return
+        _put(out, (_END, None), stop)
+    except Exception as e:  # handed to the consumer, which re-raises it
+        _put(out, (_ERROR, e), stop)
+
+
+def _put(out: queue.Queue[tuple[str, Any]], entry: tuple[str, Any], stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            out.put(entry, timeout=POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _check_sizes(batch_size: int, transitions: bool, sequence_length: int) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if transitions and sequence_length != TRANSITION_SEQUENCE_LENGTH:
+        raise ConfigError(
+            f"transitions=True needs sequence_length={TRANSITION_SEQUENCE_LENGTH} (one "
+            f"transition per item), the table has sequence_length={sequence_length}; sample "
+            "nested trajectories instead (transitions=False)"
+        )
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(
+            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+        ) from e
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} was asked for, but CUDA is not available")
+    return target
+
+
+def _resolve_pin_memory(pin_memory: bool) -> bool:
+    if pin_memory and not torch.cuda.is_available():
+        warnings.warn(
+            "pin_memory=True but no accelerator is available; batches are not pinned",
+            stacklevel=3,
+        )
+        return False
+    return bool(pin_memory)
+
+
+def _placer(device: torch.device, pin: bool) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    if device.type == "cpu" and not pin:
+        return None
+
+    def place(tensor: torch.Tensor) -> torch.Tensor:
+        if pin:
+            tensor = tensor.pin_memory()
+        return tensor.to(device, non_blocking=pin)
+
+    return place

@@ -1,0 +1,608 @@
+"""Collect into a replay table from PyTorch or gymnasium code, without TF-Agents.
+
+`TransitionWriter` takes transitions `(state, action, reward, next_state, done, truncated)` and
+writes exactly what `TrajectoryObserver` writes for the same episodes: TF-Agents `Trajectory`
+steps, and one item per window of `sequence_length` consecutive steps of one episode. TF-Agents
+learners and `torch_sampling` read the result like any collected data.
+
+A transition becomes one trajectory step `(step_type, observation=state, action, policy_info,
+next_step_type, reward, discount)`:
+
+- `step_type` is FIRST for the first transition of an episode, MID afterwards;
+- `next_step_type` is LAST if the transition ends the episode, MID otherwise;
+- `discount` is 0.0 if it terminated the episode (`done`), 1.0 otherwise (truncation included).
+
+After the transition that ends an episode comes the boundary step TF-Agents writes: `step_type`
+LAST with the episode's final observation, zero action and policy info, `next_step_type` FIRST,
+reward 0 and discount 1; the episode then ends, so no window spans two episodes. An episode of
+T transitions is T + 1 steps and gives T - sequence_length + 2 items (stride 1). Items are made
+by the observer's own `StructuredWriter` config (`observers.window_config`), one Reverb writer
+per environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import reverb
+import tensorflow as tf
+import tree
+from tf_agents.trajectories import time_step as ts
+from tf_agents.trajectories import trajectory as trajectory_lib
+
+from replay_service.config import Timeouts, to_ms
+from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
+from replay_service.observers import MAX_IN_FLIGHT_ITEMS, abandon_writer, window_config
+from replay_service.specs import flatten_with_paths, normalize_spec
+
+FIRST = int(ts.StepType.FIRST)
+MID = int(ts.StepType.MID)
+LAST = int(ts.StepType.LAST)
+TERMINAL_DISCOUNT = 0.0
+CONTINUING_DISCOUNT = 1.0
+
+
+class TransitionWriter:
+    """Writes transitions from one environment or a vector of auto-resetting ones.
+
+    Single environment: `add(state, action, reward, next_state, done, truncated)`, with the
+    values of one step and no batch dimension. `next_state` is the observation that followed
+    the action, also when the episode ended (an environment that does not reset itself).
+
+    Vectorized environments: `add_multi(...)`, every argument with a leading dimension of size
+    `num_envs`; row `i` belongs to environment `i`, whose episodes are written by their own
+    Reverb writer. The environments are taken to reset themselves in the step that ends an
+    episode (the seeds' `was_done` convention; gym < 1.0 vector envs, Stable-Baselines3
+    VecEnv, gymnasium >= 1.0 with `autoreset_mode=SAME_STEP`): when `dones[i]` or
+    `truncated[i]` is True, `next_states[i]` is already the first observation of env `i`'s next
+    episode. The transition `(states[i], actions[i], rewards[i])` is then the last of the
+    episode; the final observation of that episode, stored in its boundary step, is
+    `final_states[i]` (gym's `info["terminal_observation"]`, gymnasium's `info["final_obs"]`).
+    Without `final_states` it is unknown: a terminated episode stores zeros there (never part
+    of a TD target, as its discount is 0), and a truncated one is refused because its value
+    target needs that observation. Env `i`'s next transition, whose state is `next_states[i]`,
+    starts a new episode with `step_type` FIRST. Gymnasium's default next-step auto-reset
+    (an extra reset step after each end) must not be written as transitions.
+
+    `done` means terminated (gymnasium's `terminated`); pass time-limit ends as `truncated`.
+    When both are True the transition terminated. Each call is validated completely before
+    anything is written: a refused call changes nothing.
+
+    Args:
+      client: Client of the server holding the table.
+      table_name: Table to write to.
+      sequence_length: Steps per item; must equal the table's.
+      data_spec: Per-step TF-Agents `Trajectory` spec (e.g. `agent.collect_data_spec`).
+      stride_length: A new item every `stride_length` steps (1: every window).
+      priority: Initial priority of new items.
+      timeouts: `timeouts.write` bounds every wait for the server.
+      check_continuity: Refuse a transition whose state is not the previous transition's
+        `next_state` (as expected within an episode, and after an auto-reset).
+
+    Raises:
+      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
+      ValueError: If `sequence_length` or `stride_length` < 1.
+    """
+
+    def __init__(
+        self,
+        client: reverb.Client,
+        table_name: str,
+        sequence_length: int,
+        data_spec: Any,
+        *,
+        stride_length: int = 1,
+        priority: float = 1.0,
+        timeouts: Timeouts | None = None,
+        check_continuity: bool = True,
+    ) -> None:
+        if sequence_length < 1 or stride_length < 1:
+            raise ValueError(
+                f"sequence_length and stride_length must be >= 1, got {sequence_length} and "
+                f"{stride_length}"
+            )
+        spec = normalize_spec(data_spec)
+        if not isinstance(spec, trajectory_lib.Trajectory):
+            raise SpecMismatchError(
+                "TransitionWriter needs a TF-Agents Trajectory data spec (e.g. "
+                f"agent.collect_data_spec), got {type(spec).__name__}"
+            )
+        self._client = client
+        self._table_name = table_name
+        self._sequence_length = sequence_length
+        self._stride_length = stride_length
+        self._priority = float(priority)
+        self._timeout_ms = to_ms((timeouts or Timeouts()).write)
+        self._check_continuity = check_continuity
+        self._spec = spec
+        self._config = window_config(
+            data_spec, table_name, sequence_length, stride_length, self._priority
+        )
+        self._batched: bool | None = None
+        self._writers: list[Any] = []
+        self._steps = np.zeros([0], np.int64)
+        self._since_flush = np.zeros([0], np.int64)
+        self._expected: list[np.ndarray] = []
+        self._has_expected = np.zeros([0], bool)
+        self._closed = False
+
+    @property
+    def num_envs(self) -> int | None:
+        """Environments written for (1 for `add`); None before the first call."""
+        return None if self._batched is None else len(self._writers)
+
+    @property
+    def py_client(self) -> reverb.Client:
+        """The Reverb client written through."""
+        return self._client
+
+    def add(
+        self,
+        state: Any,
+        action: Any,
+        reward: Any,
+        next_state: Any,
+        done: Any,
+        truncated: Any = False,
+        *,
+        hidden: Any = None,
+    ) -> None:
+        """Writes one transition of a single environment (no batch dimension).
+
+        Args:
+          state: Observation before the action (numpy, torch or Python values; a nest if the
+            spec's observation is one).
+          action: Action taken.
+          reward: Reward received; must be finite.
+          next_state: Observation after the action (the final one when the episode ended).
+          done: The episode terminated.
+          truncated: The episode ended without terminating (e.g. a time limit).
+          hidden: Policy info matching the spec's `policy_info`; required when that is not
+            empty.
+
+        Raises:
+          SpecMismatchError: If a value does not match the spec, a reward is not finite, the
+            writer was used with `add_multi`, or `state` does not continue the episode.
+          WriteTimeoutError: If the server does not confirm items within the write timeout.
+          ManagerClosedError: If the writer was closed.
+        """
+        self._require_open()
+        batch = _Batch.build(
+            self._spec,
+            {"state": state, "action": action, "reward": reward, "next_state": next_state},
+            {"done": done, "truncated": truncated},
+            hidden,
+            hidden_label="hidden",
+            batched=False,
+        )
+        self._require_mode(batched=False, num_envs=1)
+        self._check_state(batch.states, "state")
+        self._write(batch, batch.next_states)
+        self._remember(batch.next_states, ~batch.ended)
+
+    def add_multi(
+        self,
+        states: Any,
+        actions: Any,
+        rewards: Any,
+        next_states: Any,
+        dones: Any,
+        truncated: Any = None,
+        *,
+        final_states: Any = None,
+        hiddens: Any = None,
+    ) -> None:
+        """Writes one transition per environment of an auto-resetting vector env.
+
+        See the class docstring for how `dones`, `truncated`, `next_states` and `final_states`
+        map onto episode boundaries.
+
+        Args:
+          states: `[num_envs, ...]` observations before the actions.
+          actions: `[num_envs, ...]` actions.
+          rewards: `[num_envs]` rewards; must be finite.
+          next_states: `[num_envs, ...]` observations returned by the step (for an env whose
+            episode ended: the first observation of its next episode).
+          dones: `[num_envs]` terminated flags (bool or 0/1).
+          truncated: `[num_envs]` truncated flags; None means none.
+          final_states: `[num_envs, ...]` final observations of the episodes that ended (other
+            rows are ignored); needed when an episode is truncated.
+          hiddens: `[num_envs, ...]` policy info; required when the spec's is not empty.
+
+        Raises:
+          SpecMismatchError: If a value does not match the spec, batch sizes differ, a reward is
+            not finite, `final_states` is missing for a truncated episode, the number of envs
+            changed, or a state does not continue its env's episode.
+          WriteTimeoutError: If the server does not confirm items within the write timeout.
+          ManagerClosedError: If the writer was closed.
+        """
+        self._require_open()
+        flags = {"dones": dones, "truncated": truncated}
+        if truncated is None:
+            flags["truncated"] = np.zeros_like(_to_numpy(dones), dtype=bool)
+        values = {
+            "states": states,
+            "actions": actions,
+            "rewards": rewards,
+            "next_states": next_states,
+        }
+        if final_states is not None:
+            values["final_states"] = final_states
+        batch = _Batch.build(
+            self._spec, values, flags, hiddens, hidden_label="hiddens", batched=True
+        )
+        final_states = self._final_states(batch)
+        self._require_mode(batched=True, num_envs=batch.size)
+        self._check_state(batch.states, "states")
+        self._write(batch, final_states)
+        self._remember(batch.next_states, np.ones([batch.size], bool))
+
+    def reset(self, env_index: int | None = None) -> None:
+        """Ends the current episode of one env (or all) without writing a boundary step.
+
+        Use it after resetting an environment by hand mid-episode. Items already written stay;
+        the next transition starts a new episode.
+
+        Args:
+          env_index: The env to reset; None resets all.
+        """
+        indices = range(len(self._writers)) if env_index is None else [env_index]
+        for index in indices:
+            if self._steps[index]:
+                self._end_episode(index)
+            self._has_expected[index] = False
+
+    def flush(self) -> None:
+        """Blocks until every item written so far is confirmed by the server.
+
+        Raises:
+          WriteTimeoutError: If that takes longer than the write timeout.
+        """
+        for index, writer in enumerate(self._writers):
+            if writer is not None:
+                self._wait(lambda w=writer: w.flush(timeout_ms=self._timeout_ms))
+                self._since_flush[index] = 0
+
+    def close(self) -> None:
+        """Flushes pending items, ends every episode and closes the writers. Idempotent.
+
+        Raises:
+          WriteTimeoutError: If the server does not confirm the pending items in time (the
+            writer is closed all the same).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        error: Exception | None = None
+        for index in range(len(self._writers)):
+            try:
+                self._end_episode(index)
+            except Exception as e:  # end the other episodes before reporting it
+                abandon_writer(self._writers[index])
+                error = error or e
+        self._writers = []
+        if error is not None:
+            raise error
+
+    def __enter__(self) -> TransitionWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------- helpers
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ManagerClosedError("this writer is closed; get a new one from the manager")
+
+    def _require_mode(self, *, batched: bool, num_envs: int) -> None:
+        if self._batched is None:
+            self._batched = batched
+            self._writers = [None] * num_envs
+            self._steps = np.zeros([num_envs], np.int64)
+            self._since_flush = np.zeros([num_envs], np.int64)
+            self._has_expected = np.zeros([num_envs], bool)
+            return
+        if self._batched != batched:
+            used, called = ("add_multi", "add") if self._batched else ("add", "add_multi")
+            raise SpecMismatchError(
+                f"this writer was used with {used}(); {called}() cannot be mixed with it "
+                "(use one writer per environment or vector of environments)"
+            )
+        if num_envs != len(self._writers):
+            raise SpecMismatchError(
+                f"this writer collects from {len(self._writers)} envs (set by its first "
+                f"add_multi call), got a batch of {num_envs}"
+            )
+
+    def _check_state(self, states: list[np.ndarray], label: str) -> None:
+        if not self._check_continuity or not self._has_expected.any():
+            return
+        broken = self._has_expected & ~_rows_equal(states, self._expected)
+        if broken.any():
+            where = f" of envs {np.flatnonzero(broken).tolist()}" if self._batched else ""
+            raise SpecMismatchError(
+                f"{label!r}{where} is not the next_state of the previous transition, so it "
+                "would not continue its episode; end the episode with done/truncated, call "
+                "reset() after resetting an environment by hand, or create the writer with "
+                "check_continuity=False"
+            )
+
+    def _final_states(self, batch: _Batch) -> list[np.ndarray]:
+        if batch.final_states is not None:
+            return batch.final_states
+        cut_short = batch.ended & ~batch.terminated
+        if cut_short.any():
+            raise SpecMismatchError(
+                f"envs {np.flatnonzero(cut_short).tolist()} were truncated, and their final "
+                "observations are needed (their value targets bootstrap from them): pass "
+                "final_states= (gym's info['terminal_observation'], gymnasium's "
+                "info['final_obs'])"
+            )
+        return [np.zeros_like(leaf) for leaf in batch.next_states]
+
+    def _write(self, batch: _Batch, final_states: list[np.ndarray]) -> None:
+        spec = self._spec
+        size = batch.size
+        step = trajectory_lib.Trajectory(
+            step_type=np.where(self._steps > 0, MID, FIRST).astype(_np_dtype(spec.step_type)),
+            observation=tf.nest.pack_sequence_as(spec.observation, batch.states),
+            action=tf.nest.pack_sequence_as(spec.action, batch.actions),
+            policy_info=tf.nest.pack_sequence_as(spec.policy_info, batch.hiddens),
+            next_step_type=np.where(batch.ended, LAST, MID).astype(_np_dtype(spec.next_step_type)),
+            reward=tf.nest.pack_sequence_as(spec.reward, batch.rewards),
+            discount=np.where(batch.terminated, TERMINAL_DISCOUNT, CONTINUING_DISCOUNT).astype(
+                _np_dtype(spec.discount)
+            ),
+        )
+        steps = tf.nest.flatten(step)
+        boundaries = (
+            tf.nest.flatten(_boundary(spec, final_states, size)) if batch.ended.any() else []
+        )
+        for index in range(size):
+            self._append(index, tree.unflatten_as(spec, [leaf[index] for leaf in steps]))
+            if batch.ended[index]:
+                self._append(index, tree.unflatten_as(spec, [leaf[index] for leaf in boundaries]))
+                self._end_episode(index)
+
+    def _remember(self, next_states: list[np.ndarray], known: np.ndarray) -> None:
+        if self._check_continuity:
+            self._expected = [leaf.copy() for leaf in next_states]  # callers may reuse buffers
+        self._has_expected = known.copy()
+
+    def _append(self, index: int, step: Any) -> None:
+        writer = self._writers[index]
+        if writer is None:
+            writer = self._client.structured_writer([self._config])
+            self._writers[index] = writer
+        writer.append(step)
+        self._steps[index] += 1
+        self._since_flush[index] += 1
+        if self._since_flush[index] >= MAX_IN_FLIGHT_ITEMS:
+            self._wait(lambda: writer.flush(MAX_IN_FLIGHT_ITEMS // 2, timeout_ms=self._timeout_ms))
+            self._since_flush[index] = 0
+
+    def _end_episode(self, index: int) -> None:
+        writer = self._writers[index]
+        self._steps[index] = 0
+        self._since_flush[index] = 0
+        if writer is not None:
+            self._wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=self._timeout_ms))
+
+    def _wait(self, call: Any) -> None:
+        try:
+            call()
+        except reverb.errors.DeadlineExceededError as e:
+            raise WriteTimeoutError(
+                f"table {self._table_name!r}: written items were not confirmed within "
+                f"{self._timeout_ms} ms; the server at {self._client.server_address!r} is down "
+                "or its rate limiter blocks inserts (too few samples per insert)"
+            ) from e
+
+
+class _Batch:
+    """One call's validated values as flat lists of `[size, ...]` arrays in spec order."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.size: int = fields["size"]
+        self.states: list[np.ndarray] = fields["states"]
+        self.actions: list[np.ndarray] = fields["actions"]
+        self.hiddens: list[np.ndarray] = fields["hiddens"]
+        self.rewards: list[np.ndarray] = fields["rewards"]
+        self.next_states: list[np.ndarray] = fields["next_states"]
+        self.final_states: list[np.ndarray] | None = fields["final_states"]
+        self.terminated: np.ndarray = fields["terminated"]
+        self.ended: np.ndarray = fields["ended"]
+
+    @classmethod
+    def build(
+        cls,
+        spec: Any,
+        values: dict[str, Any],
+        flags: dict[str, Any],
+        hidden: Any,
+        *,
+        hidden_label: str,
+        batched: bool,
+    ) -> _Batch:
+        """Validates and casts one call's arguments (see `TransitionWriter.add`/`add_multi`).
+
+        Raises:
+          SpecMismatchError: Naming the argument (and field) that is wrong.
+        """
+        names = list(values)
+        state, action, reward, next_state = names[:4]
+        specs_of = {
+            state: spec.observation,
+            action: spec.action,
+            reward: spec.reward,
+            next_state: spec.observation,
+        }
+        if "final_states" in values:
+            specs_of["final_states"] = spec.observation
+        leaves = {name: _leaves(name, values[name], specs_of[name]) for name in specs_of}
+        leaves[hidden_label] = _hidden_leaves(hidden_label, hidden, spec.policy_info)
+        flag_arrays = {name: _to_numpy(value) for name, value in flags.items()}
+        size = _batch_size(leaves, flag_arrays) if batched else 1
+        cast = {
+            name: [
+                _cast(label, array, leaf_spec, size, batched) for label, array, leaf_spec in items
+            ]
+            for name, items in leaves.items()
+        }
+        rewards = cast[reward]
+        for label, leaf in zip((label for label, _, _ in leaves[reward]), rewards, strict=True):
+            _check_finite(label, leaf, batched)
+        done_name, truncated_name = list(flags)
+        terminated = _flags(done_name, flag_arrays[done_name], size, batched)
+        truncated = _flags(truncated_name, flag_arrays[truncated_name], size, batched)
+        return cls(
+            size=size,
+            states=cast[state],
+            actions=cast[action],
+            hiddens=cast[hidden_label],
+            rewards=rewards,
+            next_states=cast[next_state],
+            final_states=cast.get("final_states"),
+            terminated=terminated,
+            ended=terminated | truncated,
+        )
+
+
+def _boundary(spec: Any, final_states: list[np.ndarray], size: int) -> Any:
+    def zeros(leaf_spec: Any) -> np.ndarray:
+        return np.zeros([size, *leaf_spec.shape], _np_dtype(leaf_spec))
+
+    return trajectory_lib.Trajectory(
+        step_type=np.full([size], LAST, _np_dtype(spec.step_type)),
+        observation=tf.nest.pack_sequence_as(spec.observation, final_states),
+        action=tf.nest.map_structure(zeros, spec.action),
+        policy_info=tf.nest.map_structure(zeros, spec.policy_info),
+        next_step_type=np.full([size], FIRST, _np_dtype(spec.next_step_type)),
+        reward=tf.nest.map_structure(zeros, spec.reward),
+        discount=np.full([size], CONTINUING_DISCOUNT, _np_dtype(spec.discount)),
+    )
+
+
+def _leaves(name: str, value: Any, spec: Any) -> list[tuple[str, np.ndarray, Any]]:
+    """Pairs each leaf of `value` with its spec; a non-nested spec takes `value` whole."""
+    if not tf.nest.is_nested(spec):
+        return [(name, _to_numpy(value), spec)]
+    try:
+        tf.nest.assert_same_structure(spec, value, check_types=False)
+    except (ValueError, TypeError) as e:
+        raise SpecMismatchError(f"{name!r}: structure differs from the data spec: {e}") from e
+    return [
+        (f"{name}/{path}", _to_numpy(leaf), leaf_spec)
+        for (path, leaf_spec), leaf in zip(
+            flatten_with_paths(spec), tf.nest.flatten(value), strict=True
+        )
+    ]
+
+
+def _hidden_leaves(label: str, value: Any, spec: Any) -> list[tuple[str, np.ndarray, Any]]:
+    if not tf.nest.flatten(spec):
+        if value is not None and tf.nest.flatten(value):
+            raise SpecMismatchError(
+                f"{label!r} was given, but the data spec's policy_info is empty"
+            )
+        return []
+    if value is None:
+        raise SpecMismatchError(
+            f"{label!r} is required: the data spec's policy_info is "
+            f"{[p for p, _ in flatten_with_paths(spec)]}"
+        )
+    return _leaves(label, value, spec)
+
+
+def _batch_size(leaves: dict[str, list[tuple[str, np.ndarray, Any]]], flags: dict[str, Any]) -> int:
+    sizes: dict[str, int | None] = {
+        label: (array.shape[0] if array.ndim else None)
+        for items in leaves.values()
+        for label, array, _ in items
+    }
+    sizes.update({name: (a.shape[0] if a.ndim else None) for name, a in flags.items()})
+    unbatched = sorted(label for label, size in sizes.items() if size is None)
+    if unbatched:
+        raise SpecMismatchError(
+            f"add_multi needs a leading batch dimension (one row per env), {unbatched} have none"
+        )
+    if len(set(sizes.values())) != 1:
+        shown = ", ".join(f"{label} {size}" for label, size in sizes.items())
+        raise SpecMismatchError(f"batch sizes differ: {shown}")
+    return int(next(iter(sizes.values())))
+
+
+def _cast(label: str, array: np.ndarray, spec: Any, size: int, batched: bool) -> np.ndarray:
+    """Checks shape and dtype of one leaf and returns it as `[size, *spec.shape]`."""
+    step_shape = tuple(spec.shape.as_list())
+    given = array.shape[1:] if batched else array.shape
+    if given != step_shape and step_shape == () and given == (1,):
+        given = ()
+        array = array.reshape([size] if batched else [])
+    want = np.dtype(_np_dtype(spec))
+    if given != step_shape:
+        expected = [size, *step_shape] if batched else list(step_shape)
+        raise SpecMismatchError(
+            f"{label!r}: expected {want.name}{expected}, got {array.dtype.name}{list(array.shape)}"
+        )
+    if array.dtype != want:
+        if not np.can_cast(array.dtype, want, casting="same_kind"):
+            raise SpecMismatchError(
+                f"{label!r}: expected dtype {want.name}, got {array.dtype.name} (only casts "
+                "within a kind, such as float64 to float32, are made)"
+            )
+        array = array.astype(want)
+    return array if batched else array[np.newaxis]
+
+
+def _flags(label: str, array: np.ndarray, size: int, batched: bool) -> np.ndarray:
+    expected = (size,) if batched else ()
+    if array.shape == (*expected, 1):
+        array = array.reshape(expected)
+    if array.shape != expected:
+        raise SpecMismatchError(
+            f"{label!r}: expected shape {list(expected)}, got {list(array.shape)}"
+        )
+    if array.dtype != bool:
+        if not np.issubdtype(array.dtype, np.number) or not np.isin(array, (0, 1)).all():
+            raise SpecMismatchError(f"{label!r} must be booleans (or 0/1), got {array.tolist()!r}")
+        array = array.astype(bool)
+    return array.reshape(size)
+
+
+def _check_finite(label: str, rewards: np.ndarray, batched: bool) -> None:
+    if not np.issubdtype(rewards.dtype, np.inexact):
+        return
+    bad = ~np.isfinite(rewards)
+    if bad.any():
+        index = np.argwhere(bad)[0]
+        where = f" (env {int(index[0])})" if batched else ""
+        raise SpecMismatchError(
+            f"{label!r} must be finite, got {rewards[tuple(index)].item()!r}{where}"
+        )
+
+
+def _rows_equal(left: Sequence[np.ndarray], right: Sequence[np.ndarray]) -> np.ndarray:
+    """Per row: whether every leaf is equal (NaN equal to NaN)."""
+    equal = np.ones([left[0].shape[0]], bool) if left else np.ones([0], bool)
+    for a, b in zip(left, right, strict=True):
+        same = a == b
+        if np.issubdtype(a.dtype, np.inexact):
+            same |= np.isnan(a) & np.isnan(b)
+        equal &= same.reshape(same.shape[0], -1).all(axis=1) if same.size else True
+    return equal
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    """numpy view of a numpy, torch (any device) or Python value; torch is not imported."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _np_dtype(spec: Any) -> Any:
+    return spec.dtype.as_numpy_dtype

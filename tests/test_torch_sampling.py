@@ -1,0 +1,261 @@
+"""PyTorch sampling from a real Reverb server filled by real TF-Agents collection."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+from tf_agents.trajectories import policy_step
+from tf_agents.trajectories import time_step as ts
+from tf_agents.trajectories import trajectory as trajectory_lib
+from torch.utils.data import DataLoader, get_worker_info
+
+from conftest import FAST_TIMEOUTS, collect
+from replay_service import BufferStateError, ConfigError, ManagerClosedError, Timeouts
+from replay_service.specs import normalize_spec
+from replay_service.torch_sampling import (
+    TorchReplayDataset,
+    TorchSampleInfo,
+    TransitionBatch,
+    to_transitions,
+)
+
+TERMINATED_EPISODE = 1.0
+TRUNCATED_EPISODE = 2.0
+EPISODE_TRANSITIONS = 3
+
+
+def _torch_dtype(spec):
+    return torch.from_numpy(np.zeros([], spec.dtype.as_numpy_dtype)).dtype
+
+
+def test_nested_batches_have_the_spec_shapes_dtypes_and_device(make_manager, env, policy):
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 60)
+    spec = normalize_spec(manager.data_spec)
+    with manager.torch_batches(16, with_info=True) as stream:
+        batch, info = next(stream)
+    assert isinstance(batch, trajectory_lib.Trajectory)
+    assert batch.policy_info == ()
+    for field, leaf_spec in zip(tf.nest.flatten(batch), tf.nest.flatten(spec), strict=True):
+        assert isinstance(field, torch.Tensor)
+        assert tuple(field.shape) == (16, 2, *leaf_spec.shape)
+        assert field.dtype == _torch_dtype(leaf_spec)
+        assert field.device == torch.device("cpu")
+    assert isinstance(info, TorchSampleInfo)
+    assert info.key.dtype == torch.uint64 and info.key.shape == (16,)
+    assert info.priority.dtype == torch.float64
+    assert torch.all(info.table_size == manager.num_frames())
+
+
+def test_transition_batches(make_manager, env, policy):
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 60)
+    with manager.torch_batches(32, transitions=True, prefetch=0) as stream:
+        batch = next(stream)
+    assert isinstance(batch, TransitionBatch)
+    assert batch.states.shape == batch.next_states.shape == (32, 4)
+    assert batch.states.dtype == torch.float32
+    assert batch.actions.shape == (32,) and batch.actions.dtype == torch.int64
+    assert batch.rewards.shape == (32,) and batch.rewards.dtype == torch.float32
+    assert batch.dones.dtype == batch.truncated.dtype == torch.bool
+    assert not torch.any(batch.dones & batch.truncated)
+    assert batch.hiddens is None
+    # CartPole's random episodes end by termination well before the 200-step limit.
+    with manager.torch_batches(256, transitions=True) as stream:
+        many = next(stream)
+    assert torch.any(many.dones) and not torch.any(many.truncated)
+
+
+def _hand_made_episode(kind: float):
+    """Trajectories of one episode whose observations are [kind, t, 0, 0]."""
+
+    def obs(t):
+        return np.array([kind, t, 0, 0], np.float32)
+
+    action = np.int64(1)
+    last = ts.termination if kind == TERMINATED_EPISODE else ts.truncation
+    steps = [ts.restart(obs(0))]
+    steps += [ts.transition(obs(t), np.float32(t)) for t in range(1, EPISODE_TRANSITIONS)]
+    steps += [last(obs(EPISODE_TRANSITIONS), np.float32(EPISODE_TRANSITIONS))]
+    steps += [ts.restart(obs(0))]
+    return [
+        trajectory_lib.from_transition(current, policy_step.PolicyStep(action, (), ()), following)
+        for current, following in itertools.pairwise(steps)
+    ]
+
+
+def _as_numpy(trajectory):
+    return tf.nest.map_structure(np.asarray, trajectory)
+
+
+def test_dones_and_truncated_on_hand_made_episodes(make_manager):
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    for kind in (TERMINATED_EPISODE, TRUNCATED_EPISODE):
+        for step in _hand_made_episode(kind):
+            observer(_as_numpy(step))
+    observer.flush()
+    assert manager.num_frames() == 2 * EPISODE_TRANSITIONS
+    with manager.torch_batches(256, transitions=True) as stream:
+        batch = next(stream)
+    kind, t = batch.states[:, 0], batch.states[:, 1]
+    ends = t == EPISODE_TRANSITIONS - 1
+    assert torch.equal(batch.dones, ends & (kind == TERMINATED_EPISODE))
+    assert torch.equal(batch.truncated, ends & (kind == TRUNCATED_EPISODE))
+    assert torch.equal(batch.next_states[:, 1], t + 1)
+    assert torch.equal(batch.next_states[:, 0], kind)
+    assert torch.equal(batch.rewards, t + 1)
+    assert set(kind.tolist()) == {TERMINATED_EPISODE, TRUNCATED_EPISODE}
+
+
+def test_to_transitions_refuses_longer_windows():
+    step = torch.zeros([2, 3], dtype=torch.int32)
+    trajectory = trajectory_lib.Trajectory(step, step, step, (), step, step, step)
+    with pytest.raises(ConfigError, match="windows of 2 steps, got 3"):
+        to_transitions(trajectory)
+
+
+class TaggedDataset(TorchReplayDataset):
+    """Yields `(worker id, batch)` so the test can see which worker produced each batch."""
+
+    def __iter__(self):
+        worker = get_worker_info()
+        for batch in super().__iter__():
+            yield worker.id, batch
+
+
+def test_dataloader_workers_each_sample_on_their_own_connection(make_manager, env, policy):
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 60)
+    source = manager.torch_dataset(8, transitions=True).source
+    loader = TaggedDataset(source, 8, transitions=True).data_loader(num_workers=2)
+    workers = set()
+    for index, (worker, batch) in enumerate(loader):
+        workers.add(int(worker))
+        assert batch.states.shape == (8, 4) and batch.dones.shape == (8,)
+        if index == 5:
+            break
+    assert workers == {0, 1}
+
+
+def test_forked_dataloader_workers_fail_instead_of_hanging(make_manager, env, policy):
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 20)
+    dataset = manager.torch_dataset(4)
+    loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(BufferStateError, match="forkserver"):
+        next(iter(loader))
+    with pytest.raises(ConfigError, match="fork"):
+        dataset.data_loader(num_workers=1, multiprocessing_context="fork")
+
+
+def test_a_short_pytorch_training_loop_learns(make_manager, env, policy):
+    torch.manual_seed(0)
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 300)
+    q_net = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    target_net = torch.nn.Sequential(
+        torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)
+    )
+    target_net.load_state_dict(q_net.state_dict())
+    optimizer = torch.optim.Adam(q_net.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in q_net.parameters()]
+
+    def loss_of(batch):
+        q = q_net(batch.states).gather(1, batch.actions[:, None]).squeeze(1)
+        with torch.no_grad():
+            best_next = target_net(batch.next_states).max(dim=1).values
+        target = batch.rewards + 0.9 * (~batch.dones).float() * best_next
+        return torch.nn.functional.mse_loss(q, target)
+
+    with manager.torch_batches(64, transitions=True) as stream:
+        probe = next(stream)
+        initial = loss_of(probe).item()
+        for _, batch in zip(range(40), stream, strict=False):
+            loss = loss_of(batch)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            assert torch.isfinite(loss)
+    assert loss_of(probe).item() < initial
+    assert any(not torch.equal(a, b) for a, b in zip(before, q_net.parameters(), strict=True))
+
+
+def test_sampling_an_empty_buffer_fails_within_the_timeout(make_manager):
+    manager = make_manager(timeouts=Timeouts(sample=0.5))
+    manager.create_replay_buffer()
+    for prefetch in (0, 2):
+        start = time.monotonic()
+        with manager.torch_batches(4, prefetch=prefetch) as stream:
+            with pytest.raises(BufferStateError, match="no item could be sampled from table"):
+                next(stream)
+        assert time.monotonic() - start < 30
+    with pytest.raises(BufferStateError, match="the buffer is empty"):
+        next(iter(manager.torch_dataset(4)))
+
+
+def test_close_stops_the_prefetch_thread(make_manager, env, policy):
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 20)
+    stream = manager.torch_batches(4, prefetch=3)
+    next(stream)
+
+    def prefetchers():
+        return [t for t in threading.enumerate() if t.name.startswith("replay_service:torch")]
+
+    assert prefetchers()
+    stream.close()
+    assert not prefetchers()
+    with pytest.raises(ManagerClosedError, match="closed"):
+        next(stream)
+
+
+def test_remote_manager_samples_into_torch(make_manager, env, policy):
+    owner = make_manager()
+    _, observer = owner.create_replay_buffer()
+    collect(env, policy, observer, 30)
+    remote = make_manager(server_address=owner.server_address, checkpoint_dir=None)
+    remote.load_replay_buffer()
+    with remote.torch_batches(4) as stream:
+        assert next(stream).observation.shape == (4, 2, 4)
+
+
+def test_bad_options_are_refused(make_manager):
+    manager = make_manager()
+    with pytest.raises(BufferStateError, match="create_replay_buffer"):
+        manager.torch_batches(4)
+    manager.create_replay_buffer()
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer, got 0"):
+        manager.torch_batches(0)
+    with pytest.raises(ConfigError, match="prefetch must be an integer >= 0, got -1"):
+        manager.torch_batches(4, prefetch=-1)
+    with pytest.raises(ConfigError, match="'nonsense'"):
+        manager.torch_batches(4, device="nonsense")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            manager.torch_batches(4, device="cuda")
+        with pytest.warns(UserWarning, match="not pinned"):
+            manager.torch_batches(4, pin_memory=True).close()
+    three = make_manager(sequence_length=3, checkpoint_dir=str(manager.checkpoint_dir) + "3")
+    three.create_replay_buffer()
+    with pytest.raises(ConfigError, match="sequence_length=3"):
+        three.torch_dataset(4, transitions=True)
+
+
+def test_timeouts_are_those_of_the_manager(make_manager):
+    manager = make_manager()
+    manager.create_replay_buffer()
+    assert manager.timeouts == FAST_TIMEOUTS
+    assert manager.torch_dataset(4).source.sample_timeout == FAST_TIMEOUTS.sample
