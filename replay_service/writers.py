@@ -346,26 +346,26 @@ class TransitionWriter:
 
     def _write(self, batch: _Batch, final_states: list[np.ndarray]) -> None:
         spec = self._spec
-        size = batch.size
-        step = trajectory_lib.Trajectory(
-            step_type=np.where(self._steps > 0, MID, FIRST).astype(_np_dtype(spec.step_type)),
-            observation=tf.nest.pack_sequence_as(spec.observation, batch.states),
-            action=tf.nest.pack_sequence_as(spec.action, batch.actions),
-            policy_info=tf.nest.pack_sequence_as(spec.policy_info, batch.hiddens),
-            next_step_type=np.where(batch.ended, LAST, MID).astype(_np_dtype(spec.next_step_type)),
-            reward=tf.nest.pack_sequence_as(spec.reward, batch.rewards),
-            discount=np.where(batch.terminated, TERMINAL_DISCOUNT, CONTINUING_DISCOUNT).astype(
+        # The step as a flat list in `tree.flatten(spec)` order (Trajectory field order), which
+        # is what the StructuredWriter's pattern indexes: no nest is packed per step.
+        steps = [
+            np.where(self._steps > 0, MID, FIRST).astype(_np_dtype(spec.step_type)),
+            *batch.states,
+            *batch.actions,
+            *batch.hiddens,
+            np.where(batch.ended, LAST, MID).astype(_np_dtype(spec.next_step_type)),
+            *batch.rewards,
+            np.where(batch.terminated, TERMINAL_DISCOUNT, CONTINUING_DISCOUNT).astype(
                 _np_dtype(spec.discount)
             ),
-        )
-        steps = tf.nest.flatten(step)
+        ]
         boundaries = (
-            tf.nest.flatten(_boundary(spec, final_states, size)) if batch.ended.any() else []
+            tree.flatten(_boundary(spec, final_states, batch.size)) if batch.ended.any() else []
         )
-        for index in range(size):
-            self._append(index, tree.unflatten_as(spec, [leaf[index] for leaf in steps]))
+        for index in range(batch.size):
+            self._append(index, [leaf[index] for leaf in steps])
             if batch.ended[index]:
-                self._append(index, tree.unflatten_as(spec, [leaf[index] for leaf in boundaries]))
+                self._append(index, [leaf[index] for leaf in boundaries])
                 self._end_episode(index)
 
     def _remember(self, next_states: list[np.ndarray], known: np.ndarray) -> None:
