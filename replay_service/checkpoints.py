@@ -277,7 +277,7 @@ class CheckpointStore:
         """
         adopted = self.adopt_staged(metadata)
         for name in _listdir(self.reverb_root):
-            _remove(os.path.join(self.reverb_root, name))
+            remove_path(os.path.join(self.reverb_root, name))
         return adopted
 
     def adopt_staged(self, metadata: StoreMetadata) -> list[Checkpoint]:
@@ -319,7 +319,7 @@ class CheckpointStore:
             _write_json_atomic(os.path.join(reverb_path, CHECKPOINT_META_FILE), info)
             os.makedirs(self.checkpoints_dir, exist_ok=True)
             os.rename(reverb_path, target)
-            _fsync_dir(self.checkpoints_dir)
+            fsync_dir(self.checkpoints_dir)
         except OSError as e:
             raise CheckpointError(
                 f"cannot move checkpoint {reverb_path!r} to {target!r}: {e}"
@@ -441,7 +441,8 @@ def _foreign_message(root: str, entries: list[str]) -> str:
     )
 
 
-def _remove(path: str) -> None:
+def remove_path(path: str) -> None:
+    """Deletes a file or directory tree if it exists."""
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -470,10 +471,11 @@ def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    fsync_dir(os.path.dirname(path))
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Makes the entries of directory `path` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -46,6 +46,8 @@ from replay_service.checkpoints import (
     STORE_FILE,
     CheckpointStore,
     StoreMetadata,
+    fsync_dir,
+    remove_path,
 )
 from replay_service.config import Timeouts
 from replay_service.envs import (
@@ -650,10 +652,10 @@ def populate(
             os.replace(plot_partial, plan.plot_path)
     except BaseException as e:
         if os.path.lexists(partial):
-            _remove(partial)
+            remove_path(partial)
             kept = f"; {plan.path!r} is unchanged" if plan.stored is not None else ""
             e.add_note(f"nothing was kept: removed the unfinished buffer {partial!r}{kept}")
-        _remove(plot_partial)
+        remove_path(plot_partial)
         raise
     return _result(plan, collected)
 
@@ -688,7 +690,7 @@ def _build(
     plan: _Plan, partial: str, progress: Progress | None, timeouts: Timeouts | None
 ) -> _Collected:
     """Creates (or, to append, copies) the buffer in `partial` and collects every run into it."""
-    _remove(partial)
+    remove_path(partial)
     if plan.config.append:
         copy_buffer(plan.path, partial)
     recorders = [StepRecorder(plan.time_of_day) for _ in plan.envs]
@@ -915,13 +917,13 @@ def copy_buffer(
     staging = _sibling(target, COPY_TAG)
     try:
         with _locked_if_store(target, replacing):
-            _remove(staging)
+            remove_path(staging)
             _write_copy(store, latest.path, latest.info, staging)
             _install(staging, target)
     except OSError as e:
         raise CheckpointError(f"cannot copy {latest.path!r} to {target!r}: {e}") from e
     finally:
-        _remove(staging)
+        remove_path(staging)
     return target
 
 
@@ -990,7 +992,7 @@ def _install(staging: str, target: str) -> None:
     replace = os.path.isdir(target) and bool(os.listdir(target))
     try:
         if replace:
-            _remove(old)
+            remove_path(old)
             os.rename(target, old)
         try:
             os.rename(staging, target)
@@ -998,10 +1000,10 @@ def _install(staging: str, target: str) -> None:
             if replace:
                 os.rename(old, target)
             raise
-        _fsync_dir(os.path.dirname(target))
+        fsync_dir(os.path.dirname(target))
     except OSError as e:
         raise CheckpointError(f"cannot move {staging!r} to {target!r}: {e}") from e
-    _remove(old)
+    remove_path(old)
 
 
 def _fsync_tree(root: str) -> None:
@@ -1012,20 +1014,4 @@ def _fsync_tree(root: str) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(directory)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+        fsync_dir(directory)
