@@ -18,13 +18,21 @@ from replay_service.errors import (
     WriteTimeoutError,
 )
 from replay_service.manager import ReplayBufferManager
+from replay_service.nstep import NStepBatch, NStepTargets, n_step_targets, windows_to_n_step
 from replay_service.observers import TrajectoryObserver
+from replay_service.priorities import (
+    BetaSchedule,
+    MaxPriorityTracker,
+    importance_weights,
+    update_priorities,
+)
 from replay_service.starter import PopulateConfig, PopulateResult, copy_buffer, populate
 from replay_service.tables import make_replay_tables, make_table
 from replay_service.writers import TransitionWriter
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
+    "BetaSchedule",
     "BufferStateError",
     "Checkpoint",
     "CheckpointError",
@@ -32,6 +40,9 @@ __all__ = [
     "CheckpointStore",
     "ConfigError",
     "ManagerClosedError",
+    "MaxPriorityTracker",
+    "NStepBatch",
+    "NStepTargets",
     "NoCheckpointError",
     "PopulateConfig",
     "PopulateResult",
@@ -55,9 +66,13 @@ __all__ = [
     "TransitionWriter",
     "WriteTimeoutError",
     "copy_buffer",
+    "importance_weights",
     "make_replay_tables",
     "make_table",
+    "n_step_targets",
     "populate",
+    "update_priorities",
+    "windows_to_n_step",
 ]
 __version__ = "0.1.0"
 

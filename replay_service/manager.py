@@ -15,6 +15,7 @@ import reverb
 import tensorflow as tf
 
 from replay_service import export as export_lib
+from replay_service import priorities as priorities_lib
 from replay_service import specs
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore, StoreMetadata
 from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
@@ -466,6 +467,36 @@ class ReplayBufferManager:
         self._require_client()
         assert self._replay_buffer is not None
         return self._replay_buffer
+
+    def update_priorities(
+        self,
+        keys: Any,
+        priorities: Any,
+        *,
+        tracker: priorities_lib.MaxPriorityTracker | None = None,
+    ) -> dict[int, float]:
+        """Sets the priorities of sampled items (prioritized tables), e.g. to |TD error|.
+
+        Args:
+          keys: Item keys from sampled info (numpy, tf or torch; `[B]` or `[B, T]`).
+          priorities: New priorities, finite and >= 0, same leading shape.
+          tracker: Optional `MaxPriorityTracker` to record the largest priority.
+
+        Returns:
+          The updates sent, key -> priority; keys of evicted items are ignored by the server.
+
+        Raises:
+          ConfigError: If a priority is NaN, infinite or negative (named with its key).
+          SpecMismatchError: If keys and priorities do not match in shape.
+        """
+        return priorities_lib.update_priorities(
+            self._require_client(),
+            self.table_name,
+            keys,
+            priorities,
+            timeout=self._timeouts.connect,
+            tracker=tracker,
+        )
 
     # ---- PyTorch, collection without TF-Agents, export/import
 
