@@ -92,12 +92,21 @@ class StoreMetadata:
             raise CheckpointError(f"{source} is malformed: {e!r}") from e
 
     def differences(self, requested: StoreMetadata) -> list[str]:
-        """Names every field where `requested` (the caller's) differs from this (stored) one."""
+        """Names every field where `requested` (the caller's) differs from this (stored) one.
+
+        Capacity counts as a difference: Reverb restores the stored capacity and ignores the
+        table it is given, so a restore with another capacity would silently keep the old one.
+        """
         problems = [
             f"{name}: requested {getattr(requested, name)!r}, stored {getattr(self, name)!r}"
-            for name in ("table_name", "sequence_length")
+            for name in ("table_name", "sequence_length", "capacity")
             if getattr(requested, name) != getattr(self, name)
         ]
+        if requested.capacity != self.capacity:
+            problems[-1] += (
+                f" (Reverb restores the stored capacity; use capacity={self.capacity}, or "
+                "export and import the buffer to resize it)"
+            )
         problems += [
             f"data_spec {p}" for p in diff_descriptions(requested.data_spec, self.data_spec)
         ]

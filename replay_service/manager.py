@@ -433,11 +433,6 @@ class ReplayBufferManager:
 
     def _check_stored(self, stored: StoreMetadata, path: str) -> None:
         problems = stored.differences(self._metadata)
-        if stored.capacity != self._table.capacity:
-            problems.append(
-                f"capacity: requested {self._table.capacity}, stored {stored.capacity} (Reverb "
-                f"restores the stored capacity; pass capacity={stored.capacity} to load it)"
-            )
         if problems:
             raise SpecMismatchError(
                 f"checkpoint {path!r} does not match this manager: " + "; ".join(problems)

@@ -169,10 +169,6 @@ class ReplayServer:
 
     def _check_store(self, stored: StoreMetadata, where: str) -> None:
         problems = stored.differences(self._metadata)
-        if stored.capacity != self._metadata.capacity:
-            problems.append(
-                f"capacity: configured {self._metadata.capacity}, stored {stored.capacity}"
-            )
         if problems:
             raise SpecMismatchError(
                 f"{where} does not match the configured table: " + "; ".join(problems)
