@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format benchmark clean
+.PHONY: demo test test-slow lint format benchmark load-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
@@ -28,6 +28,9 @@ test-slow: $(STAMP)
 benchmark: $(STAMP)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,bench]'
 	$(BIN)/python scripts/benchmark.py
+
+load-test: $(STAMP)
+	$(BIN)/python scripts/load_test.py --duration_s=60
 
 lint: $(STAMP)
 	$(BIN)/ruff check replay_service scripts tests

@@ -1,5 +1,13 @@
 """replay_service: a replay service for reinforcement learning built on DeepMind Reverb."""
 
+import os
+
+# With the default polling strategy of the gRPC inside Reverb 0.13, a process streaming to several
+# servers saw item confirmations picked up only by gRPC's 5 s backup poller. It must be set before
+# the process opens its first gRPC channel; an explicit setting in the environment wins.
+os.environ.setdefault("GRPC_POLL_STRATEGY", "epoll1")
+
+
 from replay_service.checkpoints import Checkpoint, CheckpointStore, StoreMetadata
 from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
 from replay_service.datasets import ReplayBuffer
@@ -25,6 +33,15 @@ from replay_service.priorities import (
     MaxPriorityTracker,
     importance_weights,
     update_priorities,
+)
+from replay_service.sharding import (
+    ShardedCheckpoint,
+    ShardedConfig,
+    ShardedReplayBuffer,
+    ShardedStatus,
+    format_sharded_status,
+    load_sharded_config,
+    sharded_status,
 )
 from replay_service.starter import PopulateConfig, PopulateResult, copy_buffer, populate
 from replay_service.tables import make_replay_tables, make_table
@@ -54,6 +71,10 @@ __all__ = [
     "SamplingConfig",
     "ServerError",
     "ServerUnavailableError",
+    "ShardedCheckpoint",
+    "ShardedConfig",
+    "ShardedReplayBuffer",
+    "ShardedStatus",
     "SpecMismatchError",
     "StoreMetadata",
     "TableConfig",
@@ -66,11 +87,14 @@ __all__ = [
     "TransitionWriter",
     "WriteTimeoutError",
     "copy_buffer",
+    "format_sharded_status",
     "importance_weights",
+    "load_sharded_config",
     "make_replay_tables",
     "make_table",
     "n_step_targets",
     "populate",
+    "sharded_status",
     "update_priorities",
     "windows_to_n_step",
 ]

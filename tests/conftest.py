@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("GRPC_POLL_STRATEGY", "epoll1")
 
 import signal
 import subprocess
