@@ -114,7 +114,15 @@ class ExportedItems:
 
 
 def export_paths(dirpath: str | os.PathLike[str], prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
-    """Returns `(state_path, metadata_path)` of an export."""
+    """Returns `(state_path, metadata_path)` of an export, confined to `dirpath`.
+
+    Raises:
+      ConfigError: If `prefix` could name a file outside `dirpath` (a path separator or "..").
+    """
+    if not isinstance(prefix, str) or "/" in prefix or os.sep in prefix or ".." in prefix:
+        raise ConfigError(
+            f"prefix must be a plain file-name prefix without '/' or '..', got {prefix!r}"
+        )
     root = os.fspath(dirpath)
     return (
         os.path.join(root, f"{prefix}{STATE_SUFFIX}"),

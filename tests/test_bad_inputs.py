@@ -229,3 +229,12 @@ def test_sampling_timeout_is_bounded(make_manager):
 
 def test_fast_timeouts_fixture_is_sane():
     assert FAST_TIMEOUTS.sample < FAST_TIMEOUTS.write
+
+
+@pytest.mark.parametrize("prefix", ["../escape_", "sub/dir_", "/abs_"])
+def test_export_prefix_cannot_leave_the_directory(make_manager, tmp_path, prefix):
+    manager = make_manager()
+    manager.create_replay_buffer()
+    with pytest.raises(ConfigError, match="prefix must be a plain file-name prefix"):
+        manager.export(str(tmp_path / "export"), prefix=prefix)
+    assert not (tmp_path / "escape_state.safetensors").exists()
