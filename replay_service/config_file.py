@@ -153,13 +153,7 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
     source = "defaults"
     if path is not None:
         source = os.fspath(path)
-        try:
-            with open(source, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config file {source!r} does not exist") from None
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"config file {source!r} is not valid TOML: {e}") from e
+        data = read_toml(source)
     for key, value in overrides.items():
         if value is not None:
             section, _, name = key.partition("__")
@@ -168,6 +162,22 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
         return _parse(data)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from e
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Reads a TOML file.
+
+    Raises:
+      ConfigError: If the file is missing, unreadable or not valid TOML (naming the file).
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {source!r} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"config file {source!r} is not valid TOML: {e}") from e
 
 
 def _parse(data: dict[str, Any]) -> ServiceConfig:

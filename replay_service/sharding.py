@@ -31,7 +31,6 @@ import dataclasses
 import datetime
 import logging
 import os
-import tomllib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -40,6 +39,7 @@ import tensorflow as tf
 
 from replay_service.checkpoints import Checkpoint, CheckpointStore
 from replay_service.config import DEFAULT_TABLE_NAME, Timeouts
+from replay_service.config_file import read_toml
 from replay_service.datasets import ReplayBuffer
 from replay_service.errors import (
     BufferStateError,
@@ -193,13 +193,7 @@ def load_sharded_config(path: str | os.PathLike[str]) -> ShardedConfig:
         has an unknown key or an invalid value (named with the file).
     """
     source = os.fspath(path)
-    try:
-        with open(source, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {source!r} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"config file {source!r} is not valid TOML: {e}") from e
+    data = read_toml(source)
     if SECTION not in data:
         raise ConfigError(f"{source}: no [{SECTION}] table; tables found: {sorted(data)}")
     return ShardedConfig.from_dict(data[SECTION], source)
