@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -159,3 +161,17 @@ def start_server(tmp_path) -> Iterator:
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file (and a marker for every directory) under root."""
+    digest = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs:
+            digest[os.path.relpath(os.path.join(directory, name), root)] = "dir"
+        for name in files:
+            path = os.path.join(directory, name)
+            digest[os.path.relpath(path, root)] = hashlib.sha256(
+                Path(path).read_bytes()
+            ).hexdigest()
+    return digest

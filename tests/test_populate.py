@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import io
 import os
 import subprocess
@@ -28,7 +27,7 @@ from tf_agents.trajectories import policy_step
 from tf_agents.trajectories import time_step as ts
 from tf_agents.utils import common, nest_utils
 
-from conftest import FAST_TIMEOUTS, all_items
+from conftest import FAST_TIMEOUTS, all_items, tree_digest
 from replay_service import (
     CheckpointError,
     CheckpointExistsError,
@@ -65,20 +64,6 @@ LAST = int(ts.StepType.LAST)
 def items_for(episode_lengths: list[int], sequence_length: int) -> int:
     """Items of episodes of T observed steps each: T - sequence_length + 1 (stride 1)."""
     return sum(max(0, t - sequence_length + 1) for t in episode_lengths)
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    """Relative path -> sha256 of every file (and a marker for every directory) under root."""
-    digest = {}
-    for directory, dirs, files in os.walk(root):
-        for name in dirs:
-            digest[os.path.relpath(os.path.join(directory, name), root)] = "dir"
-        for name in files:
-            path = os.path.join(directory, name)
-            digest[os.path.relpath(path, root)] = hashlib.sha256(
-                Path(path).read_bytes()
-            ).hexdigest()
-    return digest
 
 
 def building_spec(policy: str = "schedule") -> Any:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from conftest import collect
+from conftest import collect, tree_digest
 from replay_service import (
     CheckpointError,
     CheckpointExistsError,
@@ -33,20 +32,6 @@ from replay_service.starter import (
     summary_plot_path,
     validate_buffer_name,
 )
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    """Relative path -> sha256 of every file (and a marker for every directory) under root."""
-    digest = {}
-    for directory, dirs, files in os.walk(root):
-        for name in dirs:
-            digest[os.path.relpath(os.path.join(directory, name), root)] = "dir"
-        for name in files:
-            path = os.path.join(directory, name)
-            digest[os.path.relpath(path, root)] = hashlib.sha256(
-                Path(path).read_bytes()
-            ).hexdigest()
-    return digest
 
 
 @pytest.fixture()
