@@ -7,6 +7,8 @@
         ckpt-00000001/             one complete Reverb checkpoint (tables/chunks/items.tfrecord,
         ckpt-00000002/             DONE) plus replay_service_checkpoint.json; newest = highest
       .reverb/                     Reverb's own checkpointer root: only Reverb writes here
+      .restore/                    while a server starts: the checkpoint being restored, with
+                                   the table options configured now (see `restore.py`)
       .lock                        held by the one process serving this directory
       corrupt/                     checkpoints that failed to restore, moved aside
 
@@ -42,6 +44,7 @@ FORMAT = "replay_service.checkpoint_dir/1"
 STORE_FILE = "replay_service.json"
 CHECKPOINTS_DIR = "checkpoints"
 REVERB_DIR = ".reverb"
+RESTORE_DIR = ".restore"
 LOCK_FILE = ".lock"
 CORRUPT_DIR = "corrupt"
 CHECKPOINT_META_FILE = "replay_service_checkpoint.json"
@@ -157,6 +160,11 @@ class CheckpointStore:
         return os.path.join(self.root, REVERB_DIR)
 
     @property
+    def restore_dir(self) -> str:
+        """Where the view of a checkpoint being restored is written (see `restore.py`)."""
+        return os.path.join(self.root, RESTORE_DIR)
+
+    @property
     def checkpoints_dir(self) -> str:
         """The directory holding complete checkpoints."""
         return os.path.join(self.root, CHECKPOINTS_DIR)
@@ -262,6 +270,7 @@ class CheckpointStore:
         self.check_new(overwrite)
         try:
             os.makedirs(self.root, exist_ok=True)
+            remove_path(self.restore_dir)
             for sub in (self.checkpoints_dir, self.reverb_root):
                 if os.path.isdir(sub):
                     shutil.rmtree(sub)

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from replay_service import export as export_lib
 from replay_service import priorities as priorities_lib
-from replay_service import specs
+from replay_service import rate_limit, specs
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore, StoreMetadata
 from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
 from replay_service.datasets import ReplayBuffer, sample_dataset
@@ -358,8 +358,7 @@ class ReplayBufferManager:
             `timeouts.checkpoint`.
         """
         client = self._require_client()
-        for observer in self._observers:
-            observer.flush()
+        self._flush_writers()
         if self._store is None:
             try:
                 return call_with_timeout(client.checkpoint, self._timeouts.checkpoint, "checkpoint")
@@ -369,7 +368,35 @@ class ReplayBufferManager:
         _log.info("Checkpointed %s items to %s", saved.info["num_items"], saved.path)
         return saved.path
 
+    def train_schedule(self, batch_size: int) -> rate_limit.TrainSchedule:
+        """Returns a `TrainSchedule`: when a single-threaded collect/train loop may train.
+
+        With a `samples_per_insert` rate limiter, a loop that collects and trains in one thread
+        deadlocks as soon as it samples while the limiter waits for inserts (or the reverse);
+        the schedule says "train" only when a whole batch can be sampled at once and "collect"
+        otherwise. See `replay_service.rate_limit` for the rule it checks.
+
+        Args:
+          batch_size: Items sampled per training step.
+
+        Raises:
+          ConfigError: If the table's error buffer is too small for such a loop (the message
+            names the error buffer needed).
+          BufferStateError: If no buffer was created or loaded.
+        """
+        client = self._require_client()
+        return rate_limit.TrainSchedule(
+            lambda: rate_limit.LimiterState.from_info(self._table_info(client)),
+            self._flush_writers,
+            batch_size,
+            table_name=self.table_name,
+        )
+
     # ---------------------------------------------------------------------------- helpers
+
+    def _flush_writers(self) -> None:
+        for observer in self._observers:
+            observer.flush()
 
     def _hand_out(self, client: reverb.Client) -> tuple[ReplayBuffer, Any]:
         self._client = client

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import reverb
 
-from replay_service.checkpoints import Checkpoint, CheckpointStore, StoreMetadata
+from replay_service.checkpoints import Checkpoint, CheckpointStore, StoreMetadata, remove_path
 from replay_service.errors import (
     CheckpointError,
     ConfigError,
@@ -20,6 +20,7 @@ from replay_service.errors import (
     ServerError,
     ServerUnavailableError,
 )
+from replay_service.restore import restore_view
 
 _T = TypeVar("_T")
 _log = logging.getLogger(__name__)
@@ -77,7 +78,9 @@ def start_server(
       store: Checkpoint directory; Reverb writes into its `.reverb/` root, which must hold no
         complete checkpoint (see `CheckpointStore.clean_staging`).
       port: Port to listen on (all interfaces); None picks a free one.
-      restore: Checkpoint to load at start; None starts empty.
+      restore: Checkpoint to load at start; None starts empty. Its tables take the options
+        of `tables` (sampler, remover, rate limiter) with rebased limiter counters; items,
+        priorities and capacity are restored as stored (see `restore.py`).
 
     Returns:
       The running server.
@@ -90,8 +93,9 @@ def start_server(
     if port is None:
         port = pick_free_port()
     check_port_free(port)
+    view = restore_view(restore.path, tables, store.restore_dir) if restore else None
     checkpointer = reverb.checkpointers.DefaultCheckpointer(
-        store.reverb_root, fallback_checkpoint_path=restore.path if restore else None
+        store.reverb_root, fallback_checkpoint_path=view
     )
     try:
         server = reverb.Server(list(tables), port=port, checkpointer=checkpointer)
@@ -99,6 +103,9 @@ def start_server(
         if restore is not None:
             raise CheckpointError(f"cannot restore checkpoint {restore.path!r}: {e}") from e
         raise ServerError(f"cannot start a Reverb server on port {port}: {e}") from e
+    finally:
+        if view is not None:
+            remove_path(view)
     _log.info("Reverb server listening on port %d (all interfaces)", port)
     return server
 
@@ -116,7 +123,7 @@ def start_from_latest(
     checkpoint cannot make a supervised server crash-loop.
 
     Args:
-      tables: Tables to serve (Reverb takes their options from the checkpoint).
+      tables: Tables to serve; a restored checkpoint takes their options (see `start_server`).
       store: The checkpoint directory.
       port: Port to listen on; None picks one.
       check: Called with each candidate before it is loaded; raises to refuse it (e.g. a
