@@ -63,12 +63,14 @@ class StoreMetadata:
       sequence_length: Steps per item.
       capacity: Maximum number of items of the table that was checkpointed.
       data_spec: Field descriptions from `specs.describe_spec`.
+      pad_end_of_episode: Whether items are padded `Masked` sequences (`sequences.py`).
     """
 
     table_name: str
     sequence_length: int
     capacity: int
     data_spec: list[FieldDescription]
+    pad_end_of_episode: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """Returns the JSON form, tagged with the layout format."""
@@ -90,6 +92,7 @@ class StoreMetadata:
                 sequence_length=int(data["sequence_length"]),
                 capacity=int(data["capacity"]),
                 data_spec=list(data["data_spec"]),
+                pad_end_of_episode=bool(data.get("pad_end_of_episode", False)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source} is malformed: {e!r}") from e
@@ -102,7 +105,7 @@ class StoreMetadata:
         """
         problems = [
             f"{name}: requested {getattr(requested, name)!r}, stored {getattr(self, name)!r}"
-            for name in ("table_name", "sequence_length", "capacity")
+            for name in ("table_name", "sequence_length", "pad_end_of_episode", "capacity")
             if getattr(requested, name) != getattr(self, name)
         ]
         if requested.capacity != self.capacity:

@@ -138,12 +138,16 @@ class TableConfig:
       capacity: Maximum number of items (windows of `sequence_length` steps) kept.
       sequence_length: Number of consecutive steps in one item.
       sampling: Sampler, remover and rate limiter.
+      pad_end_of_episode: Store `sequences.Masked(step, mask)` steps and pad the end of each
+        episode so that its last steps (and episodes shorter than `sequence_length`) are in an
+        item too; see `replay_service.sequences`.
     """
 
     name: str = DEFAULT_TABLE_NAME
     capacity: int = 50_000
     sequence_length: int = 2
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    pad_end_of_episode: bool = False
 
     def __post_init__(self) -> None:
         validate_table_name(self.name)
@@ -152,6 +156,10 @@ class TableConfig:
         _require(
             isinstance(self.sampling, SamplingConfig),
             f"sampling must be a SamplingConfig, got {type(self.sampling).__name__}",
+        )
+        _require(
+            isinstance(self.pad_end_of_episode, bool),
+            f"pad_end_of_episode must be True or False, got {self.pad_end_of_episode!r}",
         )
         _require(
             self.sampling.min_size_to_sample <= self.capacity,

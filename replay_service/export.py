@@ -157,14 +157,14 @@ def export_buffer(
     """
     state_path, metadata_path = export_paths(dirpath, prefix)
     _check_target(os.fspath(dirpath), overwrite)
-    signature = specs.table_signature(manager.data_spec, manager.sequence_length)
+    signature = specs.table_signature(manager.stored_spec, manager.sequence_length)
     checkpoint_path = manager.checkpoint()
     items = read_checkpoint(checkpoint_path, manager.table_name, signature, manager.timeouts.sample)
     metadata = build_metadata(
         manager.table_name,
         manager.sequence_length,
         manager.table_config.capacity,
-        manager.data_spec,
+        manager.stored_spec,
         items.num_items,
     )
     tensors = {name: array for name, array in zip(_data_names(signature), items.data, strict=True)}
@@ -214,7 +214,7 @@ def import_buffer(
     state_path, metadata_path = export_paths(dirpath, prefix)
     metadata = read_metadata(metadata_path)
     _check_compatible(metadata, manager, metadata_path)
-    signature = specs.table_signature(manager.data_spec, manager.sequence_length)
+    signature = specs.table_signature(manager.stored_spec, manager.sequence_length)
     items = read_state(state_path, signature, int(metadata["num_items"]))
     capacity = manager.table_config.capacity
     if items.num_items > capacity:
@@ -548,7 +548,7 @@ def _check_compatible(metadata: dict[str, Any], manager: ReplayBufferManager, pa
     problems += [
         f"data_spec {p}"
         for p in specs.diff_descriptions(
-            specs.describe_spec(manager.data_spec), metadata["data_spec"]
+            specs.describe_spec(manager.stored_spec), metadata["data_spec"]
         )
     ]
     if problems:

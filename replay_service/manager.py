@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from replay_service import export as export_lib
 from replay_service import priorities as priorities_lib
-from replay_service import rate_limit, specs
+from replay_service import rate_limit, sequences, specs
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore, StoreMetadata
 from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
 from replay_service.datasets import ReplayBuffer, sample_dataset
@@ -65,6 +65,8 @@ class ReplayBufferManager:
       timeouts: Bounds on every blocking call.
       keep_checkpoints: Complete checkpoints retained in `checkpoint_dir`.
       stride_length: The observer creates an item every `stride_length` steps.
+      pad_end_of_episode: Pad the end of every episode so that no step is left out of an item,
+        and store a mask: items are `Masked(step, mask)` (see `replay_service.sequences`).
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode...).
@@ -85,19 +87,23 @@ class ReplayBufferManager:
         timeouts: Timeouts | None = None,
         keep_checkpoints: int = DEFAULT_KEEP,
         stride_length: int = 1,
+        pad_end_of_episode: bool = False,
     ) -> None:
         self._table = TableConfig(
             name=table_name,
             capacity=capacity,
             sequence_length=sequence_length,
             sampling=sampling or SamplingConfig(),
+            pad_end_of_episode=pad_end_of_episode,
         )
         self._data_spec = data_spec
+        self._stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
         self._metadata = StoreMetadata(
             table_name=table_name,
             sequence_length=sequence_length,
             capacity=capacity,
             data_spec=specs.describe_spec(data_spec),
+            pad_end_of_episode=pad_end_of_episode,
         )
         if server_address is None and checkpoint_dir is None:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
@@ -319,7 +325,7 @@ class ReplayBufferManager:
             dataset = sample_dataset(
                 self._require_client().server_address,
                 self.table_name,
-                self._data_spec,
+                self._stored_spec,
                 self.sequence_length,
                 batch_size,
                 sample_timeout=self._timeouts.sample,
@@ -407,7 +413,7 @@ class ReplayBufferManager:
             else {"server_address": client.server_address}
         )
         self._replay_buffer = ReplayBuffer(
-            self._data_spec,
+            self._stored_spec,
             self.table_name,
             self.sequence_length,
             sample_timeout=self._timeouts.sample,
@@ -423,6 +429,7 @@ class ReplayBufferManager:
             self._data_spec,
             stride_length=self._stride_length,
             timeouts=self._timeouts,
+            pad_end_of_episode=self._table.pad_end_of_episode,
         )
         self._observers.append(observer)
         return observer
@@ -442,7 +449,9 @@ class ReplayBufferManager:
 
     def _check_server_table(self, client: reverb.Client) -> None:
         info = self._table_info(client)
-        expected = specs.describe_spec(specs.table_signature(self._data_spec, self.sequence_length))
+        expected = specs.describe_spec(
+            specs.table_signature(self._stored_spec, self.sequence_length)
+        )
         if info.signature is None:
             raise SpecMismatchError(
                 f"table {self.table_name!r} at {client.server_address!r} has no signature; "
@@ -528,6 +537,12 @@ class ReplayBufferManager:
         return self._data_spec
 
     @property
+    def stored_spec(self) -> Any:
+        """The per-step spec of what the table stores: `data_spec`, or
+        `sequences.Masked(data_spec, mask)` with `pad_end_of_episode`."""
+        return self._stored_spec
+
+    @property
     def table_config(self) -> TableConfig:
         """Name, capacity, sequence length and sampling of the table this manager asks for."""
         return self._table
@@ -610,6 +625,7 @@ class ReplayBufferManager:
             priority=priority,
             timeouts=self._timeouts,
             check_continuity=check_continuity,
+            pad_end_of_episode=self._table.pad_end_of_episode,
         )
         self._observers.append(writer)  # type: ignore[arg-type]
         return writer

@@ -22,6 +22,7 @@ from reverb import structured_writer as sw
 
 from replay_service.config import Timeouts, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
+from replay_service.sequences import Masked, padded_window_config, padding_needed, padding_step
 from replay_service.specs import diff_value, normalize_spec
 
 # Steps appended between waits for the server, which keeps unconfirmed items well below the
@@ -60,6 +61,20 @@ def window_config(
     )
 
 
+def item_config(
+    data_spec: Any,
+    table_name: str,
+    sequence_length: int,
+    stride_length: int,
+    priority: float,
+    pad_end_of_episode: bool,
+) -> Any:
+    """The `StructuredWriter` config of a table: `window_config`, or `padded_window_config`
+    for a padded table."""
+    make = padded_window_config if pad_end_of_episode else window_config
+    return make(data_spec, table_name, sequence_length, stride_length, priority)
+
+
 class TrajectoryObserver:
     """Writes overlapping windows of unbatched TF-Agents trajectories to one table.
 
@@ -73,6 +88,8 @@ class TrajectoryObserver:
       stride_length: A new item every `stride_length` steps (1: every window).
       priority: Initial priority of new items.
       timeouts: `timeouts.write` bounds every wait for the server.
+      pad_end_of_episode: Write `Masked(step, mask)` steps and pad each episode's end (the
+        table must be padded too; see `replay_service.sequences`).
 
     Raises:
       ValueError: If `sequence_length` or `stride_length` < 1.
@@ -88,6 +105,7 @@ class TrajectoryObserver:
         stride_length: int = 1,
         priority: float = 1.0,
         timeouts: Timeouts | None = None,
+        pad_end_of_episode: bool = False,
     ) -> None:
         if sequence_length < 1 or stride_length < 1:
             raise ValueError(
@@ -101,9 +119,17 @@ class TrajectoryObserver:
         self._priority = float(priority)
         self._data_spec = data_spec
         self._timeout_ms = to_ms((timeouts or Timeouts()).write)
-        self._config = window_config(
-            data_spec, table_name, sequence_length, stride_length, self._priority
+        self._config = item_config(
+            data_spec,
+            table_name,
+            sequence_length,
+            stride_length,
+            self._priority,
+            pad_end_of_episode,
         )
+        self._pad = pad_end_of_episode
+        self._padding = padding_step(data_spec) if pad_end_of_episode else None
+        self._episode_steps = 0
         self._writer: Any = None
         self._steps_since_flush = 0
         self._checked = False
@@ -131,9 +157,10 @@ class TrajectoryObserver:
             self._check(trajectory)
         writer = self._writer or self._open()
         try:
-            writer.append(trajectory)
+            writer.append(Masked(trajectory, True) if self._pad else trajectory)
         except ValueError as e:
             self._raise_mismatch(trajectory, e)
+        self._episode_steps += 1
         if trajectory.is_boundary():
             self._end_episode()
             return
@@ -194,6 +221,12 @@ class TrajectoryObserver:
 
     def _end_episode(self) -> None:
         writer = self._writer
+        if self._pad:
+            for _ in range(
+                padding_needed(self._episode_steps, self._sequence_length, self._stride_length)
+            ):
+                writer.append(self._padding)
+        self._episode_steps = 0
         self._steps_since_flush = 0
         self._wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=self._timeout_ms))
 

@@ -29,6 +29,7 @@ def table_metadata(table: TableConfig, data_spec: Any) -> StoreMetadata:
         sequence_length=table.sequence_length,
         capacity=table.capacity,
         data_spec=specs.describe_spec(data_spec),
+        pad_end_of_episode=table.pad_end_of_episode,
     )
 
 

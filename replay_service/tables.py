@@ -7,6 +7,7 @@ from typing import Any
 import reverb
 
 from replay_service.config import SamplingConfig, TableConfig
+from replay_service.sequences import stored_spec
 from replay_service.specs import table_signature
 
 
@@ -40,7 +41,8 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
 
     Args:
       config: Name, capacity, sequence length and sampling of the table.
-      data_spec: Per-step data spec; the signature adds the time dimension.
+      data_spec: Per-step data spec; the signature adds the time dimension (and the mask of
+        a padded table).
 
     Returns:
       A `reverb.Table` ready to be handed to a `reverb.Server`.
@@ -53,7 +55,9 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
         max_size=config.capacity,
         rate_limiter=make_rate_limiter(sampling),
         max_times_sampled=sampling.max_times_sampled,
-        signature=table_signature(data_spec, config.sequence_length),
+        signature=table_signature(
+            stored_spec(data_spec, config.pad_end_of_episode), config.sequence_length
+        ),
     )
 
 

@@ -45,6 +45,7 @@ from replay_service.errors import (
     ManagerClosedError,
     ServerUnavailableError,
 )
+from replay_service.sequences import Masked
 from replay_service.specs import table_signature
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class SampleSource:
         return cls(
             server_address=manager.server_address,
             table_name=manager.table_name,
-            signature=table_signature(manager.data_spec, manager.sequence_length),
+            signature=table_signature(manager.stored_spec, manager.sequence_length),
             sequence_length=manager.sequence_length,
             sample_timeout=manager.timeouts.sample,
             ordered=manager.table_config.sampling.sampler in ORDERED_SAMPLERS,
@@ -235,6 +236,8 @@ def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
     Returns:
       A CPU `torch.Tensor` sharing (or, for dtypes DLPack lacks, copying) the data.
     """
+    if value.dtype == tf.bool:  # TF exports bool through DLPack as uint8
+        return torch.from_numpy(value.numpy())
     try:
         return torch.from_dlpack(tf.experimental.dlpack.to_dlpack(value))
     except (tf.errors.OpError, RuntimeError, TypeError, ValueError, BufferError):
@@ -324,7 +327,7 @@ class TorchBatchStream:
         transitions: bool = False,
         with_info: bool = False,
     ) -> None:
-        _check_sizes(batch_size, transitions, source.sequence_length)
+        _check_sizes(batch_size, transitions, source)
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ConfigError(f"prefetch must be an integer >= 0, got {prefetch!r}")
         target = _resolve_device(device)
@@ -421,7 +424,7 @@ class TorchReplayDataset(IterableDataset):
         with_info: bool = False,
     ) -> None:
         super().__init__()
-        _check_sizes(batch_size, transitions, source.sequence_length)
+        _check_sizes(batch_size, transitions, source)
         self.source = source
         self.batch_size = batch_size
         self.transitions = transitions
@@ -561,9 +564,15 @@ def _put(out: queue.Queue[tuple[str, Any]], entry: tuple[str, Any], stop: thread
     return False
 
 
-def _check_sizes(batch_size: int, transitions: bool, sequence_length: int) -> None:
+def _check_sizes(batch_size: int, transitions: bool, source: SampleSource) -> None:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    sequence_length = source.sequence_length
+    if transitions and isinstance(source.signature, Masked):
+        raise ConfigError(
+            f"transitions=True does not apply to table {source.table_name!r}, whose items are "
+            "padded Masked(step, mask) sequences; sample them with transitions=False"
+        )
     if transitions and sequence_length != TRANSITION_SEQUENCE_LENGTH:
         raise ConfigError(
             f"transitions=True needs sequence_length={TRANSITION_SEQUENCE_LENGTH} (one "

@@ -34,7 +34,8 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from replay_service.config import Timeouts, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
-from replay_service.observers import MAX_IN_FLIGHT_ITEMS, abandon_writer, window_config
+from replay_service.observers import MAX_IN_FLIGHT_ITEMS, abandon_writer, item_config
+from replay_service.sequences import padding_needed, padding_step
 from replay_service.specs import flatten_with_paths, normalize_spec
 
 FIRST = int(ts.StepType.FIRST)
@@ -80,6 +81,8 @@ class TransitionWriter:
       timeouts: `timeouts.write` bounds every wait for the server.
       check_continuity: Refuse a transition whose state is not the previous transition's
         `next_state` (as expected within an episode, and after an auto-reset).
+      pad_end_of_episode: Write `Masked(step, mask)` steps and pad the end of each env's
+        episodes (the table must be padded too; see `replay_service.sequences`).
 
     Raises:
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
@@ -97,6 +100,7 @@ class TransitionWriter:
         priority: float = 1.0,
         timeouts: Timeouts | None = None,
         check_continuity: bool = True,
+        pad_end_of_episode: bool = False,
     ) -> None:
         if sequence_length < 1 or stride_length < 1:
             raise ValueError(
@@ -117,9 +121,17 @@ class TransitionWriter:
         self._timeout_ms = to_ms((timeouts or Timeouts()).write)
         self._check_continuity = check_continuity
         self._spec = spec
-        self._config = window_config(
-            data_spec, table_name, sequence_length, stride_length, self._priority
+        self._config = item_config(
+            data_spec,
+            table_name,
+            sequence_length,
+            stride_length,
+            self._priority,
+            pad_end_of_episode,
         )
+        # A padded table stores Masked(step, mask): flat, the step's leaves then the mask.
+        self._mask: list[Any] = [np.True_] if pad_end_of_episode else []
+        self._padding = tree.flatten(padding_step(spec)) if pad_end_of_episode else None
         self._batched: bool | None = None
         self._writers: list[Any] = []
         self._steps = np.zeros([0], np.int64)
@@ -362,10 +374,11 @@ class TransitionWriter:
         boundaries = (
             tree.flatten(_boundary(spec, final_states, batch.size)) if batch.ended.any() else []
         )
+        mask = self._mask
         for index in range(batch.size):
-            self._append(index, [leaf[index] for leaf in steps])
+            self._append(index, [leaf[index] for leaf in steps] + mask)
             if batch.ended[index]:
-                self._append(index, [leaf[index] for leaf in boundaries])
+                self._append(index, [leaf[index] for leaf in boundaries] + mask)
                 self._end_episode(index)
 
     def _remember(self, next_states: list[np.ndarray], known: np.ndarray) -> None:
@@ -387,6 +400,10 @@ class TransitionWriter:
 
     def _end_episode(self, index: int) -> None:
         writer = self._writers[index]
+        if self._padding is not None and writer is not None:
+            steps = int(self._steps[index])
+            for _ in range(padding_needed(steps, self._sequence_length, self._stride_length)):
+                self._append(index, self._padding)
         self._steps[index] = 0
         self._since_flush[index] = 0
         if writer is not None:
