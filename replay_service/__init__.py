@@ -34,6 +34,8 @@ from replay_service.priorities import (
     importance_weights,
     update_priorities,
 )
+from replay_service.rate_limit import LimiterState, TrainSchedule
+from replay_service.sequences import Masked, padding_needed
 from replay_service.sharding import (
     ShardedCheckpoint,
     ShardedConfig,
@@ -56,7 +58,9 @@ __all__ = [
     "CheckpointExistsError",
     "CheckpointStore",
     "ConfigError",
+    "LimiterState",
     "ManagerClosedError",
+    "Masked",
     "MaxPriorityTracker",
     "NStepBatch",
     "NStepTargets",
@@ -82,6 +86,7 @@ __all__ = [
     "TorchBatchStream",
     "TorchReplayDataset",
     "TorchSampleInfo",
+    "TrainSchedule",
     "TrajectoryObserver",
     "TransitionBatch",
     "TransitionWriter",
@@ -93,6 +98,7 @@ __all__ = [
     "make_replay_tables",
     "make_table",
     "n_step_targets",
+    "padding_needed",
     "populate",
     "sharded_status",
     "update_priorities",

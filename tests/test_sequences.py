@@ -220,3 +220,32 @@ def test_padding_is_checked_on_load(make_manager, data_spec, tmp_path):
     restored = make_manager(sequence_length=3, pad_end_of_episode=True)
     restored.load_replay_buffer()
     assert restored.num_frames() == 3
+
+
+def test_padded_buffer_exports_and_imports_exactly(make_manager, data_spec, tmp_path):
+    manager = make_manager(
+        sequence_length=4,
+        stride_length=2,
+        pad_end_of_episode=True,
+        checkpoint_dir=str(tmp_path / "a"),
+    )
+    _, observer = manager.create_replay_buffer()
+    lengths = {(0, e): n for e, n in enumerate([2, 7])}
+    for (_, episode_id), n in lengths.items():
+        for step in episode(data_spec, episode_id, n):
+            observer(step)
+    observer.flush()
+    manager.export(str(tmp_path / "export"))
+
+    copy = make_manager(
+        sequence_length=4,
+        stride_length=2,
+        pad_end_of_episode=True,
+        checkpoint_dir=str(tmp_path / "b"),
+    )
+    copy.import_buffer(str(tmp_path / "export"))
+    expected = expected_items(lengths, 4, 2)
+    assert canonical(stored_items(copy, len(expected))) == canonical(expected)
+    unpadded = make_manager(sequence_length=4, checkpoint_dir=str(tmp_path / "c"))
+    with pytest.raises(SpecMismatchError, match="mask"):
+        unpadded.import_buffer(str(tmp_path / "export"))
