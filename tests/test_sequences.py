@@ -249,3 +249,21 @@ def test_padded_buffer_exports_and_imports_exactly(make_manager, data_spec, tmp_
     unpadded = make_manager(sequence_length=4, checkpoint_dir=str(tmp_path / "c"))
     with pytest.raises(SpecMismatchError, match="mask"):
         unpadded.import_buffer(str(tmp_path / "export"))
+
+
+def test_a_toml_table_can_be_padded(tmp_path):
+    from replay_service.config_file import load_config
+    from replay_service.tables import make_table
+
+    path = tmp_path / "padded.toml"
+    path.write_text(
+        "[table]\nsequence_length = 5\npad_end_of_episode = true\n"
+        '[data_spec]\nenv = "CartPole-v0"\n'
+    )
+    config = load_config(path)
+    assert config.table.pad_end_of_episode
+    table = make_table(config.table, config.data_spec.build())
+    assert table.info.signature.mask.shape == (5,)
+    path.write_text("[table]\npad_end_of_episode = 1\n")
+    with pytest.raises(ConfigError, match="pad_end_of_episode must be True or False, got 1"):
+        load_config(path)
