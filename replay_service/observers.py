@@ -14,6 +14,7 @@ calls `create_item` in Python for every step.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import Any
 
 import reverb
@@ -60,8 +61,25 @@ def window_config(
     )
 
 
+def window_configs(
+    data_spec: Any,
+    table_name: str,
+    sequence_length: int,
+    stride_length: int,
+    priority: float,
+    extra_tables: Sequence[tuple[str, int]] = (),
+) -> list[Any]:
+    """One `window_config` per table: `table_name` first, then each `(name, sequence_length)`
+    of `extra_tables`. A single `StructuredWriter` given this list feeds every table with the
+    windows of the same steps, each table with its own window length."""
+    tables = [(table_name, sequence_length), *extra_tables]
+    return [
+        window_config(data_spec, name, length, stride_length, priority) for name, length in tables
+    ]
+
+
 class TrajectoryObserver:
-    """Writes overlapping windows of unbatched TF-Agents trajectories to one table.
+    """Writes overlapping windows of unbatched TF-Agents trajectories to one or more tables.
 
     Pass it in `observers=[...]` of `tf_agents.train.actor.Actor` or a `PyDriver`.
 
@@ -73,6 +91,8 @@ class TrajectoryObserver:
       stride_length: A new item every `stride_length` steps (1: every window).
       priority: Initial priority of new items.
       timeouts: `timeouts.write` bounds every wait for the server.
+      extra_tables: `(name, sequence_length)` of further tables on the same server that get
+        the windows of the same steps (see `window_configs`).
 
     Raises:
       ValueError: If `sequence_length` or `stride_length` < 1.
@@ -88,6 +108,7 @@ class TrajectoryObserver:
         stride_length: int = 1,
         priority: float = 1.0,
         timeouts: Timeouts | None = None,
+        extra_tables: Sequence[tuple[str, int]] = (),
     ) -> None:
         if sequence_length < 1 or stride_length < 1:
             raise ValueError(
@@ -101,8 +122,8 @@ class TrajectoryObserver:
         self._priority = float(priority)
         self._data_spec = data_spec
         self._timeout_ms = to_ms((timeouts or Timeouts()).write)
-        self._config = window_config(
-            data_spec, table_name, sequence_length, stride_length, self._priority
+        self._configs = window_configs(
+            data_spec, table_name, sequence_length, stride_length, self._priority, extra_tables
         )
         self._writer: Any = None
         self._steps_since_flush = 0
@@ -189,7 +210,7 @@ class TrajectoryObserver:
         self.close()
 
     def _open(self) -> Any:
-        self._writer = self._client.structured_writer([self._config])
+        self._writer = self._client.structured_writer(self._configs)
         return self._writer
 
     def _end_episode(self) -> None:
