@@ -8,6 +8,7 @@ into an error that says why.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -125,7 +126,7 @@ def check_mix_weights(
     for name, weight in weights.items():
         lengths[name] = find_table(tables, name).sequence_length
         if (
-            not isinstance(weight, int | float)
+            not isinstance(weight, numbers.Real)
             or isinstance(weight, bool)
             or not math.isfinite(weight)
             or weight < 0
@@ -185,7 +186,7 @@ def mixed_dataset(
     probabilities = check_mix_weights(tables, weights)
     sequence_length = find_table(tables, next(iter(probabilities))).sequence_length
     datasets = []
-    for name in probabilities:
+    for name, probability in probabilities.items():
         config = find_table(tables, name)
         ordered = config.sampling.sampler in ("fifo", "lifo", "max_heap", "min_heap")
         datasets.append(
@@ -196,7 +197,8 @@ def mixed_dataset(
                 sequence_length,
                 sample_timeout=sample_timeout,
                 num_workers=1 if ordered else 2,
-                max_in_flight=max(64, 4 * batch_size),
+                # About four batches' worth of this table's items ahead, like sample_dataset.
+                max_in_flight=max(16, math.ceil(4 * batch_size * probability)),
             )
         )
     if len(datasets) == 1:
@@ -290,6 +292,11 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
         )
         self._sample_timeout = sample_timeout
 
+    # Datasets built inside tf.data functions (the sharded mixture's flat_map) would otherwise
+    # be converted by AutoGraph, whose rewrite of a zero-argument super() looks the class up by
+    # walking every stack frame's locals; depending on what ran before in the process, that
+    # lookup failed with a TypeError from the converted __init__.
+    @tf.autograph.experimental.do_not_convert
     def _as_dataset(self, *args: Any, **kwargs: Any) -> tf.data.Dataset:
         dataset = super()._as_dataset(*args, **kwargs)
         if self._sample_timeout is None:

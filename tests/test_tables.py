@@ -17,6 +17,7 @@ import pytest
 
 from conftest import CONFIGS, FAST_TIMEOUTS, REPO, all_items, collect
 from replay_service import (
+    CheckpointExistsError,
     ConfigError,
     ReplayBufferManager,
     SamplingConfig,
@@ -299,7 +300,7 @@ def test_mixed_dataset_draws_each_table_in_proportion_to_its_weight(make_manager
     sigma = math.sqrt(0.75 * 0.25 / len(drawn))
     assert abs(fraction - 0.75) <= SIGMAS * sigma, fraction
 
-    only = manager.mixed_dataset(50, {PRIMARY: 0.0, EXTRA: 2.0})
+    only = manager.mixed_dataset(50, {PRIMARY: 0.0, EXTRA: np.float32(2.0)})
     _, info = next(iter(only))
     assert {int(k) for k in info.key.numpy()[:, 0]} <= prioritized_keys
 
@@ -403,6 +404,14 @@ def test_toml_extra_tables_serve_every_table_and_status_lists_them(
     assert f"table uniform_table: {count}/100000 items" in result.stdout
     assert f"table prioritized_table: {count}/100000 items" in result.stdout
     assert "sampler prioritized(exponent=0.6)" in result.stdout
+
+    with ReplayBufferManager(
+        data_spec, 100_000, server_address=address, extra_tables=[extra], timeouts=FAST_TIMEOUTS
+    ) as manager:
+        with pytest.raises(CheckpointExistsError, match="table 'uniform_table'.*already holds"):
+            manager.create_replay_buffer()
+        manager.create_replay_buffer(overwrite=True)
+        assert manager.num_frames() == manager.num_frames(table="prioritized_table") == 0
 
 
 @pytest.mark.parametrize(
