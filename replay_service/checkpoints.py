@@ -2,7 +2,7 @@
 
     <checkpoint_dir>/
       replay_service.json          what the store holds: table name, sequence length, capacity,
-                                   data spec (written by create_replay_buffer)
+                                   data spec, extra tables (written by create_replay_buffer)
       checkpoints/
         ckpt-00000001/             one complete Reverb checkpoint (tables/chunks/items.tfrecord,
         ckpt-00000002/             DONE) plus replay_service_checkpoint.json; newest = highest
@@ -29,8 +29,8 @@ import fcntl
 import json
 import os
 import shutil
-from collections.abc import Iterator
-from typing import IO, Any
+from collections.abc import Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 from replay_service.errors import (
     CheckpointError,
@@ -38,7 +38,10 @@ from replay_service.errors import (
     ConfigError,
     NoCheckpointError,
 )
-from replay_service.specs import FieldDescription, diff_descriptions
+from replay_service.specs import FieldDescription, describe_spec, diff_descriptions
+
+if TYPE_CHECKING:
+    from replay_service.config import TableConfig
 
 FORMAT = "replay_service.checkpoint_dir/1"
 STORE_FILE = "replay_service.json"
@@ -55,30 +58,77 @@ DEFAULT_KEEP = 3
 
 
 @dataclasses.dataclass(frozen=True)
+class TableSummary:
+    """What is recorded of a table served next to the primary one.
+
+    Attributes:
+      name: Table name.
+      sequence_length: Steps per item.
+      capacity: Maximum number of items.
+    """
+
+    name: str
+    sequence_length: int
+    capacity: int
+
+
+@dataclasses.dataclass(frozen=True)
 class StoreMetadata:
     """What a checkpoint directory holds, checked on every restore.
 
     Attributes:
-      table_name: Name of the Reverb table.
-      sequence_length: Steps per item.
-      capacity: Maximum number of items of the table that was checkpointed.
-      data_spec: Field descriptions from `specs.describe_spec`.
-      pad_end_of_episode: Whether items are padded `Masked` sequences (`sequences.py`).
+      table_name: Name of the primary Reverb table.
+      sequence_length: Steps per item of the primary table.
+      capacity: Maximum number of items of the primary table that was checkpointed.
+      data_spec: Field descriptions from `specs.describe_spec` (shared by every table).
+      extra_tables: The other tables of the same server, in order. Files written before
+        several tables were supported have no such field: they hold none.
+      pad_end_of_episode: Whether items are padded `Masked` sequences (`sequences.py`), for
+        every table.
     """
 
     table_name: str
     sequence_length: int
     capacity: int
     data_spec: list[FieldDescription]
+    extra_tables: tuple[TableSummary, ...] = ()
     pad_end_of_episode: bool = False
+
+    @classmethod
+    def for_tables(
+        cls, table: TableConfig, data_spec: Any, extra_tables: Sequence[TableConfig] = ()
+    ) -> StoreMetadata:
+        """The metadata of a server holding `table` (primary) and `extra_tables`.
+
+        Args:
+          table: The primary table.
+          data_spec: Per-step data spec of every table.
+          extra_tables: The other tables, in order.
+
+        Returns:
+          The metadata to record and compare on restore.
+        """
+        return cls(
+            table_name=table.name,
+            sequence_length=table.sequence_length,
+            capacity=table.capacity,
+            data_spec=describe_spec(data_spec),
+            extra_tables=tuple(
+                TableSummary(name=t.name, sequence_length=t.sequence_length, capacity=t.capacity)
+                for t in extra_tables
+            ),
+            pad_end_of_episode=table.pad_end_of_episode,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Returns the JSON form, tagged with the layout format."""
-        return {"format": FORMAT, **dataclasses.asdict(self)}
+        data = dataclasses.asdict(self)
+        data["extra_tables"] = [dataclasses.asdict(t) for t in self.extra_tables]
+        return {"format": FORMAT, **data}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str) -> StoreMetadata:
-        """Parses `to_json` output.
+        """Parses `to_json` output; a missing `extra_tables` field means no extra tables.
 
         Raises:
           CheckpointError: If the format tag or a field is missing or wrong.
@@ -92,6 +142,14 @@ class StoreMetadata:
                 sequence_length=int(data["sequence_length"]),
                 capacity=int(data["capacity"]),
                 data_spec=list(data["data_spec"]),
+                extra_tables=tuple(
+                    TableSummary(
+                        name=str(t["name"]),
+                        sequence_length=int(t["sequence_length"]),
+                        capacity=int(t["capacity"]),
+                    )
+                    for t in data.get("extra_tables", [])
+                ),
                 pad_end_of_episode=bool(data.get("pad_end_of_episode", False)),
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -102,6 +160,8 @@ class StoreMetadata:
 
         Capacity counts as a difference: Reverb restores the stored capacity and ignores the
         table it is given, so a restore with another capacity would silently keep the old one.
+        The extra tables must be the same set of names with the same capacity and sequence
+        length each.
         """
         problems = [
             f"{name}: requested {getattr(requested, name)!r}, stored {getattr(self, name)!r}"
@@ -113,10 +173,33 @@ class StoreMetadata:
                 f" (Reverb restores the stored capacity; use capacity={self.capacity}, or "
                 "export and import the buffer to resize it)"
             )
+        problems += _extra_table_differences(requested.extra_tables, self.extra_tables)
         problems += [
             f"data_spec {p}" for p in diff_descriptions(requested.data_spec, self.data_spec)
         ]
         return problems
+
+
+def _extra_table_differences(
+    requested: Sequence[TableSummary], stored: Sequence[TableSummary]
+) -> list[str]:
+    wanted = {t.name: t for t in requested}
+    found = {t.name: t for t in stored}
+    problems = []
+    if wanted.keys() != found.keys():
+        problems.append(
+            f"extra_tables: requested {sorted(wanted)}, stored {sorted(found)} (missing from the "
+            f"checkpoint: {sorted(wanted.keys() - found.keys())}; not requested: "
+            f"{sorted(found.keys() - wanted.keys())})"
+        )
+    for name in sorted(wanted.keys() & found.keys()):
+        for field in ("sequence_length", "capacity"):
+            want, have = getattr(wanted[name], field), getattr(found[name], field)
+            if want != have:
+                problems.append(
+                    f"extra table {name!r} {field}: requested {want!r}, stored {have!r}"
+                )
+    return problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -435,7 +518,7 @@ class CheckpointStore:
 
 
 def count_items(reverb_path: str) -> int | None:
-    """Counts the items stored in a (single-table) Reverb checkpoint, or None if unreadable.
+    """Counts the items stored in a Reverb checkpoint (all its tables), or None if unreadable.
 
     Reverb writes one ZLIB-compressed record per item to `items.tfrecord`; counting them is exact
     even when items were inserted while the checkpoint was taken.

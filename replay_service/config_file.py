@@ -14,6 +14,13 @@
     [table.sampling]              # see SamplingConfig
     sampler = "uniform"
 
+    [[extra_tables]]              # optional, repeatable: more tables on the same server,
+    name = "prioritized_table"    # same keys as [table]; one observer feeds them all
+    capacity = 50000
+    sequence_length = 2
+    [extra_tables.sampling]
+    sampler = "prioritized"
+
     [data_spec]                   # either an environment to take the spec from ...
     env = "building"              # "building" or a gym id such as "CartPole-v0"
     # ... or explicit fields (paths "a/b" nest):
@@ -35,6 +42,7 @@ from replay_service import specs
 from replay_service.checkpoints import DEFAULT_KEEP
 from replay_service.config import SamplingConfig, TableConfig
 from replay_service.errors import ConfigError, SpecMismatchError
+from replay_service.tables import check_extra_tables
 
 DEFAULT_PORT = 8000
 
@@ -119,20 +127,30 @@ class DataSpecConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ServiceConfig:
-    """A whole server: process settings, its table and the data spec of the table.
+    """A whole server: process settings, its tables and their data spec.
 
     Attributes:
       server: Process settings.
-      table: The table served.
-      data_spec: Where the table signature comes from.
+      table: The primary table (what clients address by default).
+      data_spec: Where the table signature comes from (shared by every table).
+      extra_tables: More tables on the same server, each with its own name.
     """
 
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     table: TableConfig = dataclasses.field(default_factory=TableConfig)
     data_spec: DataSpecConfig = dataclasses.field(default_factory=DataSpecConfig)
+    extra_tables: tuple[TableConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_extra_tables(self.table, self.extra_tables)
+
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """Every table, the primary one first."""
+        return (self.table, *self.extra_tables)
 
 
-_SECTIONS = {"server", "table", "data_spec"}
+_SECTIONS = {"server", "table", "data_spec", "extra_tables"}
 
 
 def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> ServiceConfig:
@@ -184,11 +202,11 @@ def _parse(data: dict[str, Any]) -> ServiceConfig:
     _reject_unknown("", data, _SECTIONS)
     server = _section(data, "server")
     _reject_unknown("server", server, _field_names(ServerConfig))
-    table = dict(_section(data, "table"))
-    sampling = _section(table, "sampling", prefix="table.")
-    table.pop("sampling", None)
-    _reject_unknown("table", table, _field_names(TableConfig) - {"sampling"})
-    _reject_unknown("table.sampling", sampling, _field_names(SamplingConfig))
+    extra = data.get("extra_tables", [])
+    if not isinstance(extra, list) or not all(isinstance(t, dict) for t in extra):
+        raise ConfigError(
+            f"extra_tables must be an array of tables ([[extra_tables]] sections), got {extra!r}"
+        )
     spec = dict(_section(data, "data_spec"))
     _reject_unknown("data_spec", spec, _field_names(DataSpecConfig))
     fields = spec.pop("fields", {})
@@ -199,9 +217,24 @@ def _parse(data: dict[str, Any]) -> ServiceConfig:
         spec["env"] = None
     return ServiceConfig(
         server=ServerConfig(**server),
-        table=TableConfig(**table, sampling=SamplingConfig(**sampling)),
+        table=_parse_table("table", _section(data, "table")),
         data_spec=DataSpecConfig(**spec, fields=parsed_fields),
+        extra_tables=tuple(
+            _parse_table(f"extra_tables[{i}]", table) for i, table in enumerate(extra)
+        ),
     )
+
+
+def _parse_table(where: str, data: dict[str, Any]) -> TableConfig:
+    table = dict(data)
+    sampling = _section(table, "sampling", prefix=f"{where}.")
+    table.pop("sampling", None)
+    _reject_unknown(where, table, _field_names(TableConfig) - {"sampling"})
+    _reject_unknown(f"{where}.sampling", sampling, _field_names(SamplingConfig))
+    try:
+        return TableConfig(**table, sampling=SamplingConfig(**sampling))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from e
 
 
 def _parse_field(path: str, value: Any) -> tuple[str, str, tuple[int, ...]]:

@@ -153,8 +153,10 @@ def export_buffer(
       CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
       CheckpointError: If the checkpoint cannot be taken, read or decoded, or the files cannot
         be written.
+      ConfigError: If the manager has extra tables.
       BufferStateError: If the manager has no buffer.
     """
+    _require_one_table(manager, "export")
     state_path, metadata_path = export_paths(dirpath, prefix)
     _check_target(os.fspath(dirpath), overwrite)
     signature = specs.table_signature(manager.stored_spec, manager.sequence_length)
@@ -172,6 +174,20 @@ def export_buffer(
     tensors[TIMES_SAMPLED] = items.times_sampled
     _write_files(state_path, metadata_path, tensors, metadata)
     return state_path, metadata_path
+
+
+def _require_one_table(manager: ReplayBufferManager, what: str) -> None:
+    """Refuses a manager with extra tables: an export holds one table.
+
+    Raises:
+      ConfigError: If `manager.tables` holds more than one table.
+    """
+    names = [t.name for t in manager.tables]
+    if len(names) > 1:
+        raise ConfigError(
+            f"{what} supports a buffer of one table; this manager has tables {names}. Use a "
+            "manager without extra_tables (checkpoints keep every table)"
+        )
 
 
 def import_buffer(
@@ -206,11 +222,13 @@ def import_buffer(
     Raises:
       CheckpointError: If a file is missing, corrupt or truncated (naming the file).
       SpecMismatchError: If the data spec or sequence length differ (naming every field).
-      ConfigError: If the items exceed the capacity without `drop_oldest`, or the table's
-        samples-per-insert rate limiter would block the inserts.
+      ConfigError: If the items exceed the capacity without `drop_oldest`, the table's
+        samples-per-insert rate limiter would block the inserts, or the manager has extra
+        tables.
       CheckpointExistsError, BufferStateError: As `create_replay_buffer`.
       WriteTimeoutError: If the server does not confirm the items within `Timeouts.write`.
     """
+    _require_one_table(manager, "import")
     state_path, metadata_path = export_paths(dirpath, prefix)
     metadata = read_metadata(metadata_path)
     _check_compatible(metadata, manager, metadata_path)

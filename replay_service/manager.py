@@ -1,14 +1,15 @@
 """`ReplayBufferManager`: owns the lifecycle of one replay buffer.
 
-It starts (or connects to) a Reverb server, hands out a TF-Agents replay buffer and a trajectory
-observer, and checkpoints and restores. Layout, validation and sampling live in their own modules;
-this class only puts them in order.
+It starts (or connects to) a Reverb server with one table (or several, `extra_tables`), hands out
+a TF-Agents replay buffer and a trajectory observer, and checkpoints and restores. Layout,
+validation and sampling live in their own modules; this class only puts them in order.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import reverb
@@ -19,7 +20,7 @@ from replay_service import priorities as priorities_lib
 from replay_service import rate_limit, sequences, specs
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore, StoreMetadata
 from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
-from replay_service.datasets import ReplayBuffer, sample_dataset
+from replay_service.datasets import ReplayBuffer, mixed_dataset, sample_dataset
 from replay_service.errors import (
     BufferStateError,
     CheckpointError,
@@ -37,7 +38,7 @@ from replay_service.server import (
     start_server,
     take_checkpoint,
 )
-from replay_service.tables import make_table
+from replay_service.tables import check_extra_tables, find_table, make_replay_tables
 from replay_service.writers import TransitionWriter
 
 if TYPE_CHECKING:
@@ -65,11 +66,17 @@ class ReplayBufferManager:
       timeouts: Bounds on every blocking call.
       keep_checkpoints: Complete checkpoints retained in `checkpoint_dir`.
       stride_length: The observer creates an item every `stride_length` steps.
+      extra_tables: More tables on the same server with the same data spec, each with its own
+        name, capacity, sequence length and sampling. Observers and transition writers feed
+        every table; the replay buffer, `num_frames()` and datasets address the primary table
+        unless given `table=`.
       pad_end_of_episode: Pad the end of every episode so that no step is left out of an item,
         and store a mask: items are `Masked(step, mask)` (see `replay_service.sequences`).
+        Extra tables must then be padded too, with the same sequence length.
 
     Raises:
-      ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode...).
+      ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
+        two tables with one name...).
       SpecMismatchError: If `data_spec` is not a nest of tensor specs.
     """
 
@@ -87,6 +94,7 @@ class ReplayBufferManager:
         timeouts: Timeouts | None = None,
         keep_checkpoints: int = DEFAULT_KEEP,
         stride_length: int = 1,
+        extra_tables: Sequence[TableConfig] = (),
         pad_end_of_episode: bool = False,
     ) -> None:
         self._table = TableConfig(
@@ -96,15 +104,10 @@ class ReplayBufferManager:
             sampling=sampling or SamplingConfig(),
             pad_end_of_episode=pad_end_of_episode,
         )
+        self._extra_tables = check_extra_tables(self._table, extra_tables)
         self._data_spec = data_spec
         self._stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
-        self._metadata = StoreMetadata(
-            table_name=table_name,
-            sequence_length=sequence_length,
-            capacity=capacity,
-            data_spec=specs.describe_spec(data_spec),
-            pad_end_of_episode=pad_end_of_episode,
-        )
+        self._metadata = StoreMetadata.for_tables(self._table, data_spec, self._extra_tables)
         if server_address is None and checkpoint_dir is None:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
         if server_address is not None and port is not None:
@@ -130,8 +133,13 @@ class ReplayBufferManager:
 
     @property
     def table_name(self) -> str:
-        """Name of the Reverb table."""
+        """Name of the primary Reverb table."""
         return self._table.name
+
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """Every table of the buffer: the primary one first, then `extra_tables`."""
+        return (self._table, *self._extra_tables)
 
     @property
     def sequence_length(self) -> int:
@@ -180,20 +188,23 @@ class ReplayBufferManager:
         self._require_no_buffer()
         if self._store is None:
             client = self._connect_remote()
-            size = self._table_info(client).current_size
-            if size and not overwrite:
-                raise CheckpointExistsError(
-                    f"table {self.table_name!r} on {self._remote_address!r} already holds {size} "
-                    "items; use load_replay_buffer() to keep them or overwrite=True to empty it"
-                )
-            client.reset(self.table_name)
+            for table in self.tables:
+                size = self._table_info(client, table.name).current_size
+                if size and not overwrite:
+                    raise CheckpointExistsError(
+                        f"table {table.name!r} on {self._remote_address!r} already holds {size} "
+                        "items; use load_replay_buffer() to keep them or overwrite=True to empty "
+                        "it"
+                    )
+            for table in self.tables:
+                client.reset(table.name)
             return self._hand_out(client)
         self._store.check_new(overwrite)
         self._store.lock()
         try:
             self._store.prepare_new(self._metadata, overwrite=overwrite)
             self._server = start_server(
-                [make_table(self._table, self._data_spec)], self._store, self._port
+                make_replay_tables(self.tables, self._data_spec), self._store, self._port
             )
         except BaseException:
             self._store.unlock()
@@ -204,8 +215,9 @@ class ReplayBufferManager:
     def load_replay_buffer(self) -> tuple[ReplayBuffer, Any]:
         """Restores the newest complete checkpoint (embedded) or attaches to the server's table.
 
-        The stored data spec, sequence length, table name and capacity must equal this
-        manager's; every differing field is named. Reverb restores the capacity stored in the
+        The stored data spec, sequence length, table name and capacity, and the extra tables
+        (names, capacities, sequence lengths), must equal this manager's; every differing field
+        is named. Reverb restores the capacity stored in the
         checkpoint, so a different `capacity` is refused rather than silently ignored.
 
         Returns:
@@ -227,7 +239,7 @@ class ReplayBufferManager:
             store.ensure_dirs()
             store.clean_staging(stored)
             self._server, latest = start_from_latest(
-                [make_table(self._table, self._data_spec)],
+                make_replay_tables(self.tables, self._data_spec),
                 store,
                 self._port,
                 check=lambda c: self._check_stored(c.metadata, c.path),
@@ -237,9 +249,9 @@ class ReplayBufferManager:
             raise
         client = self._server.localhost_client()
         _log.info(
-            "Loaded %d items of table %r from %s",
-            self._table_info(client).current_size,
-            self.table_name,
+            "Loaded %s items of tables %s from %s",
+            [self._table_info(client, t.name).current_size for t in self.tables],
+            [t.name for t in self.tables],
             latest.path,
         )
         return self._hand_out(client)
@@ -291,8 +303,9 @@ class ReplayBufferManager:
         *,
         num_parallel_calls: int = 3,
         prefetch: int = 3,
+        table: str | None = None,
     ) -> tf.data.Dataset:
-        """Returns a tf.data dataset of `(trajectory, sample_info)` batches.
+        """Returns a tf.data dataset of `(trajectory, sample_info)` batches of one table.
 
         The same batches as `replay_buffer.as_dataset(batch_size, num_steps).prefetch(3)`, from a
         tuned pipeline (see `datasets.sample_dataset`) when `num_steps` is None or
@@ -305,51 +318,105 @@ class ReplayBufferManager:
           num_steps: Steps per sampled sequence; None or `sequence_length` returns whole items.
           num_parallel_calls: Parallel unpacking in TF-Agents' pipeline (other `num_steps`).
           prefetch: Batches prefetched.
+          table: Table to sample; None is the primary table.
 
         Raises:
-          ConfigError: If a size is not a positive integer.
+          ConfigError: If a size is not a positive integer or `table` is unknown.
         """
         replay_buffer = self._require_buffer()
+        config = find_table(self.tables, table)
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if num_steps not in (None, self.sequence_length):
+        if num_steps not in (None, config.sequence_length):
             # Splitting items into shorter sequences: TF-Agents' pipeline does that.
+            if config is not self._table:
+                replay_buffer = ReplayBuffer(
+                    self._stored_spec,
+                    config.name,
+                    config.sequence_length,
+                    sample_timeout=self._timeouts.sample,
+                    server_address=self.server_address,
+                )
             dataset = replay_buffer.as_dataset(
                 sample_batch_size=batch_size,
                 num_steps=num_steps,
                 num_parallel_calls=min(num_parallel_calls, batch_size),
             )
         else:
-            ordered = self._table.sampling.sampler in ("fifo", "lifo", "max_heap", "min_heap")
+            ordered = config.sampling.sampler in ("fifo", "lifo", "max_heap", "min_heap")
             dataset = sample_dataset(
                 self._require_client().server_address,
-                self.table_name,
+                config.name,
                 self._stored_spec,
-                self.sequence_length,
+                config.sequence_length,
                 batch_size,
                 sample_timeout=self._timeouts.sample,
                 num_workers=1 if ordered else 2,
             )
         return dataset.prefetch(prefetch)
 
-    def num_frames(self) -> int:
-        """Returns the number of items in the table.
+    def mixed_dataset(
+        self,
+        batch_size: int,
+        weights: Mapping[str, float],
+        *,
+        seed: int | None = None,
+        prefetch: int = 3,
+    ) -> tf.data.Dataset:
+        """Returns `(trajectory, sample_info)` batches mixing several tables of this buffer.
+
+        Each item comes from table `name` with probability `weights[name] / sum(weights)`,
+        sampled by that table's own sampler (see `datasets.mixed_dataset`). Item keys are
+        unique across tables, so `update_priorities(info.key, p, table=name)` with all the keys
+        of a mixed batch updates the items of `name` and ignores the others.
+
+        Args:
+          batch_size: Items per batch.
+          weights: Table name -> weight; finite, >= 0, with a positive sum. The tables must
+            have one sequence length.
+          seed: Seed of the choice of tables; None draws one.
+          prefetch: Batches prefetched.
+
+        Raises:
+          ConfigError: If a weight, name, size or the sequence lengths are invalid.
+        """
+        client = self._require_client()
+        if not isinstance(prefetch, int) or prefetch < 1:
+            raise ConfigError(f"prefetch must be a positive integer, got {prefetch!r}")
+        dataset = mixed_dataset(
+            client.server_address,
+            self.tables,
+            weights,
+            self._stored_spec,
+            batch_size,
+            sample_timeout=self._timeouts.sample,
+            seed=seed,
+        )
+        return dataset.prefetch(prefetch)
+
+    def num_frames(self, *, table: str | None = None) -> int:
+        """Returns the number of items in a table (the primary one by default).
 
         An item is one window of `sequence_length` consecutive steps (with the default stride of
         1, an episode of T steps gives T - sequence_length + 1 items), not one environment step.
+
+        Raises:
+          ConfigError: If `table` is not one of this buffer's tables.
         """
-        return int(self._table_info(self._require_client()).current_size)
+        name = find_table(self.tables, table).name
+        return int(self._table_info(self._require_client(), name).current_size)
 
     def clear(self) -> None:
-        """Empties the table in place; every object handed out stays valid.
+        """Empties every table in place; every object handed out stays valid.
 
-        Embedded mode then takes a checkpoint of the empty table, so a later
+        Embedded mode then takes a checkpoint of the empty tables, so a later
         `load_replay_buffer()` does not bring the old items back (older checkpoints are kept
         until retention removes them).
         """
         client = self._require_client()
-        client.reset(self.table_name)
+        for table in self.tables:
+            client.reset(table.name)
         if self._store is not None:
             self.checkpoint()
 
@@ -374,7 +441,9 @@ class ReplayBufferManager:
         _log.info("Checkpointed %s items to %s", saved.info["num_items"], saved.path)
         return saved.path
 
-    def train_schedule(self, batch_size: int) -> rate_limit.TrainSchedule:
+    def train_schedule(
+        self, batch_size: int, *, table: str | None = None
+    ) -> rate_limit.TrainSchedule:
         """Returns a `TrainSchedule`: when a single-threaded collect/train loop may train.
 
         With a `samples_per_insert` rate limiter, a loop that collects and trains in one thread
@@ -384,18 +453,20 @@ class ReplayBufferManager:
 
         Args:
           batch_size: Items sampled per training step.
+          table: The table sampled from; None: the primary table.
 
         Raises:
           ConfigError: If the table's error buffer is too small for such a loop (the message
-            names the error buffer needed).
+            names the error buffer needed), or `table` is unknown.
           BufferStateError: If no buffer was created or loaded.
         """
         client = self._require_client()
+        name = find_table(self.tables, table).name
         return rate_limit.TrainSchedule(
-            lambda: rate_limit.LimiterState.from_info(self._table_info(client)),
+            lambda: rate_limit.LimiterState.from_info(self._table_info(client, name)),
             self._flush_writers,
             batch_size,
-            table_name=self.table_name,
+            table_name=name,
         )
 
     # ---------------------------------------------------------------------------- helpers
@@ -421,6 +492,9 @@ class ReplayBufferManager:
         )
         return self._replay_buffer, self._new_observer()
 
+    def _extra_windows(self) -> list[tuple[str, int]]:
+        return [(t.name, t.sequence_length) for t in self._extra_tables]
+
     def _new_observer(self) -> TrajectoryObserver:
         observer = TrajectoryObserver(
             self._require_client(),
@@ -429,6 +503,7 @@ class ReplayBufferManager:
             self._data_spec,
             stride_length=self._stride_length,
             timeouts=self._timeouts,
+            extra_tables=self._extra_windows(),
             pad_end_of_episode=self._table.pad_end_of_episode,
         )
         self._observers.append(observer)
@@ -438,34 +513,36 @@ class ReplayBufferManager:
         assert self._remote_address is not None
         return connect(self._remote_address, self._timeouts.connect)
 
-    def _table_info(self, client: reverb.Client) -> Any:
+    def _table_info(self, client: reverb.Client, name: str | None = None) -> Any:
+        name = name or self.table_name
         infos = server_info(client, self._timeouts.connect)
-        if self.table_name not in infos:
+        if name not in infos:
             raise SpecMismatchError(
-                f"server at {client.server_address!r} has no table {self.table_name!r}; "
+                f"server at {client.server_address!r} has no table {name!r}; "
                 f"its tables are {sorted(infos)}"
             )
-        return infos[self.table_name]
+        return infos[name]
 
     def _check_server_table(self, client: reverb.Client) -> None:
-        info = self._table_info(client)
-        expected = specs.describe_spec(
-            specs.table_signature(self._stored_spec, self.sequence_length)
-        )
-        if info.signature is None:
-            raise SpecMismatchError(
-                f"table {self.table_name!r} at {client.server_address!r} has no signature; "
-                "replay_service needs one to check data and build datasets"
+        for table in self.tables:
+            info = self._table_info(client, table.name)
+            signature = specs.table_signature(self._stored_spec, table.sequence_length)
+            if info.signature is None:
+                raise SpecMismatchError(
+                    f"table {table.name!r} at {client.server_address!r} has no signature; "
+                    "replay_service needs one to check data and build datasets"
+                )
+            problems = specs.diff_descriptions(
+                specs.describe_spec(signature), specs.describe_spec(info.signature)
             )
-        problems = specs.diff_descriptions(expected, specs.describe_spec(info.signature))
-        if info.max_size != self._table.capacity:
-            problems.append(f"capacity: requested {self._table.capacity}, found {info.max_size}")
-        if problems:
-            raise SpecMismatchError(
-                f"table {self.table_name!r} at {client.server_address!r} does not match this "
-                "manager (the leading dimension of each field is sequence_length): "
-                + "; ".join(problems)
-            )
+            if info.max_size != table.capacity:
+                problems.append(f"capacity: requested {table.capacity}, found {info.max_size}")
+            if problems:
+                raise SpecMismatchError(
+                    f"table {table.name!r} at {client.server_address!r} does not match this "
+                    "manager (the leading dimension of each field is sequence_length): "
+                    + "; ".join(problems)
+                )
 
     def _check_stored(self, stored: StoreMetadata, path: str) -> None:
         problems = stored.differences(self._metadata)
@@ -505,6 +582,7 @@ class ReplayBufferManager:
         priorities: Any,
         *,
         tracker: priorities_lib.MaxPriorityTracker | None = None,
+        table: str | None = None,
     ) -> dict[int, float]:
         """Sets the priorities of sampled items (prioritized tables), e.g. to |TD error|.
 
@@ -512,17 +590,21 @@ class ReplayBufferManager:
           keys: Item keys from sampled info (numpy, tf or torch; `[B]` or `[B, T]`).
           priorities: New priorities, finite and >= 0, same leading shape.
           tracker: Optional `MaxPriorityTracker` to record the largest priority.
+          table: Table whose items to update; None is the primary table. Keys of other tables
+            (e.g. from a `mixed_dataset` batch) are ignored like evicted ones.
 
         Returns:
           The updates sent, key -> priority; keys of evicted items are ignored by the server.
 
         Raises:
-          ConfigError: If a priority is NaN, infinite or negative (named with its key).
+          ConfigError: If a priority is NaN, infinite or negative (named with its key), or
+            `table` is unknown.
           SpecMismatchError: If keys and priorities do not match in shape.
         """
+        name = find_table(self.tables, table).name
         return priorities_lib.update_priorities(
             self._require_client(),
-            self.table_name,
+            name,
             keys,
             priorities,
             timeout=self._timeouts.connect,
@@ -544,7 +626,7 @@ class ReplayBufferManager:
 
     @property
     def table_config(self) -> TableConfig:
-        """Name, capacity, sequence length and sampling of the table this manager asks for."""
+        """Name, capacity, sequence length and sampling of the primary table."""
         return self._table
 
     @property
@@ -561,21 +643,23 @@ class ReplayBufferManager:
         prefetch: int = 2,
         transitions: bool = False,
         with_info: bool = False,
+        table: str | None = None,
     ) -> TorchBatchStream:
         """Returns an endless iterator of torch batches sampled from this buffer.
 
         See `replay_service.torch_sampling.TorchBatchStream` (options) and `TransitionBatch`
         (`transitions=True`: states, actions, rewards, next_states, dones, truncated, hiddens).
+        `table` picks the table to sample (None: the primary one).
 
         Raises:
           BufferStateError: If no buffer was created or loaded; when iterating, if nothing can
             be sampled within `Timeouts.sample`.
-          ConfigError: If an option is invalid.
+          ConfigError: If an option is invalid or `table` is unknown.
         """
         from replay_service import torch_sampling
 
         return torch_sampling.TorchBatchStream(
-            torch_sampling.SampleSource.from_manager(self),
+            torch_sampling.SampleSource.from_manager(self, table),
             batch_size,
             device=device,
             pin_memory=pin_memory,
@@ -585,21 +669,27 @@ class ReplayBufferManager:
         )
 
     def torch_dataset(
-        self, batch_size: int, *, transitions: bool = False, with_info: bool = False
+        self,
+        batch_size: int,
+        *,
+        transitions: bool = False,
+        with_info: bool = False,
+        table: str | None = None,
     ) -> TorchReplayDataset:
         """Returns a `torch.utils.data.IterableDataset` of batches sampled from this buffer.
 
         Use `dataset.data_loader(num_workers=N)`, or a `DataLoader(dataset, batch_size=None,
         num_workers=N, multiprocessing_context="forkserver")`; see `TorchReplayDataset`.
+        `table` picks the table to sample (None: the primary one).
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
-          ConfigError: If an option is invalid.
+          ConfigError: If an option is invalid or `table` is unknown.
         """
         from replay_service import torch_sampling
 
         return torch_sampling.TorchReplayDataset(
-            torch_sampling.SampleSource.from_manager(self),
+            torch_sampling.SampleSource.from_manager(self, table),
             batch_size,
             transitions=transitions,
             with_info=with_info,
@@ -610,8 +700,8 @@ class ReplayBufferManager:
     ) -> TransitionWriter:
         """Returns a writer of `(state, action, reward, next_state, done, truncated)` transitions.
 
-        It writes the same items as the observer (see `replay_service.writers`); `checkpoint()`
-        flushes it and `close()` closes it.
+        It writes the same items as the observer, into every table (see
+        `replay_service.writers`); `checkpoint()` flushes it and `close()` closes it.
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
@@ -625,6 +715,7 @@ class ReplayBufferManager:
             priority=priority,
             timeouts=self._timeouts,
             check_continuity=check_continuity,
+            extra_tables=self._extra_windows(),
             pad_end_of_episode=self._table.pad_end_of_episode,
         )
         self._observers.append(writer)  # type: ignore[arg-type]
@@ -645,6 +736,7 @@ class ReplayBufferManager:
           `(state_path, metadata_path)`.
 
         Raises:
+          ConfigError: If the buffer has extra tables (export supports one table).
           CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
           CheckpointError: If the checkpoint cannot be taken or read.
         """
@@ -669,7 +761,8 @@ class ReplayBufferManager:
         Raises:
           CheckpointError: If a file is missing, corrupt or truncated.
           SpecMismatchError: If the data spec or sequence length differ.
-          ConfigError: If the items do not fit and `drop_oldest` is False.
+          ConfigError: If the items do not fit and `drop_oldest` is False, or this manager has
+            extra tables (import supports one table).
           CheckpointExistsError, BufferStateError: As `create_replay_buffer`.
         """
         return export_lib.import_buffer(

@@ -14,6 +14,7 @@ calls `create_item` in Python for every step.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import Any
 
 import reverb
@@ -61,22 +62,26 @@ def window_config(
     )
 
 
-def item_config(
+def window_configs(
     data_spec: Any,
     table_name: str,
     sequence_length: int,
     stride_length: int,
     priority: float,
-    pad_end_of_episode: bool,
-) -> Any:
-    """The `StructuredWriter` config of a table: `window_config`, or `padded_window_config`
-    for a padded table."""
+    extra_tables: Sequence[tuple[str, int]] = (),
+    pad_end_of_episode: bool = False,
+) -> list[Any]:
+    """One `StructuredWriter` config per table: `table_name` first, then each
+    `(name, sequence_length)` of `extra_tables`. A single `StructuredWriter` given this list
+    feeds every table with the windows of the same steps, each table with its own window
+    length; padded tables (`padded_window_config`) store `Masked` steps."""
     make = padded_window_config if pad_end_of_episode else window_config
-    return make(data_spec, table_name, sequence_length, stride_length, priority)
+    tables = [(table_name, sequence_length), *extra_tables]
+    return [make(data_spec, name, length, stride_length, priority) for name, length in tables]
 
 
 class TrajectoryObserver:
-    """Writes overlapping windows of unbatched TF-Agents trajectories to one table.
+    """Writes overlapping windows of unbatched TF-Agents trajectories to one or more tables.
 
     Pass it in `observers=[...]` of `tf_agents.train.actor.Actor` or a `PyDriver`.
 
@@ -88,8 +93,10 @@ class TrajectoryObserver:
       stride_length: A new item every `stride_length` steps (1: every window).
       priority: Initial priority of new items.
       timeouts: `timeouts.write` bounds every wait for the server.
+      extra_tables: `(name, sequence_length)` of further tables on the same server that get
+        the windows of the same steps (see `window_configs`).
       pad_end_of_episode: Write `Masked(step, mask)` steps and pad each episode's end (the
-        table must be padded too; see `replay_service.sequences`).
+        tables must be padded too, with one sequence length; see `replay_service.sequences`).
 
     Raises:
       ValueError: If `sequence_length` or `stride_length` < 1.
@@ -105,6 +112,7 @@ class TrajectoryObserver:
         stride_length: int = 1,
         priority: float = 1.0,
         timeouts: Timeouts | None = None,
+        extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
     ) -> None:
         if sequence_length < 1 or stride_length < 1:
@@ -119,12 +127,13 @@ class TrajectoryObserver:
         self._priority = float(priority)
         self._data_spec = data_spec
         self._timeout_ms = to_ms((timeouts or Timeouts()).write)
-        self._config = item_config(
+        self._configs = window_configs(
             data_spec,
             table_name,
             sequence_length,
             stride_length,
             self._priority,
+            extra_tables,
             pad_end_of_episode,
         )
         self._pad = pad_end_of_episode
@@ -216,7 +225,7 @@ class TrajectoryObserver:
         self.close()
 
     def _open(self) -> Any:
-        self._writer = self._client.structured_writer([self._config])
+        self._writer = self._client.structured_writer(self._configs)
         return self._writer
 
     def _end_episode(self) -> None:

@@ -68,11 +68,12 @@ def _serve() -> int:
     server.start(restore=restore, overwrite=_OVERWRITE.value)
     restored = server.restored_from
     logging.warning(
-        "replay-server: table %r (capacity %d, sequence_length %d) listening on port %d (all "
-        "interfaces, no authentication); checkpoints in %s; %s",
-        config.table.name,
-        config.table.capacity,
-        config.table.sequence_length,
+        "replay-server: %s listening on port %d (all interfaces, no authentication); "
+        "checkpoints in %s; %s",
+        ", ".join(
+            f"table {t.name!r} (capacity {t.capacity}, sequence_length {t.sequence_length})"
+            for t in config.tables
+        ),
         server.port,
         config.server.checkpoint_dir,
         f"restored {restored.path}" if restored else "started empty",

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import reverb
 
-from replay_service import specs
 from replay_service.checkpoints import Checkpoint, CheckpointStore, StoreMetadata
 from replay_service.config import TableConfig
 from replay_service.config_file import ServiceConfig
 from replay_service.errors import CheckpointError, SpecMismatchError
 from replay_service.server import start_from_latest, start_server, take_checkpoint
-from replay_service.tables import make_table
+from replay_service.tables import make_replay_tables
 
 _log = logging.getLogger(__name__)
 
@@ -22,22 +22,18 @@ _log = logging.getLogger(__name__)
 ADOPT_POLL_S = 1.0
 
 
-def table_metadata(table: TableConfig, data_spec: Any) -> StoreMetadata:
-    """The metadata recorded for `table` holding `data_spec` steps."""
-    return StoreMetadata(
-        table_name=table.name,
-        sequence_length=table.sequence_length,
-        capacity=table.capacity,
-        data_spec=specs.describe_spec(data_spec),
-        pad_end_of_episode=table.pad_end_of_episode,
-    )
+def table_metadata(
+    table: TableConfig, data_spec: Any, extra_tables: Sequence[TableConfig] = ()
+) -> StoreMetadata:
+    """The metadata recorded for `table` (and `extra_tables`) holding `data_spec` steps."""
+    return StoreMetadata.for_tables(table, data_spec, extra_tables)
 
 
 class ReplayServer:
     """Owns one Reverb server, its checkpoint directory and its checkpoint schedule.
 
     Args:
-      config: Server, table and data-spec configuration.
+      config: Server, tables (the primary one and any extra ones) and data-spec configuration.
       checkpoint_timeout: Seconds a checkpoint may take.
 
     Raises:
@@ -47,7 +43,7 @@ class ReplayServer:
     def __init__(self, config: ServiceConfig, checkpoint_timeout: float | None = 600.0) -> None:
         self._config = config
         self._data_spec = config.data_spec.build()
-        self._metadata = table_metadata(config.table, self._data_spec)
+        self._metadata = table_metadata(config.table, self._data_spec, config.extra_tables)
         self._store = CheckpointStore(
             config.server.checkpoint_dir, keep=config.server.keep_checkpoints
         )
@@ -81,7 +77,9 @@ class ReplayServer:
           PortInUseError: If the port is taken.
         """
         store = self._store
-        table = make_table(self._config.table, self._data_spec)
+        tables = make_replay_tables(
+            [self._config.table, *self._config.extra_tables], self._data_spec
+        )
         port = self._config.server.port
         if restore:
             self._check_store(store.read_metadata(), store.store_file)
@@ -93,11 +91,11 @@ class ReplayServer:
                 store.ensure_dirs()
                 store.clean_staging(store.read_metadata())
                 self._server, self.restored_from = start_from_latest(
-                    [table], store, port, check=lambda c: self._check_store(c.metadata, c.path)
+                    tables, store, port, check=lambda c: self._check_store(c.metadata, c.path)
                 )
             else:
                 store.prepare_new(self._metadata, overwrite=overwrite)
-                self._server = start_server([table], store, port)
+                self._server = start_server(tables, store, port)
         except BaseException:
             store.unlock()
             raise

@@ -1,12 +1,14 @@
-"""Pure factories from `TableConfig` to Reverb tables (no server, no I/O)."""
+"""Pure factories from `TableConfig` to Reverb tables, and checks of a set of tables (no I/O)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import reverb
 
 from replay_service.config import SamplingConfig, TableConfig
+from replay_service.errors import ConfigError
 from replay_service.sequences import stored_spec
 from replay_service.specs import table_signature
 
@@ -61,7 +63,7 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
     )
 
 
-def make_replay_tables(configs: list[TableConfig], data_spec: Any) -> list[reverb.Table]:
+def make_replay_tables(configs: Sequence[TableConfig], data_spec: Any) -> list[reverb.Table]:
     """Builds one table per config; names must be unique.
 
     Raises:
@@ -72,3 +74,65 @@ def make_replay_tables(configs: list[TableConfig], data_spec: Any) -> list[rever
     if duplicates:
         raise ValueError(f"table names must be unique, got duplicates {duplicates}")
     return [make_table(c, data_spec) for c in configs]
+
+
+def check_extra_tables(primary: TableConfig, extra: Sequence[Any]) -> tuple[TableConfig, ...]:
+    """Validates the tables served next to `primary` on the same server.
+
+    Args:
+      primary: The manager's (or server's) main table.
+      extra: Further tables; each a `TableConfig` with a name of its own.
+
+    Returns:
+      `extra` as a tuple.
+
+    Raises:
+      ConfigError: If `extra` is not a sequence, an entry is not a `TableConfig`, two tables
+        (the primary included) share a name, or their padding differs (padded tables must also
+        share one sequence length).
+    """
+    if isinstance(extra, str | bytes | TableConfig) or not isinstance(extra, Sequence):
+        raise ConfigError(f"extra_tables must be a sequence of TableConfig, got {extra!r}")
+    for index, config in enumerate(extra):
+        if not isinstance(config, TableConfig):
+            raise ConfigError(
+                f"extra_tables[{index}] must be a TableConfig, got {type(config).__name__} "
+                f"{config!r}"
+            )
+    names = [primary.name, *(c.name for c in extra)]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(
+            f"table names must be unique on one server, got duplicates {duplicates} "
+            f"(tables: {names})"
+        )
+    for config in extra:
+        if config.pad_end_of_episode != primary.pad_end_of_episode:
+            raise ConfigError(
+                f"table {config.name!r} has pad_end_of_episode={config.pad_end_of_episode}, the "
+                f"primary table {primary.name!r} {primary.pad_end_of_episode}: one writer feeds "
+                "every table, so they must all be padded or none"
+            )
+        if config.pad_end_of_episode and config.sequence_length != primary.sequence_length:
+            raise ConfigError(
+                f"padded table {config.name!r} has sequence_length {config.sequence_length}, "
+                f"the primary table {primary.name!r} {primary.sequence_length}: padded tables "
+                "on one server must share one sequence length (the padding is written once)"
+            )
+    return tuple(extra)
+
+
+def find_table(tables: Sequence[TableConfig], name: str | None) -> TableConfig:
+    """Returns the table called `name`; None means the first (primary) one.
+
+    Raises:
+      ConfigError: If no table has that name (the message lists the tables).
+    """
+    if name is None:
+        return tables[0]
+    for config in tables:
+        if config.name == name:
+            return config
+    raise ConfigError(
+        f"unknown table {name!r}; this buffer's tables are {[t.name for t in tables]}"
+    )

@@ -47,6 +47,7 @@ from replay_service.errors import (
 )
 from replay_service.sequences import Masked
 from replay_service.specs import table_signature
+from replay_service.tables import find_table
 
 if TYPE_CHECKING:
     from replay_service.manager import ReplayBufferManager
@@ -90,20 +91,26 @@ class SampleSource:
     ordered: bool = False
 
     @classmethod
-    def from_manager(cls, manager: ReplayBufferManager) -> SampleSource:
-        """Describes the table of a manager that created or loaded a buffer (embedded or remote).
+    def from_manager(cls, manager: ReplayBufferManager, table: str | None = None) -> SampleSource:
+        """Describes a table of a manager that created or loaded a buffer (embedded or remote).
+
+        Args:
+          manager: The manager.
+          table: One of its tables; None is the primary table.
 
         Raises:
           BufferStateError: If the manager has no buffer yet.
           ManagerClosedError: If it is closed.
+          ConfigError: If `table` is not one of the manager's tables.
         """
+        config = find_table(manager.tables, table)
         return cls(
             server_address=manager.server_address,
-            table_name=manager.table_name,
-            signature=table_signature(manager.stored_spec, manager.sequence_length),
-            sequence_length=manager.sequence_length,
+            table_name=config.name,
+            signature=table_signature(manager.stored_spec, config.sequence_length),
+            sequence_length=config.sequence_length,
             sample_timeout=manager.timeouts.sample,
-            ordered=manager.table_config.sampling.sampler in ORDERED_SAMPLERS,
+            ordered=config.sampling.sampler in ORDERED_SAMPLERS,
         )
 
     def tf_dataset(self, batch_size: int, *, num_workers: int | None = None) -> tf.data.Dataset:

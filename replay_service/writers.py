@@ -16,8 +16,8 @@ After the transition that ends an episode comes the boundary step TF-Agents writ
 LAST with the episode's final observation, zero action and policy info, `next_step_type` FIRST,
 reward 0 and discount 1; the episode then ends, so no window spans two episodes. An episode of
 T transitions is T + 1 steps and gives T - sequence_length + 2 items (stride 1). Items are made
-by the observer's own `StructuredWriter` config (`observers.window_config`), one Reverb writer
-per environment.
+by the observer's own `StructuredWriter` configs (`observers.window_configs`: one per table),
+one Reverb writer per environment.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from replay_service.config import Timeouts, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
-from replay_service.observers import MAX_IN_FLIGHT_ITEMS, abandon_writer, item_config
+from replay_service.observers import MAX_IN_FLIGHT_ITEMS, abandon_writer, window_configs
 from replay_service.sequences import padding_needed, padding_step
 from replay_service.specs import flatten_with_paths, normalize_spec
 
@@ -81,8 +81,10 @@ class TransitionWriter:
       timeouts: `timeouts.write` bounds every wait for the server.
       check_continuity: Refuse a transition whose state is not the previous transition's
         `next_state` (as expected within an episode, and after an auto-reset).
+      extra_tables: `(name, sequence_length)` of further tables on the same server that get
+        the windows of the same steps (see `observers.window_configs`).
       pad_end_of_episode: Write `Masked(step, mask)` steps and pad the end of each env's
-        episodes (the table must be padded too; see `replay_service.sequences`).
+        episodes (the tables must be padded too; see `replay_service.sequences`).
 
     Raises:
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
@@ -100,6 +102,7 @@ class TransitionWriter:
         priority: float = 1.0,
         timeouts: Timeouts | None = None,
         check_continuity: bool = True,
+        extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
     ) -> None:
         if sequence_length < 1 or stride_length < 1:
@@ -121,12 +124,13 @@ class TransitionWriter:
         self._timeout_ms = to_ms((timeouts or Timeouts()).write)
         self._check_continuity = check_continuity
         self._spec = spec
-        self._config = item_config(
+        self._configs = window_configs(
             data_spec,
             table_name,
             sequence_length,
             stride_length,
             self._priority,
+            extra_tables,
             pad_end_of_episode,
         )
         # A padded table stores Masked(step, mask): flat, the step's leaves then the mask.
@@ -389,7 +393,7 @@ class TransitionWriter:
     def _append(self, index: int, step: Any) -> None:
         writer = self._writers[index]
         if writer is None:
-            writer = self._client.structured_writer([self._config])
+            writer = self._client.structured_writer(self._configs)
             self._writers[index] = writer
         writer.append(step)
         self._steps[index] += 1

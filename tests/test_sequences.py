@@ -267,3 +267,29 @@ def test_a_toml_table_can_be_padded(tmp_path):
     path.write_text("[table]\npad_end_of_episode = 1\n")
     with pytest.raises(ConfigError, match="pad_end_of_episode must be True or False, got 1"):
         load_config(path)
+
+
+def test_padded_extra_tables_share_padding_and_length(make_manager, data_spec):
+    from replay_service import TableConfig
+
+    with pytest.raises(ConfigError, match="must all be padded or none"):
+        make_manager(sequence_length=3, pad_end_of_episode=True, extra_tables=[TableConfig("b")])
+    with pytest.raises(ConfigError, match="must share one sequence length"):
+        make_manager(
+            sequence_length=3,
+            pad_end_of_episode=True,
+            extra_tables=[TableConfig("b", sequence_length=4, pad_end_of_episode=True)],
+        )
+    extra = TableConfig("b", capacity=500, sequence_length=3, pad_end_of_episode=True)
+    manager = make_manager(
+        sequence_length=3, stride_length=2, pad_end_of_episode=True, extra_tables=[extra]
+    )
+    _, observer = manager.create_replay_buffer()
+    lengths = {(0, e): n for e, n in enumerate([2, 6])}
+    for (_, episode_id), n in lengths.items():
+        for step in episode(data_spec, episode_id, n):
+            observer(step)
+    observer.flush()
+    expected = expected_items(lengths, 3, 2)
+    assert manager.num_frames(table="b") == len(expected) == manager.num_frames()
+    assert canonical(stored_items(manager, len(expected))) == canonical(expected)
