@@ -34,7 +34,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from replay_service.config import Timeouts, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
-from replay_service.observers import MAX_IN_FLIGHT_ITEMS, abandon_writer, window_config
+from replay_service.observers import FLUSH_DOWN_TO, FLUSH_EVERY, abandon_writer, window_config
 from replay_service.specs import flatten_with_paths, normalize_spec
 
 FIRST = int(ts.StepType.FIRST)
@@ -560,8 +560,8 @@ class TransitionWriter:
         writer.append(step)
         self._steps[index] += 1
         since_flush = self._since_flush[index] + 1
-        if since_flush >= MAX_IN_FLIGHT_ITEMS:
-            self._wait(lambda: writer.flush(MAX_IN_FLIGHT_ITEMS // 2, timeout_ms=self._timeout_ms))
+        if since_flush >= FLUSH_EVERY:
+            self._wait(lambda: writer.flush(FLUSH_DOWN_TO, timeout_ms=self._timeout_ms))
             since_flush = 0
         self._since_flush[index] = since_flush
 
