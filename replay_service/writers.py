@@ -345,7 +345,7 @@ class TransitionWriter:
             hiddens = []
         else:
             return False
-        if not plan.reward.all_finite(rewards):
+        if not plan.reward.all_finite(rewards, batched=False):
             return False
         terminated = _fast_flag(done)
         cut = _fast_flag(truncated)
@@ -424,7 +424,7 @@ class TransitionWriter:
             hidden_leaves = []
         else:
             return False
-        if not plan.reward.all_finite(reward_leaves):
+        if not plan.reward.all_finite(reward_leaves, batched=True):
             return False
         terminated = _fast_flags(dones, size)
         cut = terminated if truncated is None else _fast_flags(truncated, size)
@@ -660,13 +660,23 @@ class _Part:
             out.append(array)
         return out
 
-    def all_finite(self, arrays: list[Any]) -> bool:
-        """Whether no value of these (converted) leaves is NaN or infinite."""
+    def all_finite(self, arrays: list[Any], batched: bool) -> bool:
+        """Whether no value of these (converted) leaves is NaN or infinite.
+
+        Args:
+          arrays: What `convert` returned.
+          batched: Whether they have a batch dimension.
+
+        Returns:
+          True if every value is finite (or not a floating point one).
+        """
         for leaf, array in zip(self.leaves, arrays, strict=True):
-            if leaf.finite_scalar and np.ndim(array) == 0:
+            if not leaf.inexact:
+                continue
+            if leaf.finite_scalar and not batched:
                 if not math.isfinite(array):
                     return False
-            elif leaf.inexact and not np.isfinite(array).all():
+            elif not np.isfinite(array).all():
                 return False
         return True
 
