@@ -70,9 +70,10 @@ class TransitionWriter:
     When both are True the transition terminated. Each call is validated completely before
     anything is written: a refused call changes nothing.
 
-    Every call after the first takes a fast path when its values have exactly the dtypes and
-    shapes of the first call's (or ones cast within a kind); any other value goes through the
-    full validation, which names the argument and field that is wrong.
+    After the first call, values that already have the spec's shapes and dtypes (or dtypes
+    cast within a kind), and flags that are booleans, take a fast path with the same checks;
+    any other value goes through the full validation, which converts it or names the argument
+    and field that is wrong.
 
     Args:
       client: Client of the server holding the table.
@@ -442,8 +443,6 @@ class TransitionWriter:
             )
         ):
             return False
-        if final_leaves is None:
-            final_leaves = [np.zeros_like(leaf) for leaf in next_leaves]
         ended_rows = ended.tolist()
         terminal_rows = terminated.tolist()
         first, mid, next_mid, next_last = plan.first, plan.mid, plan.next_mid, plan.next_last
@@ -459,9 +458,12 @@ class TransitionWriter:
         for index, step in enumerate(zip(*columns, strict=True)):
             self._append(index, step)
             if ended_rows[index]:
-                self._append(
-                    index, [plan.last, *[leaf[index] for leaf in final_leaves], *plan.boundary_tail]
+                final = (
+                    plan.unknown_final
+                    if final_leaves is None
+                    else [leaf[index] for leaf in final_leaves]
                 )
+                self._append(index, [plan.last, *final, *plan.boundary_tail])
                 self._end_episode(index)
         if self._check_continuity:
             self._expected = [a.tobytes() for a in next_leaves]
@@ -688,6 +690,9 @@ class _Part:
 class _Plan:
     """A Trajectory spec flattened once: its fields' leaves and the constant step values.
 
+    A step is written as a flat list in `tree.flatten(spec)` order (Trajectory field order),
+    which is what the StructuredWriter's pattern indexes: no nest is packed per step.
+
     Args:
       spec: The normalized per-step Trajectory spec.
     """
@@ -704,6 +709,8 @@ class _Plan:
         self.next_mid, self.next_last = next_step_type(MID), next_step_type(LAST)
         self.terminal = discount(TERMINAL_DISCOUNT)
         self.continuing = discount(CONTINUING_DISCOUNT)
+        # The final observation of a terminated episode that add_multi was not given.
+        self.unknown_final = self.observation.zeros()
         # The boundary step after the observation: zero action and policy info, next_step_type
         # FIRST, zero reward and discount 1.
         self.boundary_tail = [
