@@ -23,7 +23,7 @@ per environment.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -352,11 +352,10 @@ class TransitionWriter:
         cut = _fast_flag(truncated)
         if terminated is None or cut is None:
             return False
-        expected = self._expected
         if (
             self._check_continuity
             and self._has_expected[0]
-            and not all(a.tobytes() == e for a, e in zip(states, expected, strict=True))
+            and not _same_bytes(states, self._expected)
         ):
             return False
         ended = terminated or cut
@@ -437,10 +436,7 @@ class TransitionWriter:
         if (
             self._check_continuity
             and any(self._has_expected)
-            and not (
-                all(self._has_expected)
-                and all(a.tobytes() == e for a, e in zip(state_leaves, self._expected, strict=True))
-            )
+            and not (all(self._has_expected) and _same_bytes(state_leaves, self._expected))
         ):
             return False
         ended_rows = ended.tolist()
@@ -598,7 +594,7 @@ class _Leaf:
         self.inexact = np.issubdtype(self.dtype, np.inexact)
         self.finite_scalar = scalar and self.dtype.kind == "f"
 
-    def convert(self, value: Any, size: int | None) -> np.ndarray | None:
+    def convert(self, value: Any, size: int | None = None) -> list[Any] | None:
         """`value` as this leaf's dtype, or None if it is not exactly what the leaf takes.
 
         Args:
@@ -606,16 +602,17 @@ class _Leaf:
           size: Leading batch dimension the value must have; None for none.
 
         Returns:
-          An array (or numpy scalar) of shape `[size, *shape]` (`shape` without `size`), or None
-          when the value has another shape, or a dtype that is not cast within its kind.
+          A one-element list: an array (or numpy scalar) of shape `[size, *shape]` (`shape`
+          without `size`); or None when the value has another shape, or a dtype that is not cast
+          within its kind.
         """
         kind = type(value)
         if kind is np.ndarray:
             array = value
         elif kind is self.scalar_type and size is None:
-            return value
+            return [value]
         elif kind is float and self.finite_scalar and size is None:
-            return self.scalar_type(value)
+            return [self.scalar_type(value)]
         else:
             array = _to_numpy(value)
         if size is None:
@@ -628,7 +625,7 @@ class _Leaf:
             if not _same_kind(dtype, self.dtype):
                 return None
             array = array.astype(self.dtype)
-        return array
+        return [array]
 
 
 class _Part:
@@ -639,27 +636,24 @@ class _Part:
         self.nested = tf.nest.is_nested(spec)
         self.leaves = [_Leaf(leaf) for leaf in tf.nest.flatten(spec)]
         self._single = None if self.nested else self.leaves[0]
+        # Flattens and converts a value of this field: one array per leaf, or None if the value
+        # needs the full validation (see `_Leaf.convert`).
+        self.convert: Callable[..., list[Any] | None] = (
+            self._convert_nest if self._single is None else self._single.convert
+        )
 
-    def convert(self, value: Any, size: int | None = None) -> list[Any] | None:
-        """Flattens and converts a value of this field (see `_Leaf.convert`).
-
-        Returns:
-          One array per leaf, or None if the value needs the full validation.
-        """
-        single = self._single
-        if single is not None:
-            array = single.convert(value, size)
-            return None if array is None else [array]
+    def _convert_nest(self, value: Any, size: int | None = None) -> list[Any] | None:
+        """`convert` for a nested field."""
         try:
             tf.nest.assert_same_structure(self.spec, value, check_types=False)
         except (ValueError, TypeError):
             return None
-        out = []
+        out: list[Any] = []
         for leaf, item in zip(self.leaves, tf.nest.flatten(value), strict=True):
             array = leaf.convert(item, size)
             if array is None:
                 return None
-            out.append(array)
+            out += array
         return out
 
     def all_finite(self, arrays: list[Any], batched: bool) -> bool:
@@ -672,6 +666,9 @@ class _Part:
         Returns:
           True if every value is finite (or not a floating point one).
         """
+        single = self._single
+        if single is not None and single.finite_scalar and not batched:
+            return math.isfinite(arrays[0])
         for leaf, array in zip(self.leaves, arrays, strict=True):
             if not leaf.inexact:
                 continue
@@ -737,6 +734,13 @@ def _fast_flags(value: Any, size: int) -> np.ndarray | None:
     if array.dtype != bool or array.shape != (size,):
         return None
     return array
+
+
+def _same_bytes(arrays: list[Any], expected: list[bytes]) -> bool:
+    """Whether every array's bytes are the expected ones (then the values are equal too)."""
+    if len(arrays) == 1:
+        return arrays[0].tobytes() == expected[0]
+    return all(a.tobytes() == e for a, e in zip(arrays, expected, strict=True))
 
 
 _SAME_KIND: dict[tuple[np.dtype, np.dtype], bool] = {}
