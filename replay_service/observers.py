@@ -20,6 +20,7 @@ from typing import Any
 import reverb
 import tree
 from reverb import structured_writer as sw
+from tf_agents.trajectories import time_step as ts
 
 from replay_service.config import Timeouts, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
@@ -29,6 +30,20 @@ from replay_service.specs import diff_value, normalize_spec
 # Steps appended between waits for the server, which keeps unconfirmed items well below the
 # ~50 at which Reverb warns; the wait lets the newest half stay in flight.
 MAX_IN_FLIGHT_ITEMS = 32
+
+# Collectors that append one step at a time wait for the server every `FLUSH_EVERY` steps, until
+# at most `FLUSH_DOWN_TO` items are unconfirmed: never more than 48 are, below the 50 at which
+# Reverb warns, and waiting often but briefly keeps the server busy while Python appends.
+FLUSH_EVERY = 16
+FLUSH_DOWN_TO = 32
+
+LAST = int(ts.StepType.LAST)
+
+
+def flush_every(num_tables: int) -> int:
+    """Steps between waits for a writer feeding `num_tables` tables (up to one item per table
+    per step), so that no more than `FLUSH_DOWN_TO + FLUSH_EVERY` items are ever in flight."""
+    return max(1, FLUSH_EVERY // max(1, num_tables))
 
 
 def abandon_writer(writer: Any) -> None:
@@ -137,6 +152,7 @@ class TrajectoryObserver:
             pad_end_of_episode,
         )
         self._pad = pad_end_of_episode
+        self._flush_every = flush_every(len(self._configs))
         self._padding = padding_step(data_spec) if pad_end_of_episode else None
         self._episode_steps = 0
         self._writer: Any = None
@@ -160,23 +176,22 @@ class TrajectoryObserver:
           WriteTimeoutError: If the server does not confirm items within the write timeout.
           ManagerClosedError: If the observer was closed.
         """
-        if self._closed:
-            raise ManagerClosedError("this observer is closed; get a new one from the manager")
-        if not self._checked:
-            self._check(trajectory)
-        writer = self._writer or self._open()
+        writer = self._writer
+        if writer is None:
+            writer = self._open(trajectory)
         try:
             writer.append(Masked(trajectory, True) if self._pad else trajectory)
         except ValueError as e:
             self._raise_mismatch(trajectory, e)
         self._episode_steps += 1
-        if trajectory.is_boundary():
+        if trajectory.step_type == LAST:  # `is_boundary()`, without its tensor check
             self._end_episode()
             return
-        self._steps_since_flush += 1
-        if self._steps_since_flush >= MAX_IN_FLIGHT_ITEMS:
-            self._wait(lambda: writer.flush(MAX_IN_FLIGHT_ITEMS // 2, timeout_ms=self._timeout_ms))
-            self._steps_since_flush = 0
+        since_flush = self._steps_since_flush + 1
+        if since_flush >= self._flush_every:
+            self._wait(lambda: writer.flush(FLUSH_DOWN_TO, timeout_ms=self._timeout_ms))
+            since_flush = 0
+        self._steps_since_flush = since_flush
 
     def flush(self) -> None:
         """Blocks until every item written so far is confirmed by the server.
@@ -224,7 +239,17 @@ class TrajectoryObserver:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _open(self) -> Any:
+    def _open(self, trajectory: Any) -> Any:
+        """Checks the first step against the spec and creates the writer.
+
+        Raises:
+          ManagerClosedError: If the observer was closed.
+          SpecMismatchError: If the step does not match the data spec.
+        """
+        if self._closed:
+            raise ManagerClosedError("this observer is closed; get a new one from the manager")
+        if not self._checked:
+            self._check(trajectory)
         self._writer = self._client.structured_writer(self._configs)
         return self._writer
 

@@ -12,7 +12,7 @@ fails after `Timeouts.sample` / `Timeouts.write`).
 The rule that makes a single-threaded loop safe: train only when a whole batch can be sampled,
 otherwise collect; and make the band wide enough that one of the two is always possible,
 
-    2 * error_buffer >= batch_size + samples_per_insert * (MAX_IN_FLIGHT_ITEMS + 1)
+    2 * error_buffer >= batch_size + samples_per_insert * IN_FLIGHT
 
 (a batch must fit under the band, and so must the items a collector may have in flight before it
 waits for the server). `TrainSchedule` applies the rule: it checks the band up front and tells
@@ -27,7 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 from replay_service.errors import ConfigError
-from replay_service.observers import MAX_IN_FLIGHT_ITEMS
+from replay_service.observers import FLUSH_DOWN_TO, FLUSH_EVERY
+
+# Items of one table a writer may have in flight (unconfirmed) before it waits, plus one.
+IN_FLIGHT = FLUSH_DOWN_TO + FLUSH_EVERY + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,14 +111,14 @@ def check_single_process_loop(
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-    needed = batch_size + samples_per_insert * (MAX_IN_FLIGHT_ITEMS + 1)
+    needed = batch_size + samples_per_insert * (IN_FLIGHT)
     if max_diff - min_diff < needed:
         table = f"table {table_name!r}: " if table_name else ""
         raise ConfigError(
             f"{table}the rate limiter's error buffer {(max_diff - min_diff) / 2:g} is too small "
             f"for a single-process collect/train loop with batch_size {batch_size} and "
             f"samples_per_insert {samples_per_insert:g}: it needs error_buffer >= "
-            f"{needed / 2:g} (= (batch_size + samples_per_insert * {MAX_IN_FLIGHT_ITEMS + 1}) "
+            f"{needed / 2:g} (= (batch_size + samples_per_insert * {IN_FLIGHT}) "
             "/ 2), or sampling and collecting would wait for each other forever"
         )
 

@@ -22,7 +22,8 @@ one Reverb writer per environment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from replay_service.config import Timeouts, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
-from replay_service.observers import MAX_IN_FLIGHT_ITEMS, abandon_writer, window_configs
+from replay_service.observers import FLUSH_DOWN_TO, abandon_writer, flush_every, window_configs
 from replay_service.sequences import padding_needed, padding_step
 from replay_service.specs import flatten_with_paths, normalize_spec
 
@@ -70,6 +71,11 @@ class TransitionWriter:
     `done` means terminated (gymnasium's `terminated`); pass time-limit ends as `truncated`.
     When both are True the transition terminated. Each call is validated completely before
     anything is written: a refused call changes nothing.
+
+    After the first call, values that already have the spec's shapes and dtypes (or dtypes
+    cast within a kind), and flags that are booleans, take a fast path with the same checks;
+    any other value goes through the full validation, which converts it or names the argument
+    and field that is wrong.
 
     Args:
       client: Client of the server holding the table.
@@ -133,15 +139,18 @@ class TransitionWriter:
             extra_tables,
             pad_end_of_episode,
         )
+        self._flush_every = flush_every(len(self._configs))
         # A padded table stores Masked(step, mask): flat, the step's leaves then the mask.
         self._mask: list[Any] = [np.True_] if pad_end_of_episode else []
         self._padding = tree.flatten(padding_step(spec)) if pad_end_of_episode else None
+        self._plan = _Plan(spec)
         self._batched: bool | None = None
         self._writers: list[Any] = []
-        self._steps = np.zeros([0], np.int64)
-        self._since_flush = np.zeros([0], np.int64)
-        self._expected: list[np.ndarray] = []
-        self._has_expected = np.zeros([0], bool)
+        self._steps: list[int] = []
+        self._since_flush: list[int] = []
+        # The previous call's next states, one `bytes` per observation leaf (all envs' rows).
+        self._expected: list[bytes] = []
+        self._has_expected: list[bool] = []
         self._closed = False
 
     @property
@@ -184,6 +193,12 @@ class TransitionWriter:
           WriteTimeoutError: If the server does not confirm items within the write timeout.
           ManagerClosedError: If the writer was closed.
         """
+        if (
+            self._batched is False
+            and not self._closed
+            and self._add_fast(state, action, reward, next_state, done, truncated, hidden)
+        ):
+            return
         self._require_open()
         batch = _Batch.build(
             self._spec,
@@ -196,7 +211,7 @@ class TransitionWriter:
         self._require_mode(batched=False, num_envs=1)
         self._check_state(batch.states, "state")
         self._write(batch, batch.next_states)
-        self._remember(batch.next_states, ~batch.ended)
+        self._remember(batch.next_states, [not batch.ended[0]])
 
     def add_multi(
         self,
@@ -234,6 +249,14 @@ class TransitionWriter:
           WriteTimeoutError: If the server does not confirm items within the write timeout.
           ManagerClosedError: If the writer was closed.
         """
+        if (
+            self._batched
+            and not self._closed
+            and self._add_multi_fast(
+                states, actions, rewards, next_states, dones, truncated, final_states, hiddens
+            )
+        ):
+            return
         self._require_open()
         flags = {"dones": dones, "truncated": truncated}
         if truncated is None:
@@ -253,7 +276,7 @@ class TransitionWriter:
         self._require_mode(batched=True, num_envs=batch.size)
         self._check_state(batch.states, "states")
         self._write(batch, final_states)
-        self._remember(batch.next_states, np.ones([batch.size], bool))
+        self._remember(batch.next_states, [True] * batch.size)
 
     def reset(self, env_index: int | None = None) -> None:
         """Ends the current episode of one env (or all) without writing a boundary step.
@@ -308,6 +331,159 @@ class TransitionWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------------------- fast paths
+
+    def _add_fast(
+        self,
+        state: Any,
+        action: Any,
+        reward: Any,
+        next_state: Any,
+        done: Any,
+        truncated: Any,
+        hidden: Any,
+    ) -> bool:
+        """Writes one `add` transition whose values need no conversion beyond a cast.
+
+        Returns:
+          False, having written nothing, if any value needs the full validation (which then
+          raises or converts it); True once the transition is written.
+        """
+        plan = self._plan
+        states = plan.observation.convert(state)
+        actions = plan.action.convert(action)
+        rewards = plan.reward.convert(reward)
+        next_states = plan.observation.convert(next_state)
+        if states is None or actions is None or rewards is None or next_states is None:
+            return False
+        if plan.hidden.leaves:
+            hiddens = None if hidden is None else plan.hidden.convert(hidden)
+            if hiddens is None:
+                return False
+        elif hidden is None:
+            hiddens = []
+        else:
+            return False
+        if not plan.reward.all_finite(rewards, batched=False):
+            return False
+        terminated = _fast_flag(done)
+        cut = _fast_flag(truncated)
+        if terminated is None or cut is None:
+            return False
+        if (
+            self._check_continuity
+            and self._has_expected[0]
+            and not _same_bytes(states, self._expected)
+        ):
+            return False
+        ended = terminated or cut
+        self._append(
+            0,
+            [
+                plan.mid if self._steps[0] else plan.first,
+                *states,
+                *actions,
+                *hiddens,
+                plan.next_last if ended else plan.next_mid,
+                *rewards,
+                plan.terminal if terminated else plan.continuing,
+            ],
+        )
+        if ended:
+            self._append(0, [plan.last, *next_states, *plan.boundary_tail])
+            self._end_episode(0)
+        if self._check_continuity:
+            self._expected = [a.tobytes() for a in next_states]
+        self._has_expected[0] = not ended
+        return True
+
+    def _add_multi_fast(
+        self,
+        states: Any,
+        actions: Any,
+        rewards: Any,
+        next_states: Any,
+        dones: Any,
+        truncated: Any,
+        final_states: Any,
+        hiddens: Any,
+    ) -> bool:
+        """Writes one `add_multi` call whose values need no conversion beyond a cast.
+
+        Returns:
+          False, having written nothing, if any value needs the full validation (which then
+          raises or converts it); True once the transitions are written.
+        """
+        plan = self._plan
+        size = len(self._writers)
+        obs = plan.observation
+        state_leaves = obs.convert(states, size)
+        action_leaves = plan.action.convert(actions, size)
+        reward_leaves = plan.reward.convert(rewards, size)
+        next_leaves = obs.convert(next_states, size)
+        if (
+            state_leaves is None
+            or action_leaves is None
+            or reward_leaves is None
+            or next_leaves is None
+        ):
+            return False
+        if final_states is None:
+            final_leaves = None
+        else:
+            final_leaves = obs.convert(final_states, size)
+            if final_leaves is None:
+                return False
+        if plan.hidden.leaves:
+            hidden_leaves = None if hiddens is None else plan.hidden.convert(hiddens, size)
+            if hidden_leaves is None:
+                return False
+        elif hiddens is None:
+            hidden_leaves = []
+        else:
+            return False
+        if not plan.reward.all_finite(reward_leaves, batched=True):
+            return False
+        terminated = _fast_flags(dones, size)
+        cut = terminated if truncated is None else _fast_flags(truncated, size)
+        if terminated is None or cut is None:
+            return False
+        ended = terminated | cut
+        if final_leaves is None and (ended & ~terminated).any():
+            return False
+        if (
+            self._check_continuity
+            and any(self._has_expected)
+            and not (all(self._has_expected) and _same_bytes(state_leaves, self._expected))
+        ):
+            return False
+        ended_rows = ended.tolist()
+        terminal_rows = terminated.tolist()
+        first, mid, next_mid, next_last = plan.first, plan.mid, plan.next_mid, plan.next_last
+        columns = [
+            [mid if steps else first for steps in self._steps],
+            *map(list, state_leaves),
+            *map(list, action_leaves),
+            *map(list, hidden_leaves),
+            [next_last if end else next_mid for end in ended_rows],
+            *map(list, reward_leaves),
+            [plan.terminal if end else plan.continuing for end in terminal_rows],
+        ]
+        for index, step in enumerate(zip(*columns, strict=True)):
+            self._append(index, step)
+            if ended_rows[index]:
+                final = (
+                    plan.unknown_final
+                    if final_leaves is None
+                    else [leaf[index] for leaf in final_leaves]
+                )
+                self._append(index, [plan.last, *final, *plan.boundary_tail])
+                self._end_episode(index)
+        if self._check_continuity:
+            self._expected = [a.tobytes() for a in next_leaves]
+        self._has_expected = [True] * size
+        return True
+
     # ------------------------------------------------------------------------- helpers
 
     def _require_open(self) -> None:
@@ -318,9 +494,9 @@ class TransitionWriter:
         if self._batched is None:
             self._batched = batched
             self._writers = [None] * num_envs
-            self._steps = np.zeros([num_envs], np.int64)
-            self._since_flush = np.zeros([num_envs], np.int64)
-            self._has_expected = np.zeros([num_envs], bool)
+            self._steps = [0] * num_envs
+            self._since_flush = [0] * num_envs
+            self._has_expected = [False] * num_envs
             return
         if self._batched != batched:
             used, called = ("add_multi", "add") if self._batched else ("add", "add_multi")
@@ -335,9 +511,13 @@ class TransitionWriter:
             )
 
     def _check_state(self, states: list[np.ndarray], label: str) -> None:
-        if not self._check_continuity or not self._has_expected.any():
+        if not self._check_continuity or not any(self._has_expected):
             return
-        broken = self._has_expected & ~_rows_equal(states, self._expected)
+        expected = [
+            np.frombuffer(raw, state.dtype).reshape(state.shape)
+            for state, raw in zip(states, self._expected, strict=True)
+        ]
+        broken = np.array(self._has_expected) & ~_rows_equal(states, expected)
         if broken.any():
             where = f" of envs {np.flatnonzero(broken).tolist()}" if self._batched else ""
             raise SpecMismatchError(
@@ -361,53 +541,57 @@ class TransitionWriter:
         return [np.zeros_like(leaf) for leaf in batch.next_states]
 
     def _write(self, batch: _Batch, final_states: list[np.ndarray]) -> None:
-        spec = self._spec
-        # The step as a flat list in `tree.flatten(spec)` order (Trajectory field order), which
-        # is what the StructuredWriter's pattern indexes: no nest is packed per step.
-        steps = [
-            np.where(self._steps > 0, MID, FIRST).astype(_np_dtype(spec.step_type)),
-            *batch.states,
-            *batch.actions,
-            *batch.hiddens,
-            np.where(batch.ended, LAST, MID).astype(_np_dtype(spec.next_step_type)),
-            *batch.rewards,
-            np.where(batch.terminated, TERMINAL_DISCOUNT, CONTINUING_DISCOUNT).astype(
-                _np_dtype(spec.discount)
-            ),
-        ]
-        boundaries = (
-            tree.flatten(_boundary(spec, final_states, batch.size)) if batch.ended.any() else []
-        )
-        mask = self._mask
+        plan = self._plan
         for index in range(batch.size):
-            self._append(index, [leaf[index] for leaf in steps] + mask)
-            if batch.ended[index]:
-                self._append(index, [leaf[index] for leaf in boundaries] + mask)
+            ended = bool(batch.ended[index])
+            self._append(
+                index,
+                [
+                    plan.mid if self._steps[index] else plan.first,
+                    *[leaf[index] for leaf in batch.states],
+                    *[leaf[index] for leaf in batch.actions],
+                    *[leaf[index] for leaf in batch.hiddens],
+                    plan.next_last if ended else plan.next_mid,
+                    *[leaf[index] for leaf in batch.rewards],
+                    plan.terminal if batch.terminated[index] else plan.continuing,
+                ],
+            )
+            if ended:
+                self._append(
+                    index,
+                    [plan.last, *[leaf[index] for leaf in final_states], *plan.boundary_tail],
+                )
                 self._end_episode(index)
 
-    def _remember(self, next_states: list[np.ndarray], known: np.ndarray) -> None:
+    def _remember(self, next_states: list[np.ndarray], known: list[bool]) -> None:
         if self._check_continuity:
-            self._expected = [leaf.copy() for leaf in next_states]  # callers may reuse buffers
-        self._has_expected = known.copy()
+            self._expected = [leaf.tobytes() for leaf in next_states]
+        self._has_expected = [bool(k) for k in known]
 
-    def _append(self, index: int, step: Any) -> None:
+    def _append(self, index: int, step: Sequence[Any]) -> None:
+        if self._mask:  # a padded table: the step is real, Masked(step, mask=True)
+            step = [*step, *self._mask]
+        self._append_raw(index, step)
+
+    def _append_raw(self, index: int, step: Sequence[Any]) -> None:
         writer = self._writers[index]
         if writer is None:
             writer = self._client.structured_writer(self._configs)
             self._writers[index] = writer
         writer.append(step)
         self._steps[index] += 1
-        self._since_flush[index] += 1
-        if self._since_flush[index] >= MAX_IN_FLIGHT_ITEMS:
-            self._wait(lambda: writer.flush(MAX_IN_FLIGHT_ITEMS // 2, timeout_ms=self._timeout_ms))
-            self._since_flush[index] = 0
+        since_flush = self._since_flush[index] + 1
+        if since_flush >= self._flush_every:
+            self._wait(lambda: writer.flush(FLUSH_DOWN_TO, timeout_ms=self._timeout_ms))
+            since_flush = 0
+        self._since_flush[index] = since_flush
 
     def _end_episode(self, index: int) -> None:
         writer = self._writers[index]
         if self._padding is not None and writer is not None:
             steps = int(self._steps[index])
             for _ in range(padding_needed(steps, self._sequence_length, self._stride_length)):
-                self._append(index, self._padding)
+                self._append_raw(index, self._padding)
         self._steps[index] = 0
         self._since_flush[index] = 0
         if writer is not None:
@@ -422,6 +606,180 @@ class TransitionWriter:
                 f"{self._timeout_ms} ms; the server at {self._client.server_address!r} is down "
                 "or its rate limiter blocks inserts (too few samples per insert)"
             ) from e
+
+
+class _Leaf:
+    """One flattened spec leaf: its numpy dtype and per-step shape."""
+
+    __slots__ = ("dtype", "finite_scalar", "inexact", "scalar_type", "shape")
+
+    def __init__(self, spec: Any) -> None:
+        self.dtype = np.dtype(_np_dtype(spec))
+        self.shape: tuple[int, ...] = tuple(spec.shape.as_list())
+        scalar = self.shape == ()
+        self.scalar_type = self.dtype.type if scalar else None
+        self.inexact = np.issubdtype(self.dtype, np.inexact)
+        self.finite_scalar = scalar and self.dtype.kind == "f"
+
+    def convert(self, value: Any, size: int | None = None) -> list[Any] | None:
+        """`value` as this leaf's dtype, or None if it is not exactly what the leaf takes.
+
+        Args:
+          value: One value (numpy, torch or Python).
+          size: Leading batch dimension the value must have; None for none.
+
+        Returns:
+          A one-element list: an array (or numpy scalar) of shape `[size, *shape]` (`shape`
+          without `size`); or None when the value has another shape, or a dtype that is not cast
+          within its kind.
+        """
+        kind = type(value)
+        if kind is np.ndarray:
+            array = value
+        elif kind is self.scalar_type and size is None:
+            return [value]
+        elif kind is float and self.finite_scalar and size is None:
+            return [self.scalar_type(value)]
+        else:
+            array = _to_numpy(value)
+        if size is None:
+            if array.shape != self.shape:
+                return None
+        elif array.shape[:1] != (size,) or array.shape[1:] != self.shape:
+            return None
+        dtype = array.dtype
+        if dtype is not self.dtype and dtype != self.dtype:
+            if not _same_kind(dtype, self.dtype):
+                return None
+            array = array.astype(self.dtype)
+        return [array]
+
+
+class _Part:
+    """The leaves of one spec field (observation, action, reward or policy info)."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.nested = tf.nest.is_nested(spec)
+        self.leaves = [_Leaf(leaf) for leaf in tf.nest.flatten(spec)]
+        self._single = None if self.nested else self.leaves[0]
+        # Flattens and converts a value of this field: one array per leaf, or None if the value
+        # needs the full validation (see `_Leaf.convert`).
+        self.convert: Callable[..., list[Any] | None] = (
+            self._convert_nest if self._single is None else self._single.convert
+        )
+
+    def _convert_nest(self, value: Any, size: int | None = None) -> list[Any] | None:
+        """`convert` for a nested field."""
+        try:
+            tf.nest.assert_same_structure(self.spec, value, check_types=False)
+        except (ValueError, TypeError):
+            return None
+        out: list[Any] = []
+        for leaf, item in zip(self.leaves, tf.nest.flatten(value), strict=True):
+            array = leaf.convert(item, size)
+            if array is None:
+                return None
+            out += array
+        return out
+
+    def all_finite(self, arrays: list[Any], batched: bool) -> bool:
+        """Whether no value of these (converted) leaves is NaN or infinite.
+
+        Args:
+          arrays: What `convert` returned.
+          batched: Whether they have a batch dimension.
+
+        Returns:
+          True if every value is finite (or not a floating point one).
+        """
+        single = self._single
+        if single is not None and single.finite_scalar and not batched:
+            return math.isfinite(arrays[0])
+        for leaf, array in zip(self.leaves, arrays, strict=True):
+            if not leaf.inexact:
+                continue
+            if leaf.finite_scalar and not batched:
+                if not math.isfinite(array):
+                    return False
+            elif not np.isfinite(array).all():
+                return False
+        return True
+
+    def zeros(self) -> list[np.ndarray]:
+        """One zero value per leaf (no batch dimension)."""
+        return [np.zeros(leaf.shape, leaf.dtype) for leaf in self.leaves]
+
+
+class _Plan:
+    """A Trajectory spec flattened once: its fields' leaves and the constant step values.
+
+    A step is written as a flat list in `tree.flatten(spec)` order (Trajectory field order),
+    which is what the StructuredWriter's pattern indexes: no nest is packed per step.
+
+    Args:
+      spec: The normalized per-step Trajectory spec.
+    """
+
+    def __init__(self, spec: trajectory_lib.Trajectory) -> None:
+        self.observation = _Part(spec.observation)
+        self.action = _Part(spec.action)
+        self.reward = _Part(spec.reward)
+        self.hidden = _Part(spec.policy_info)
+        step_type = np.dtype(_np_dtype(spec.step_type)).type
+        next_step_type = np.dtype(_np_dtype(spec.next_step_type)).type
+        discount = np.dtype(_np_dtype(spec.discount)).type
+        self.first, self.mid, self.last = step_type(FIRST), step_type(MID), step_type(LAST)
+        self.next_mid, self.next_last = next_step_type(MID), next_step_type(LAST)
+        self.terminal = discount(TERMINAL_DISCOUNT)
+        self.continuing = discount(CONTINUING_DISCOUNT)
+        # The final observation of a terminated episode that add_multi was not given.
+        self.unknown_final = self.observation.zeros()
+        # The boundary step after the observation: zero action and policy info, next_step_type
+        # FIRST, zero reward and discount 1.
+        self.boundary_tail = [
+            *self.action.zeros(),
+            *self.hidden.zeros(),
+            next_step_type(FIRST),
+            *self.reward.zeros(),
+            self.continuing,
+        ]
+
+
+def _fast_flag(value: Any) -> bool | None:
+    """A Python or numpy bool as `bool`; None for anything else."""
+    if value is True or value is False:
+        return value
+    if type(value) is np.bool_:
+        return bool(value)
+    return None
+
+
+def _fast_flags(value: Any, size: int) -> np.ndarray | None:
+    """A `[size]` boolean array as is; None for anything else."""
+    array = value if type(value) is np.ndarray else _to_numpy(value)
+    if array.dtype != bool or array.shape != (size,):
+        return None
+    return array
+
+
+def _same_bytes(arrays: list[Any], expected: list[bytes]) -> bool:
+    """Whether every array's bytes are the expected ones (then the values are equal too)."""
+    if len(arrays) == 1:
+        return arrays[0].tobytes() == expected[0]
+    return all(a.tobytes() == e for a, e in zip(arrays, expected, strict=True))
+
+
+_SAME_KIND: dict[tuple[np.dtype, np.dtype], bool] = {}
+
+
+def _same_kind(given: np.dtype, want: np.dtype) -> bool:
+    """Whether `given` is cast to `want` (as the full validation does), memoized."""
+    key = (given, want)
+    allowed = _SAME_KIND.get(key)
+    if allowed is None:
+        allowed = _SAME_KIND[key] = bool(np.can_cast(given, want, casting="same_kind"))
+    return allowed
 
 
 class _Batch:
@@ -491,21 +849,6 @@ class _Batch:
             terminated=terminated,
             ended=terminated | truncated,
         )
-
-
-def _boundary(spec: Any, final_states: list[np.ndarray], size: int) -> Any:
-    def zeros(leaf_spec: Any) -> np.ndarray:
-        return np.zeros([size, *leaf_spec.shape], _np_dtype(leaf_spec))
-
-    return trajectory_lib.Trajectory(
-        step_type=np.full([size], LAST, _np_dtype(spec.step_type)),
-        observation=tf.nest.pack_sequence_as(spec.observation, final_states),
-        action=tf.nest.map_structure(zeros, spec.action),
-        policy_info=tf.nest.map_structure(zeros, spec.policy_info),
-        next_step_type=np.full([size], FIRST, _np_dtype(spec.next_step_type)),
-        reward=tf.nest.map_structure(zeros, spec.reward),
-        discount=np.full([size], CONTINUING_DISCOUNT, _np_dtype(spec.discount)),
-    )
 
 
 def _leaves(name: str, value: Any, spec: Any) -> list[tuple[str, np.ndarray, Any]]:

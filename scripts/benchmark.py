@@ -4,9 +4,9 @@
     make benchmark        # installs the optional TorchRL anchor, then runs this
 
 For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it measures:
-  insert   steps/s through this project's observer and TransitionWriter, and through the
-           anchors: TF-Agents' ReverbAddTrajectoryObserver, a raw TrajectoryWriter, a raw
-           StructuredWriter
+  insert   steps/s through this project's observer and TransitionWriter (`add`, and
+           `add_multi` from 8 envs: env steps/s), and through the anchors: TF-Agents'
+           ReverbAddTrajectoryObserver, a raw TrajectoryWriter, a raw StructuredWriter
   sample   items/s at batch 256 through get_dataset (tf) and torch_batches (torch), and through
            TF-Agents' as_dataset with default settings, a tuned raw TrajectoryDataset and, if
            installed, TorchRL's ReplayBuffer(LazyTensorStorage) (in-process, no server)
@@ -51,6 +51,7 @@ _JSON = flags.DEFINE_string("json", None, "Also write the results to this JSON f
 BATCH = 256
 SEQUENCE_LENGTH = 2
 EPISODE = 200
+NUM_ENVS = 8
 MID, FIRST, LAST = 1, 0, 2
 
 
@@ -160,6 +161,39 @@ def insert_transition_writer(manager: ReplayBufferManager, steps: list[Any]) -> 
         writer.flush()
 
     return timed(run)
+
+
+def insert_add_multi(manager: ReplayBufferManager, steps: list[Any]) -> float:
+    """`add_multi` from `NUM_ENVS` auto-resetting envs, `len(steps)` env steps in all; each env's
+    episodes are `EPISODE - 1` transitions, as in the other inserts, but end at other calls."""
+    writer = manager.transition_writer()
+    observations = [step.observation for step in steps[:64]]
+    batches = [
+        np.stack([observations[(c + 7 * e) % len(observations)] for e in range(NUM_ENVS)])
+        for c in range(len(observations))
+    ]
+    calls = len(steps) // NUM_ENVS
+    offsets = np.arange(NUM_ENVS) * (EPISODE // NUM_ENVS)
+    dones = [(c + offsets) % (EPISODE - 1) == EPISODE - 2 for c in range(calls)]
+    actions = np.array([steps[e].action for e in range(NUM_ENVS)])
+    rewards = np.ones(NUM_ENVS, np.float32)
+    truncated = np.zeros(NUM_ENVS, bool)
+
+    def run() -> None:
+        for c in range(calls):
+            nexts = batches[(c + 1) % len(batches)]
+            writer.add_multi(
+                batches[c % len(batches)],
+                actions,
+                rewards,
+                nexts,
+                dones[c],
+                truncated,
+                final_states=nexts,
+            )
+        writer.flush()
+
+    return timed(run) * len(steps) / (calls * NUM_ENVS)
 
 
 def insert_tf_agents(manager: ReplayBufferManager, steps: list[Any]) -> float:
@@ -328,6 +362,7 @@ def run_workload(workload: Workload, batches: int) -> list[Row]:
         "raw TrajectoryWriter": insert_trajectory_writer,
         "raw StructuredWriter": insert_structured_writer,
         "ours TransitionWriter.add": insert_transition_writer,
+        f"ours add_multi ({NUM_ENVS} envs)": insert_add_multi,
     }
     manager = ReplayBufferManager(
         spec,

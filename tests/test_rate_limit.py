@@ -12,7 +12,7 @@ from tf_agents.drivers import py_driver
 
 from conftest import FAST_TIMEOUTS
 from replay_service import ConfigError, SamplingConfig, Timeouts
-from replay_service.rate_limit import LimiterState, check_single_process_loop
+from replay_service.rate_limit import IN_FLIGHT, LimiterState, check_single_process_loop
 from replay_service.restore import rebased_sample_count
 from replay_service.server import server_info
 
@@ -44,7 +44,7 @@ def run_loop(manager: Any, env: Any, policy: Any, *, batch_size: int, train_step
 
 def test_single_process_loop_with_samples_per_insert_finishes(make_manager, env, policy):
     spi, batch, min_size = 2.0, 16, 40
-    error_buffer = (batch + spi * 33) / 2
+    error_buffer = (batch + spi * IN_FLIGHT) / 2
     sampling = SamplingConfig(
         samples_per_insert=spi, min_size_to_sample=min_size, error_buffer=error_buffer
     )
@@ -63,7 +63,7 @@ def test_single_process_loop_with_samples_per_insert_finishes(make_manager, env,
 def test_schedule_refuses_an_error_buffer_too_small_for_one_thread(make_manager):
     manager = make_manager(sampling=SamplingConfig(samples_per_insert=2.0, min_size_to_sample=10))
     manager.create_replay_buffer()
-    needed = r"error buffer 4 is too small.*batch_size 256.*error_buffer >= 161 "
+    needed = r"error buffer 4 is too small.*batch_size 256.*error_buffer >= 177 "
     with pytest.raises(ConfigError, match=needed):
         manager.train_schedule(256)
     with pytest.raises(ConfigError, match="batch_size must be a positive integer, got 0"):
@@ -71,7 +71,7 @@ def test_schedule_refuses_an_error_buffer_too_small_for_one_thread(make_manager)
 
 
 def test_limiter_state_follows_reverbs_rule(make_manager, env, policy):
-    sampling = SamplingConfig(samples_per_insert=1.0, min_size_to_sample=5, error_buffer=20.0)
+    sampling = SamplingConfig(samples_per_insert=1.0, min_size_to_sample=5, error_buffer=30.0)
     manager = make_manager(sampling=sampling)
     manager.create_replay_buffer()
     state = limiter(manager)
@@ -133,7 +133,7 @@ def test_restore_applies_the_configured_sampler_and_rate_limiter(make_manager, e
     state = LimiterState.from_info(info)
     # A starter buffer filled without sampling: its 0 samples would block inserts for about
     # 4 * size samples; rebased, the next inserts pass at once.
-    assert state.diff + 4.0 * 33 <= state.max_diff
+    assert state.diff + 4.0 * IN_FLIGHT <= state.max_diff
     _, observer = restored.get_replay_buffer_and_observer()
     py_driver.PyDriver(env, policy, [observer], max_steps=33).run(env.reset())
     observer.flush()

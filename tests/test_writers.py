@@ -16,7 +16,7 @@ from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import all_items
-from replay_service import ManagerClosedError, SpecMismatchError
+from replay_service import ManagerClosedError, SpecMismatchError, writers
 from replay_service.specs import flatten_with_paths, table_signature
 from replay_service.writers import FIRST, LAST, MID
 
@@ -290,3 +290,119 @@ def test_checkpoint_flushes_and_close_closes_the_writer(make_manager):
     reloaded = make_manager()
     reloaded.load_replay_buffer()
     assert reloaded.num_frames() == 4
+
+
+def test_calls_after_a_good_one_are_still_checked_and_refused_whole(make_manager):
+    manager = make_manager()
+    manager.create_replay_buffer()
+    single = manager.transition_writer()
+    single.add(_obs(0, 0, 0), np.int64(0), 1.0, _obs(0, 0, 1), False)
+    s1, s2 = _obs(0, 0, 1), _obs(0, 0, 2)
+    refused = [
+        ((np.zeros(5, np.float32), 1, 1.0, s2, False), r"'state': expected float32\[4\]"),
+        ((s1, 1.5, 1.0, s2, False), "'action': expected dtype int64, got float64"),
+        ((s1, np.int64(1), float("nan"), s2, False), "'reward' must be finite, got nan"),
+        ((s1, np.int64(1), np.float32(np.inf), s2, True), "'reward' must be finite, got inf"),
+        ((s1, np.int64(1), 1.0, s2[None], True), r"'next_state': expected float32\[4\]"),
+        ((s1, np.int64(1), 1.0, s2.astype(complex), True), "'next_state': expected dtype"),
+        ((s1, np.int64(1), 1.0, s2, 2), "'done' must be booleans"),
+        ((s2, np.int64(1), 1.0, s2, True), "'state' is not the next_state"),
+    ]
+    for arguments, message in refused:
+        with pytest.raises(SpecMismatchError, match=message):
+            single.add(*arguments)
+    with pytest.raises(SpecMismatchError, match="'hidden' was given"):
+        single.add(s1, np.int64(1), 1.0, s2, False, hidden=np.zeros(3))
+    # Equal values in other types and signed zeros continue the episode.
+    single.add(s1.astype(np.float64), 1, np.float32(1.0), s2, np.bool_(False), 0)
+    negative_zeros = np.where(s2 == 0, np.float32(-0.0), s2)
+    single.add(torch.from_numpy(negative_zeros), torch.tensor(0), 1, _obs(0, 0, 3), True)
+    single.flush()
+    assert manager.num_frames() == 3  # the boundary step ends the episode's last window
+
+    multi = manager.transition_writer()
+    states, nexts = np.stack([s1, s2]), np.stack([s2, s1])
+    multi.add_multi(states, np.zeros(2, np.int64), np.ones(2, np.float32), nexts, [False] * 2)
+    actions, rewards, flags = np.zeros(2, np.int64), np.ones(2, np.float32), np.zeros(2, bool)
+    bad_calls = [
+        ((nexts[:, :3], actions, rewards, states, flags), r"'states': expected float32\[2, 4\]"),
+        ((nexts, actions[:1], rewards, states, flags), r"batch sizes differ"),
+        ((nexts, actions, rewards * np.nan, states, flags), r"'rewards' must be finite"),
+        ((nexts, actions, rewards, states, flags, np.array([False, True])), "were truncated"),
+        ((states, actions, rewards, nexts, flags), r"'states' of envs \[0, 1\] is not"),
+        ((nexts, actions, rewards, states, np.array([0, 3])), "'dones' must be booleans"),
+    ]
+    for arguments, message in bad_calls:
+        with pytest.raises(SpecMismatchError, match=message):
+            multi.add_multi(*arguments)
+    multi.add_multi(nexts, [1, 1], [1.0, 1.0], states, np.array([1, 0]), final_states=nexts)
+    multi.flush()
+    assert manager.num_frames() == 3 + 3
+
+
+def test_nested_observations_and_policy_info_are_written_field_by_field(make_manager):
+    spec = trajectory_lib.Trajectory(
+        step_type=tf.TensorSpec([], tf.int32),
+        observation={"pos": tf.TensorSpec([2], tf.float32), "vel": tf.TensorSpec([], tf.float32)},
+        action=tf.TensorSpec([], tf.int64),
+        policy_info={"logp": tf.TensorSpec([], tf.float32)},
+        next_step_type=tf.TensorSpec([], tf.int32),
+        reward=tf.TensorSpec([], tf.float32),
+        discount=tf.TensorSpec([], tf.float32),
+    )
+    manager = make_manager(data_spec=spec)
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+
+    def obs(t: int) -> dict[str, np.ndarray]:
+        return {"pos": np.full(2, t, np.float32), "vel": np.float32(-t)}
+
+    for t in range(3):
+        writer.add(obs(t), np.int64(t), 1.0, obs(t + 1), t == 2, hidden={"logp": np.float32(t)})
+    with pytest.raises(SpecMismatchError, match="'state': structure differs"):
+        writer.add({"pos": np.zeros(2, np.float32)}, 0, 1.0, obs(1), False, hidden={"logp": 0.0})
+    with pytest.raises(SpecMismatchError, match=r"'hidden/logp': expected float32\[\]"):
+        writer.add(obs(0), 0, 1.0, obs(1), False, hidden={"logp": np.zeros(2, np.float32)})
+    writer.flush()
+    paths = [p for p, _ in flatten_with_paths(table_signature(spec, 2))]
+    items = all_items(manager.py_client, manager.table_name, manager.num_frames())
+    records = sorted(
+        (dict(zip(paths, data, strict=True)) for data in items.values()),
+        key=lambda r: r["observation/vel"][0],
+        reverse=True,
+    )
+    assert len(records) == 3
+    for t, record in enumerate(records):
+        np.testing.assert_array_equal(record["observation/pos"], [[t] * 2, [t + 1] * 2])
+        np.testing.assert_array_equal(record["policy_info/logp"], [t, t + 1 if t < 2 else 0])
+        np.testing.assert_array_equal(record["action"], [t, t + 1 if t < 2 else 0])
+    np.testing.assert_array_equal(records[-1]["step_type"], [MID, LAST])
+    np.testing.assert_array_equal(records[-1]["discount"], [0.0, 1.0])
+
+
+def test_usual_values_skip_the_full_validation_after_the_first_call(make_manager, monkeypatch):
+    manager = make_manager()
+    manager.create_replay_buffer()
+    single, multi = manager.transition_writer(), manager.transition_writer()
+    single.add(_obs(0, 0, 0), np.int64(0), 1.0, _obs(0, 0, 1), False)
+    states = np.stack([_obs(0, 0, 0), _obs(1, 0, 0)])
+    multi.add_multi(states, np.zeros(2, np.int64), np.ones(2), states + 1, np.zeros(2, bool))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the full validation ran")
+
+    monkeypatch.setattr(writers._Batch, "build", refuse)
+    single.add(_obs(0, 0, 1), np.int64(1), 1.0, _obs(0, 0, 2), False, False)
+    single.add(torch.from_numpy(_obs(0, 0, 2)), torch.tensor(1), np.float32(2), _obs(0, 0, 3), True)
+    multi.add_multi(
+        torch.from_numpy(states + 1),
+        torch.ones(2, dtype=torch.int64),
+        torch.ones(2),
+        states + 2,
+        torch.tensor([True, False]),
+        np.zeros(2, bool),
+        final_states=states + 2,
+    )
+    single.flush()
+    multi.flush()
+    assert manager.num_frames() == 3 + 2 + 1
