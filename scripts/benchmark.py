@@ -210,6 +210,29 @@ def insert_tf_agents(manager: ReplayBufferManager, steps: list[Any]) -> float:
     return timed(run)
 
 
+def insert_tf_agents_envs(manager: ReplayBufferManager, steps: list[Any]) -> float:
+    """`NUM_ENVS` TF-Agents observers, one per env (it takes unbatched steps only), fed in turn:
+    the same work as `add_multi` from `NUM_ENVS` envs, `len(steps)` env steps in all."""
+    observers = [
+        reverb_utils.ReverbAddTrajectoryObserver(
+            manager.py_client, manager.table_name, SEQUENCE_LENGTH
+        )
+        for _ in range(NUM_ENVS)
+    ]
+    per_env = len(steps) // NUM_ENVS
+    streams = [steps[e * per_env : (e + 1) * per_env] for e in range(NUM_ENVS)]
+
+    def run() -> None:
+        for c in range(per_env):
+            for observer, stream in zip(observers, streams, strict=True):
+                observer(stream[c])
+        for observer in observers:
+            observer.flush()
+            observer.close()
+
+    return timed(run) * len(steps) / (per_env * NUM_ENVS)
+
+
 def insert_trajectory_writer(manager: ReplayBufferManager, steps: list[Any]) -> float:
     table = manager.table_name
 
@@ -363,6 +386,7 @@ def run_workload(workload: Workload, batches: int) -> list[Row]:
         "raw StructuredWriter": insert_structured_writer,
         "ours TransitionWriter.add": insert_transition_writer,
         f"ours add_multi ({NUM_ENVS} envs)": insert_add_multi,
+        f"tf-agents observers ({NUM_ENVS} envs)": insert_tf_agents_envs,
     }
     manager = ReplayBufferManager(
         spec,
@@ -378,7 +402,8 @@ def run_workload(workload: Workload, batches: int) -> list[Row]:
         seconds = insert(manager, steps)
         grown = rss_bytes() - before
         anchor = "tf-agents observer" if name.startswith("ours") else None
-        rows.append(Row(workload.name, "insert", name, len(steps) / seconds, "steps/s", anchor))
+        rate = len(steps) / seconds
+        rows.append(Row(workload.name, "insert", name, rate, "steps/s", anchor))
         if name == "ours observer":
             rows.append(
                 Row(workload.name, "memory", "server RSS per stored step", grown / len(steps), "B")
@@ -387,6 +412,15 @@ def run_workload(workload: Workload, batches: int) -> list[Row]:
                 np.prod(workload.observation_shape) * np.dtype(workload.observation_dtype).itemsize
             )
             rows.append(Row(workload.name, "memory", "raw observation bytes", float(raw), "B"))
+    # add_multi also against the same work done the TF-Agents way: one observer per env.
+    multi = next(r for r in rows if r.path == f"ours add_multi ({NUM_ENVS} envs)")
+    rows.append(
+        dataclasses.replace(
+            multi,
+            path=f"  same, vs {NUM_ENVS} tf-agents obs.",
+            anchor=f"tf-agents observers ({NUM_ENVS} envs)",
+        )
+    )
     rows += sample_rows(workload.name, manager, batches)
     rows += checkpoint_rows(workload.name, manager, spec)
     shutil.rmtree(root, ignore_errors=True)
