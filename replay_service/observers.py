@@ -18,13 +18,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import reverb
-import tree
 from reverb import structured_writer as sw
 from tf_agents.trajectories import time_step as ts
 
 from replay_service.config import Timeouts, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
-from replay_service.sequences import Masked, padded_window_config, padding_needed, padding_step
+from replay_service.sequences import (
+    Masked,
+    last_steps_config,
+    padded_window_config,
+    padding_needed,
+    padding_step,
+)
 from replay_service.specs import diff_value, normalize_spec
 
 # Steps appended between waits for the server, which keeps unconfirmed items well below the
@@ -62,18 +67,12 @@ def window_config(
 ) -> Any:
     """The `StructuredWriter` config that inserts the last `sequence_length` steps of an episode
     into `table_name` every `stride_length` steps."""
-    step_structure = tree.map_structure(lambda _: None, normalize_spec(data_spec))
-    pattern = sw.pattern_from_transform(
-        step_structure, lambda step: tree.map_structure(lambda c: c[-sequence_length:], step)
-    )
-    return sw.create_config(
-        pattern,
+    return last_steps_config(
+        normalize_spec(data_spec),
         table_name,
-        conditions=[
-            sw.Condition.step_index() >= sequence_length - 1,
-            sw.Condition.steps_since_applied() >= stride_length,
-        ],
-        priority=sw.constant_priority_fn(priority),
+        sequence_length,
+        sw.Condition.steps_since_applied() >= stride_length,
+        priority,
     )
 
 

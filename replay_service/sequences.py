@@ -90,16 +90,35 @@ def padded_window_config(
 ) -> Any:
     """The `StructuredWriter` config of a padded table: every `Masked` window of
     `sequence_length` steps starting at a multiple of `stride_length`."""
-    structure = tree.map_structure(lambda _: None, stored_spec(data_spec, True))
+    return last_steps_config(
+        stored_spec(data_spec, True),
+        table_name,
+        sequence_length,
+        sw.Condition.step_index() % stride_length == (sequence_length - 1) % stride_length,
+        priority,
+    )
+
+
+def last_steps_config(
+    step_spec: Any, table_name: str, sequence_length: int, when: Any, priority: float
+) -> Any:
+    """A `StructuredWriter` config inserting the last `sequence_length` steps of the episode
+    into `table_name`, at each step from the `sequence_length`-th on where `when` holds.
+
+    Args:
+      step_spec: Spec of one appended step (its structure is what the writer indexes).
+      table_name: Table to insert into.
+      sequence_length: Steps per item.
+      when: A `structured_writer.Condition` on the step.
+      priority: Priority of every item.
+    """
+    structure = tree.map_structure(lambda _: None, step_spec)
     pattern = sw.pattern_from_transform(
         structure, lambda step: tree.map_structure(lambda c: c[-sequence_length:], step)
     )
     return sw.create_config(
         pattern,
         table_name,
-        conditions=[
-            sw.Condition.step_index() >= sequence_length - 1,
-            sw.Condition.step_index() % stride_length == (sequence_length - 1) % stride_length,
-        ],
+        conditions=[sw.Condition.step_index() >= sequence_length - 1, when],
         priority=sw.constant_priority_fn(priority),
     )
