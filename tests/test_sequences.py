@@ -3,6 +3,7 @@ of each episode with a mask, checked item by item against a plain-Python referen
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -10,11 +11,12 @@ import pytest
 import tree
 from tf_agents.trajectories import trajectory as trajectory_lib
 
-from conftest import all_items
+from conftest import CONFIGS, all_items
 from replay_service import ConfigError, SpecMismatchError
 from replay_service.sequences import Masked, padding_needed
 
 FIRST, MID, LAST = 0, 1, 2
+SEQUENCES_CONFIG = os.path.join(CONFIGS, "cartpole_sequences.toml")
 
 
 def reference_windows(n: int, length: int, stride: int, pad: bool) -> list[list[int | None]]:
@@ -292,4 +294,22 @@ def test_padded_extra_tables_share_padding_and_length(make_manager, data_spec):
     observer.flush()
     expected = expected_items(lengths, 3, 2)
     assert manager.num_frames(table="b") == len(expected) == manager.num_frames()
+    assert canonical(stored_items(manager, len(expected))) == canonical(expected)
+
+
+def test_the_sequences_config_serves_a_padded_table(make_manager, data_spec, start_server):
+    _, address = start_server("--checkpoint_interval_s=0", config=SEQUENCES_CONFIG)
+    kwargs = {"server_address": address, "sequence_length": 40, "capacity": 20000}
+    with pytest.raises(SpecMismatchError, match="mask"):
+        make_manager(table_name="sequence_table", **kwargs).create_replay_buffer()
+    manager = make_manager(
+        table_name="sequence_table", stride_length=20, pad_end_of_episode=True, **kwargs
+    )
+    _, observer = manager.create_replay_buffer()
+    lengths = {(0, 0): 6, (0, 1): 45}
+    for (_, episode_id), n in lengths.items():
+        for step in episode(data_spec, episode_id, n):
+            observer(step)
+    observer.flush()
+    expected = expected_items(lengths, 40, 20)
     assert canonical(stored_items(manager, len(expected))) == canonical(expected)
