@@ -14,7 +14,8 @@ calls `create_item` in Python for every step.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import reverb
@@ -94,6 +95,97 @@ def window_configs(
     return [make(data_spec, name, length, stride_length, priority) for name, length in tables]
 
 
+@dataclasses.dataclass(frozen=True)
+class WriteTarget:
+    """What a collector writes to, shared by `TrajectoryObserver` and `TransitionWriter`: the
+    tables' `StructuredWriter` configs, how often to wait for the server, and padding.
+
+    Attributes:
+      client: Client of the server holding the tables.
+      table_name: The primary table (named in errors).
+      sequence_length: Steps per item.
+      stride_length: A new item every `stride_length` steps.
+      configs: One `StructuredWriter` config per table (`window_configs`).
+      flush_every: Steps between waits for the server (`flush_every`).
+      timeout_ms: Bound on every wait, in milliseconds (None: forever).
+      pad_end_of_episode: Whether steps are `Masked` and episode ends padded.
+    """
+
+    client: reverb.Client
+    table_name: str
+    sequence_length: int
+    stride_length: int
+    configs: list[Any]
+    flush_every: int
+    timeout_ms: int | None
+    pad_end_of_episode: bool
+
+    @classmethod
+    def build(
+        cls,
+        client: reverb.Client,
+        table_name: str,
+        sequence_length: int,
+        data_spec: Any,
+        *,
+        stride_length: int,
+        priority: float,
+        timeouts: Timeouts | None,
+        extra_tables: Sequence[tuple[str, int]],
+        pad_end_of_episode: bool,
+    ) -> WriteTarget:
+        """Validates the lengths and builds the configs (arguments as `TrajectoryObserver`'s).
+
+        Raises:
+          ValueError: If `sequence_length` or `stride_length` < 1.
+        """
+        if sequence_length < 1 or stride_length < 1:
+            raise ValueError(
+                f"sequence_length and stride_length must be >= 1, got {sequence_length} and "
+                f"{stride_length}"
+            )
+        configs = window_configs(
+            data_spec,
+            table_name,
+            sequence_length,
+            stride_length,
+            float(priority),
+            extra_tables,
+            pad_end_of_episode,
+        )
+        return cls(
+            client=client,
+            table_name=table_name,
+            sequence_length=sequence_length,
+            stride_length=stride_length,
+            configs=configs,
+            flush_every=flush_every(len(configs)),
+            timeout_ms=to_ms((timeouts or Timeouts()).write),
+            pad_end_of_episode=pad_end_of_episode,
+        )
+
+    def padding(self, num_steps: int) -> int:
+        """Padding steps that end an episode of `num_steps` steps (0 unless padded)."""
+        if not self.pad_end_of_episode:
+            return 0
+        return padding_needed(num_steps, self.sequence_length, self.stride_length)
+
+    def wait(self, call: Callable[[], Any]) -> None:
+        """Runs a blocking writer call (given `timeout_ms`).
+
+        Raises:
+          WriteTimeoutError: If the server does not confirm in time, naming table and server.
+        """
+        try:
+            call()
+        except reverb.errors.DeadlineExceededError as e:
+            raise WriteTimeoutError(
+                f"table {self.table_name!r}: written items were not confirmed within "
+                f"{self.timeout_ms} ms; the server at {self.client.server_address!r} is down "
+                "or its rate limiter blocks inserts (too few samples per insert)"
+            ) from e
+
+
 class TrajectoryObserver:
     """Writes overlapping windows of unbatched TF-Agents trajectories to one or more tables.
 
@@ -129,29 +221,20 @@ class TrajectoryObserver:
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
     ) -> None:
-        if sequence_length < 1 or stride_length < 1:
-            raise ValueError(
-                f"sequence_length and stride_length must be >= 1, got {sequence_length} and "
-                f"{stride_length}"
-            )
-        self._client = client
-        self._table_name = table_name
-        self._sequence_length = sequence_length
-        self._stride_length = stride_length
-        self._priority = float(priority)
-        self._data_spec = data_spec
-        self._timeout_ms = to_ms((timeouts or Timeouts()).write)
-        self._configs = window_configs(
-            data_spec,
+        self._target = target = WriteTarget.build(
+            client,
             table_name,
             sequence_length,
-            stride_length,
-            self._priority,
-            extra_tables,
-            pad_end_of_episode,
+            data_spec,
+            stride_length=stride_length,
+            priority=priority,
+            timeouts=timeouts,
+            extra_tables=extra_tables,
+            pad_end_of_episode=pad_end_of_episode,
         )
+        self._data_spec = data_spec
         self._pad = pad_end_of_episode
-        self._flush_every = flush_every(len(self._configs))
+        self._flush_every = target.flush_every  # read on every step
         self._padding = padding_step(data_spec) if pad_end_of_episode else None
         self._episode_steps = 0
         self._writer: Any = None
@@ -162,7 +245,7 @@ class TrajectoryObserver:
     @property
     def py_client(self) -> reverb.Client:
         """The Reverb client written through (TF-Agents observers expose the same)."""
-        return self._client
+        return self._target.client
 
     def __call__(self, trajectory: Any) -> None:
         """Appends one step; creates an item when a full window is available.
@@ -188,7 +271,9 @@ class TrajectoryObserver:
             return
         since_flush = self._steps_since_flush + 1
         if since_flush >= self._flush_every:
-            self._wait(lambda: writer.flush(FLUSH_DOWN_TO, timeout_ms=self._timeout_ms))
+            self._target.wait(
+                lambda: writer.flush(FLUSH_DOWN_TO, timeout_ms=self._target.timeout_ms)
+            )
             since_flush = 0
         self._steps_since_flush = since_flush
 
@@ -199,7 +284,7 @@ class TrajectoryObserver:
           WriteTimeoutError: If that takes longer than the write timeout.
         """
         if self._writer is not None:
-            self._wait(lambda: self._writer.flush(timeout_ms=self._timeout_ms))
+            self._target.wait(lambda: self._writer.flush(timeout_ms=self._target.timeout_ms))
             self._steps_since_flush = 0
 
     def reset(self, write_cached_steps: bool = False) -> None:
@@ -249,29 +334,17 @@ class TrajectoryObserver:
             raise ManagerClosedError("this observer is closed; get a new one from the manager")
         if not self._checked:
             self._check(trajectory)
-        self._writer = self._client.structured_writer(self._configs)
+        self._writer = self._target.client.structured_writer(self._target.configs)
         return self._writer
 
     def _end_episode(self) -> None:
         writer = self._writer
-        if self._pad:
-            for _ in range(
-                padding_needed(self._episode_steps, self._sequence_length, self._stride_length)
-            ):
-                writer.append(self._padding)
+        for _ in range(self._target.padding(self._episode_steps)):
+            writer.append(self._padding)
         self._episode_steps = 0
         self._steps_since_flush = 0
-        self._wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=self._timeout_ms))
-
-    def _wait(self, call: Any) -> None:
-        try:
-            call()
-        except reverb.errors.DeadlineExceededError as e:
-            raise WriteTimeoutError(
-                f"table {self._table_name!r}: written items were not confirmed within "
-                f"{self._timeout_ms} ms; the server at {self._client.server_address!r} is down "
-                "or its rate limiter blocks inserts (too few samples per insert)"
-            ) from e
+        target = self._target
+        target.wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=target.timeout_ms))
 
     def _check(self, trajectory: Any) -> None:
         problems = diff_value(trajectory, self._data_spec)
@@ -285,6 +358,6 @@ class TrajectoryObserver:
 
     def _mismatch_message(self, problems: list[str]) -> str:
         return (
-            f"trajectory does not match the data spec of table {self._table_name!r} "
+            f"trajectory does not match the data spec of table {self._target.table_name!r} "
             "(the observer takes one unbatched step at a time): " + "; ".join(problems)
         )

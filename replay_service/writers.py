@@ -33,10 +33,10 @@ import tree
 from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory as trajectory_lib
 
-from replay_service.config import Timeouts, to_ms
-from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
-from replay_service.observers import FLUSH_DOWN_TO, abandon_writer, flush_every, window_configs
-from replay_service.sequences import padding_needed, padding_step
+from replay_service.config import Timeouts
+from replay_service.errors import ManagerClosedError, SpecMismatchError
+from replay_service.observers import FLUSH_DOWN_TO, WriteTarget, abandon_writer
+from replay_service.sequences import padding_step
 from replay_service.specs import flatten_with_paths, normalize_spec
 
 FIRST = int(ts.StepType.FIRST)
@@ -111,35 +111,26 @@ class TransitionWriter:
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
     ) -> None:
-        if sequence_length < 1 or stride_length < 1:
-            raise ValueError(
-                f"sequence_length and stride_length must be >= 1, got {sequence_length} and "
-                f"{stride_length}"
-            )
         spec = normalize_spec(data_spec)
         if not isinstance(spec, trajectory_lib.Trajectory):
             raise SpecMismatchError(
                 "TransitionWriter needs a TF-Agents Trajectory data spec (e.g. "
                 f"agent.collect_data_spec), got {type(spec).__name__}"
             )
-        self._client = client
-        self._table_name = table_name
-        self._sequence_length = sequence_length
-        self._stride_length = stride_length
-        self._priority = float(priority)
-        self._timeout_ms = to_ms((timeouts or Timeouts()).write)
-        self._check_continuity = check_continuity
-        self._spec = spec
-        self._configs = window_configs(
-            data_spec,
+        self._target = target = WriteTarget.build(
+            client,
             table_name,
             sequence_length,
-            stride_length,
-            self._priority,
-            extra_tables,
-            pad_end_of_episode,
+            data_spec,
+            stride_length=stride_length,
+            priority=priority,
+            timeouts=timeouts,
+            extra_tables=extra_tables,
+            pad_end_of_episode=pad_end_of_episode,
         )
-        self._flush_every = flush_every(len(self._configs))
+        self._flush_every = target.flush_every  # read on every step
+        self._check_continuity = check_continuity
+        self._spec = spec
         # A padded table stores Masked(step, mask): flat, the step's leaves then the mask.
         self._mask: list[Any] = [np.True_] if pad_end_of_episode else []
         self._padding = tree.flatten(padding_step(spec)) if pad_end_of_episode else None
@@ -161,7 +152,7 @@ class TransitionWriter:
     @property
     def py_client(self) -> reverb.Client:
         """The Reverb client written through."""
-        return self._client
+        return self._target.client
 
     def add(
         self,
@@ -301,7 +292,7 @@ class TransitionWriter:
         """
         for index, writer in enumerate(self._writers):
             if writer is not None:
-                self._wait(lambda w=writer: w.flush(timeout_ms=self._timeout_ms))
+                self._target.wait(lambda w=writer: w.flush(timeout_ms=self._target.timeout_ms))
                 self._since_flush[index] = 0
 
     def close(self) -> None:
@@ -576,13 +567,15 @@ class TransitionWriter:
     def _append_raw(self, index: int, step: Sequence[Any]) -> None:
         writer = self._writers[index]
         if writer is None:
-            writer = self._client.structured_writer(self._configs)
+            writer = self._target.client.structured_writer(self._target.configs)
             self._writers[index] = writer
         writer.append(step)
         self._steps[index] += 1
         since_flush = self._since_flush[index] + 1
         if since_flush >= self._flush_every:
-            self._wait(lambda: writer.flush(FLUSH_DOWN_TO, timeout_ms=self._timeout_ms))
+            self._target.wait(
+                lambda: writer.flush(FLUSH_DOWN_TO, timeout_ms=self._target.timeout_ms)
+            )
             since_flush = 0
         self._since_flush[index] = since_flush
 
@@ -590,22 +583,15 @@ class TransitionWriter:
         writer = self._writers[index]
         if self._padding is not None and writer is not None:
             steps = int(self._steps[index])
-            for _ in range(padding_needed(steps, self._sequence_length, self._stride_length)):
+            for _ in range(self._target.padding(steps)):
                 self._append_raw(index, self._padding)
         self._steps[index] = 0
         self._since_flush[index] = 0
         if writer is not None:
-            self._wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=self._timeout_ms))
-
-    def _wait(self, call: Any) -> None:
-        try:
-            call()
-        except reverb.errors.DeadlineExceededError as e:
-            raise WriteTimeoutError(
-                f"table {self._table_name!r}: written items were not confirmed within "
-                f"{self._timeout_ms} ms; the server at {self._client.server_address!r} is down "
-                "or its rate limiter blocks inserts (too few samples per insert)"
-            ) from e
+            target = self._target
+            target.wait(
+                lambda: writer.end_episode(clear_buffers=True, timeout_ms=target.timeout_ms)
+            )
 
 
 class _Leaf:
