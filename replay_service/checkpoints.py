@@ -5,7 +5,9 @@
                                    data spec, extra tables (written by create_replay_buffer)
       checkpoints/
         ckpt-00000001/             one complete Reverb checkpoint (tables/chunks/items.tfrecord,
-        ckpt-00000002/             DONE) plus replay_service_checkpoint.json; newest = highest
+        ckpt-00000002/             DONE) plus replay_service_checkpoint.json, which records
+                                   the item count and each file's size and SHA-256; newest =
+                                   highest
       .reverb/                     Reverb's own checkpointer root: only Reverb writes here
       .restore/                    while a server starts: the checkpoint being restored, with
                                    the table options configured now (see `restore.py`)
@@ -16,8 +18,15 @@ Reverb keeps only the lexicographically largest entry of its checkpoint root and
 rest, so any foreign file there can make it delete the checkpoint it just wrote. Reverb therefore
 writes into `.reverb/`, which holds nothing else, and each finished checkpoint is moved (one
 atomic rename) into `checkpoints/` under an increasing sequence number, where retention is ours.
-A directory under `checkpoints/` is complete by construction: it appears only after Reverb wrote
-`DONE` and the metadata file was synced.
+A directory under `checkpoints/` is verified by construction: it appears only after Reverb wrote
+`DONE`, every file was read back to its end (the item count and checksums are recorded) and the
+metadata file was synced. Reverb writes `DONE` even after a truncated file (a full disk), so
+`DONE` alone proves nothing.
+
+A checkpoint directory that later fails a check (damaged or missing metadata, a file whose
+digest changed, fewer items restored than recorded) is moved to `corrupt/`, never deleted, and
+the previous checkpoint is used. Retention deletes a checkpoint only when at least `keep` newer
+verified ones exist.
 """
 
 from __future__ import annotations
@@ -25,8 +34,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -38,6 +49,7 @@ from replay_service.errors import (
     ConfigError,
     NoCheckpointError,
 )
+from replay_service.reverb_internals import DONE_FILE, is_reverb_checkpoint, verify_files
 from replay_service.specs import FieldDescription, describe_spec, diff_descriptions
 
 if TYPE_CHECKING:
@@ -51,10 +63,11 @@ RESTORE_DIR = ".restore"
 LOCK_FILE = ".lock"
 CORRUPT_DIR = "corrupt"
 CHECKPOINT_META_FILE = "replay_service_checkpoint.json"
-REVERB_DONE_FILE = "DONE"
-REVERB_ITEMS_FILE = "items.tfrecord"
+REVERB_DONE_FILE = DONE_FILE
 CHECKPOINT_PREFIX = "ckpt-"
 DEFAULT_KEEP = 3
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +234,19 @@ class Checkpoint:
         """The store metadata recorded with this checkpoint."""
         return StoreMetadata.from_json(self.info.get("store", {}), self.path)
 
+    @property
+    def num_items(self) -> int | None:
+        """Items recorded at checkpoint (every table), or None if unknown."""
+        value = self.info.get("num_items")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def files(self) -> dict[str, Any] | None:
+        """Size and SHA-256 of each data file, recorded at checkpoint; None for checkpoints
+        written before files were verified (their files are read back in full on load)."""
+        files = self.info.get("files")
+        return files if isinstance(files, dict) else None
+
 
 class CheckpointStore:
     """Reads, validates and maintains one checkpoint directory (see module docstring).
@@ -281,38 +307,61 @@ class CheckpointStore:
             raise CheckpointError(f"cannot read {self.store_file!r}: {e}") from e
         return StoreMetadata.from_json(data, self.store_file)
 
-    def checkpoints(self) -> list[Checkpoint]:
-        """Returns the complete checkpoints, oldest first."""
+    def entries(self) -> list[tuple[int, str]]:
+        """Every `ckpt-NNNNNNNN` directory under `checkpoints/`, complete or not, oldest first."""
         found = []
         for name in _listdir(self.checkpoints_dir):
             sequence = _parse_sequence(name)
             path = os.path.join(self.checkpoints_dir, name)
-            meta_path = os.path.join(path, CHECKPOINT_META_FILE)
-            if sequence is None or not os.path.isfile(os.path.join(path, REVERB_DONE_FILE)):
-                continue
-            try:
-                with open(meta_path, encoding="utf-8") as f:
-                    info = json.load(f)
-            except (OSError, json.JSONDecodeError):
-                continue
-            found.append(Checkpoint(path=path, sequence=sequence, info=info))
-        return sorted(found, key=lambda c: c.sequence)
+            if sequence is not None and os.path.isdir(path):
+                found.append((sequence, path))
+        return sorted(found)
+
+    def read_checkpoint(self, sequence: int, path: str) -> Checkpoint:
+        """Reads the metadata of the checkpoint directory `path`.
+
+        Raises:
+          CheckpointError: If `DONE` or the metadata file is missing or unreadable.
+        """
+        if not is_reverb_checkpoint(path):
+            raise CheckpointError(f"checkpoint {path!r} has no {DONE_FILE} file")
+        meta_path = os.path.join(path, CHECKPOINT_META_FILE)
+        try:
+            with open(meta_path, encoding="utf-8") as f:
+                info = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"cannot read {meta_path!r}: {e}") from e
+        if not isinstance(info, dict):
+            raise CheckpointError(f"{meta_path!r} is malformed: {type(info).__name__}")
+        return Checkpoint(path=path, sequence=sequence, info=info)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Returns the checkpoints whose `DONE` and metadata file read, oldest first."""
+        found = []
+        for sequence, path in self.entries():
+            with contextlib.suppress(CheckpointError):
+                found.append(self.read_checkpoint(sequence, path))
+        return found
 
     def latest(self) -> Checkpoint | None:
-        """Returns the newest complete checkpoint, or None."""
+        """Returns the newest checkpoint whose `DONE` and metadata file read, or None."""
         checkpoints = self.checkpoints()
         return checkpoints[-1] if checkpoints else None
 
     def has_checkpoints(self) -> bool:
-        """Whether a replay_service store here holds any complete checkpoint."""
-        return self.is_store() and bool(self.checkpoints() or self.staged())
+        """Whether a replay_service store here holds any checkpoint, complete or damaged.
+
+        A damaged checkpoint counts: a directory that held items must never be mistaken for an
+        empty one (`replay-server --restore_if_exists` then refuses instead of starting empty).
+        """
+        return self.is_store() and bool(self.entries() or self.staged())
 
     def staged(self) -> list[str]:
         """Complete checkpoints still in Reverb's root (e.g. from `py_client.checkpoint()`)."""
         return [
             os.path.join(self.reverb_root, name)
             for name in sorted(_listdir(self.reverb_root))
-            if os.path.isfile(os.path.join(self.reverb_root, name, REVERB_DONE_FILE))
+            if is_reverb_checkpoint(os.path.join(self.reverb_root, name))
         ]
 
     # ------------------------------------------------------------------------------- changes
@@ -332,7 +381,7 @@ class CheckpointStore:
         entries = [e for e in _listdir(self.root) if e != LOCK_FILE]
         if entries and not self.is_store():
             raise CheckpointError(_foreign_message(self.root, entries))
-        existing = len(self.checkpoints()) + len(self.staged()) if self.is_store() else 0
+        existing = len(self.entries()) + len(self.staged()) if self.is_store() else 0
         if existing and not overwrite:
             raise CheckpointExistsError(
                 f"checkpoint_dir {self.root!r} already holds {existing} checkpoint(s). "
@@ -347,7 +396,8 @@ class CheckpointStore:
         Args:
           metadata: What the new buffer holds.
           overwrite: Delete existing checkpoints of a replay_service store instead of refusing.
-            Files that are not replay_service's are never deleted.
+            Files that are not replay_service's (anything but `ckpt-NNNNNNNN` directories under
+            `checkpoints/`) are never deleted; `corrupt/` is kept.
 
         Raises:
           CheckpointExistsError: If checkpoints exist and `overwrite` is False.
@@ -357,42 +407,89 @@ class CheckpointStore:
         try:
             os.makedirs(self.root, exist_ok=True)
             remove_path(self.restore_dir)
-            for sub in (self.checkpoints_dir, self.reverb_root):
-                if os.path.isdir(sub):
-                    shutil.rmtree(sub)
-                os.makedirs(sub)
+            for _, path in self.entries():
+                shutil.rmtree(path)
+            if os.path.isdir(self.reverb_root):
+                shutil.rmtree(self.reverb_root)
+            self.ensure_dirs()
             _write_json_atomic(self.store_file, metadata.to_json())
         except OSError as e:
             raise CheckpointError(f"cannot write checkpoint_dir {self.root!r}: {e}") from e
 
     def ensure_dirs(self) -> None:
-        """Creates `checkpoints/` and `.reverb/` of an existing store if missing."""
-        for sub in (self.checkpoints_dir, self.reverb_root):
-            os.makedirs(sub, exist_ok=True)
+        """Creates `checkpoints/` and `.reverb/` of an existing store if missing.
+
+        Raises:
+          CheckpointError: If they cannot be created.
+        """
+        try:
+            for sub in (self.checkpoints_dir, self.reverb_root):
+                os.makedirs(sub, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(f"cannot write checkpoint_dir {self.root!r}: {e}") from e
 
     def clean_staging(self, metadata: StoreMetadata) -> list[Checkpoint]:
-        """Adopts complete checkpoints from Reverb's root and removes incomplete ones.
+        """Adopts complete checkpoints from Reverb's root and clears it.
 
         Leaves Reverb's root empty, so its keep-only-the-largest rule cannot delete the next
-        checkpoint because of an older, later-sorting entry (clock skew, a crash mid-write).
+        checkpoint because of an older, later-sorting entry (clock skew, a crash mid-write). A
+        staged checkpoint that fails verification is moved to `corrupt/`; one without `DONE`
+        (Reverb was stopped while writing it) holds nothing Reverb would load and is deleted.
 
         Returns:
           The checkpoints adopted, oldest first.
+
+        Raises:
+          CheckpointError: If the directory cannot be read or written.
         """
-        adopted = self.adopt_staged(metadata)
+        adopted = []
+        for path in self.staged():
+            try:
+                adopted.append(self.adopt(path, metadata))
+            except CheckpointError as e:
+                if os.path.isdir(path):
+                    moved = self.quarantine_path(path)
+                    _log.warning(
+                        "staged checkpoint %s is damaged (%s); moved it to %s", path, e, moved
+                    )
+                else:
+                    raise
+        self.discard_staging()
+        return adopted
+
+    def discard_staging(self) -> None:
+        """Deletes everything in Reverb's root (partial or failed checkpoint writes)."""
         for name in _listdir(self.reverb_root):
             remove_path(os.path.join(self.reverb_root, name))
-        return adopted
 
     def adopt_staged(self, metadata: StoreMetadata) -> list[Checkpoint]:
         """Adopts the complete checkpoints in Reverb's root, leaving partial ones alone.
 
-        Safe while Reverb writes: a checkpoint is complete only once `DONE` exists.
+        Safe while Reverb writes: a checkpoint is complete only once `DONE` exists. One that
+        fails verification is moved to `corrupt/` with a warning.
         """
-        return [self.adopt(path, metadata) for path in self.staged()]
+        adopted = []
+        for path in self.staged():
+            try:
+                adopted.append(self.adopt(path, metadata))
+            except CheckpointError as e:
+                if not os.path.isdir(path):
+                    raise
+                moved = self.quarantine_path(path)
+                _log.warning("staged checkpoint %s is damaged (%s); moved it to %s", path, e, moved)
+        return adopted
+
+    def next_sequence(self) -> int:
+        """The sequence number of the next checkpoint: above every entry, damaged ones too."""
+        entries = self.entries()
+        return entries[-1][0] + 1 if entries else 1
 
     def adopt(self, reverb_path: str, metadata: StoreMetadata) -> Checkpoint:
-        """Moves a finished Reverb checkpoint into `checkpoints/`, then applies retention.
+        """Verifies a finished Reverb checkpoint, moves it into `checkpoints/`, applies retention.
+
+        Every data file is read to its end (see `reverb_internals.verify_files`); the item count
+        and each file's size and SHA-256 are recorded in its metadata file, which is synced
+        before the directory is renamed into place.
 
         Args:
           reverb_path: Directory Reverb wrote (must contain `DONE`).
@@ -402,29 +499,32 @@ class CheckpointStore:
           The adopted checkpoint.
 
         Raises:
-          CheckpointError: If `reverb_path` is incomplete or cannot be moved.
+          CheckpointError: If `reverb_path` is incomplete or damaged (left where it is), or it
+            cannot be moved (e.g. the disk is full); the message names the path.
         """
-        if not os.path.isfile(os.path.join(reverb_path, REVERB_DONE_FILE)):
-            raise CheckpointError(
-                f"Reverb checkpoint {reverb_path!r} is incomplete (no {REVERB_DONE_FILE} file)"
-            )
-        existing = self.checkpoints()
-        sequence = existing[-1].sequence + 1 if existing else 1
+        num_items, files = verify_files(reverb_path)
+        sequence = self.next_sequence()
         info = {
             "format": FORMAT,
             "sequence": sequence,
             "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
             "reverb_name": os.path.basename(reverb_path),
-            "num_items": count_items(reverb_path),
+            "num_items": num_items,
+            "files": {
+                name: {"size": f["size"], "sha256": f["sha256"]} for name, f in files.items()
+            },
             "store": metadata.to_json(),
         }
         target = os.path.join(self.checkpoints_dir, f"{CHECKPOINT_PREFIX}{sequence:08d}")
+        meta_path = os.path.join(reverb_path, CHECKPOINT_META_FILE)
         try:
-            _write_json_atomic(os.path.join(reverb_path, CHECKPOINT_META_FILE), info)
+            _write_json_atomic(meta_path, info)
             os.makedirs(self.checkpoints_dir, exist_ok=True)
             os.rename(reverb_path, target)
             fsync_dir(self.checkpoints_dir)
         except OSError as e:
+            with contextlib.suppress(OSError):
+                os.remove(meta_path)
             raise CheckpointError(
                 f"cannot move checkpoint {reverb_path!r} to {target!r}: {e}"
             ) from e
@@ -437,19 +537,37 @@ class CheckpointStore:
         Raises:
           CheckpointError: If it cannot be moved.
         """
+        return self.quarantine_path(checkpoint.path)
+
+    def quarantine_path(self, path: str) -> str:
+        """Moves the checkpoint directory `path` into `corrupt/`; returns its new path.
+
+        Raises:
+          CheckpointError: If it cannot be moved.
+        """
         target_dir = os.path.join(self.root, CORRUPT_DIR)
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%f")
-        target = os.path.join(target_dir, f"{os.path.basename(checkpoint.path)}-{stamp}")
+        target = os.path.join(target_dir, f"{os.path.basename(path)}-{stamp}")
         try:
             os.makedirs(target_dir, exist_ok=True)
-            os.rename(checkpoint.path, target)
+            os.rename(path, target)
         except OSError as e:
-            raise CheckpointError(f"cannot move {checkpoint.path!r} aside: {e}") from e
+            raise CheckpointError(f"cannot move {path!r} aside to {target_dir!r}: {e}") from e
         return target
 
     def prune(self) -> list[str]:
-        """Deletes complete checkpoints beyond the newest `keep`; returns the deleted paths."""
-        old = self.checkpoints()[: -self.keep]
+        """Deletes checkpoints older than the `keep` newest verified ones; returns their paths.
+
+        Only checkpoints whose files were verified when taken count towards `keep`, so a
+        damaged or unverified newest checkpoint never causes an older good one to go. With
+        fewer than `keep` verified checkpoints nothing is deleted.
+        """
+        checkpoints = self.checkpoints()
+        verified = [c for c in checkpoints if c.files is not None]
+        if len(verified) < self.keep:
+            return []
+        oldest_kept = verified[-self.keep].sequence
+        old = [c for c in checkpoints if c.sequence < oldest_kept]
         for checkpoint in old:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
         return [c.path for c in old]
@@ -467,26 +585,35 @@ class CheckpointStore:
         """Takes an exclusive, process-wide lock on the directory.
 
         Raises:
-          CheckpointError: If another process (or manager) serves this directory.
+          CheckpointError: If another process (or manager) serves this directory, or `.lock`
+            is not a regular file (a symbolic link is refused, never followed).
         """
         if self._lock_file is not None:
             return
+        path = os.path.join(self.root, LOCK_FILE)
         try:
             os.makedirs(self.root, exist_ok=True)
-            handle = open(os.path.join(self.root, LOCK_FILE), "a+", encoding="utf-8")  # noqa: SIM115
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise CheckpointError(
+                    f"{path!r} is a symbolic link; replay_service writes its lock there and "
+                    "never follows links: remove it"
+                ) from None
             raise CheckpointError(f"cannot use checkpoint_dir {self.root!r}: {e}") from e
+        handle = os.fdopen(fd, "r+", encoding="utf-8")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            handle.seek(0)
             holder = handle.read().strip() or "unknown"
             handle.close()
             raise CheckpointError(
                 f"checkpoint_dir {self.root!r} is in use by another buffer (lock held by pid "
                 f"{holder}); close it first or choose another checkpoint_dir"
             ) from None
-        handle.seek(0)
+        if not os.path.samestat(os.fstat(handle.fileno()), os.lstat(path)):
+            handle.close()
+            raise CheckpointError(f"{path!r} was replaced while it was being locked; try again")
         handle.truncate()
         handle.write(str(os.getpid()))
         handle.flush()
@@ -495,9 +622,49 @@ class CheckpointStore:
     def unlock(self) -> None:
         """Releases the lock taken by `lock` (no-op if not held)."""
         if self._lock_file is not None:
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
             self._lock_file = None
+
+    def ensure_intact(self, metadata: StoreMetadata) -> None:
+        """Checks that the locked directory is still in place before writing into it.
+
+        If `checkpoint_dir` was removed (or replaced by an empty directory) while this process
+        served it, it is created again with `metadata` and locked anew, with a warning, so the
+        next checkpoint is a real one rather than a write into a deleted directory.
+
+        Raises:
+          CheckpointError: If the directory now holds another store, or cannot be recreated.
+        """
+        if self._lock_file is None:
+            return
+        try:
+            same = os.path.samestat(
+                os.fstat(self._lock_file.fileno()), os.lstat(os.path.join(self.root, LOCK_FILE))
+            )
+        except OSError:
+            same = False
+        if same and self.is_store():
+            return
+        if self.is_store():
+            stored = self.read_metadata()
+            if stored.differences(metadata):
+                raise CheckpointError(
+                    f"checkpoint_dir {self.root!r} was replaced while in use and now holds "
+                    "another buffer; nothing was written"
+                )
+        _log.warning(
+            "checkpoint_dir %s was removed or replaced while in use; recreating it", self.root
+        )
+        self.unlock()
+        self.lock()
+        self.ensure_dirs()
+        if not self.is_store():
+            try:
+                _write_json_atomic(self.store_file, metadata.to_json())
+            except OSError as e:
+                raise CheckpointError(f"cannot write {self.store_file!r}: {e}") from e
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -515,22 +682,6 @@ class CheckpointStore:
                 "use create_replay_buffer() to start a new buffer"
             )
         raise CheckpointError(_foreign_message(self.root, entries))
-
-
-def count_items(reverb_path: str) -> int | None:
-    """Counts the items stored in a Reverb checkpoint (all its tables), or None if unreadable.
-
-    Reverb writes one ZLIB-compressed record per item to `items.tfrecord`; counting them is exact
-    even when items were inserted while the checkpoint was taken.
-    """
-    import tensorflow as tf
-
-    path = os.path.join(reverb_path, REVERB_ITEMS_FILE)
-    try:
-        records = tf.data.TFRecordDataset(path, compression_type="ZLIB")
-        return int(records.reduce(0, lambda count, _: count + 1))
-    except (tf.errors.OpError, OSError):
-        return None
 
 
 def _foreign_message(root: str, entries: list[str]) -> str:
@@ -570,11 +721,16 @@ def _listdir(path: str) -> list[str]:
 
 def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     fsync_dir(os.path.dirname(path))
 
 

@@ -49,6 +49,7 @@ from safetensors.numpy import load_file, save_file
 
 from replay_service import specs
 from replay_service.config import SamplingConfig, Timeouts, to_ms
+from replay_service.connection import pick_free_port
 from replay_service.errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -57,7 +58,6 @@ from replay_service.errors import (
     WriteTimeoutError,
 )
 from replay_service.observers import MAX_IN_FLIGHT_ITEMS
-from replay_service.server import pick_free_port
 
 if TYPE_CHECKING:
     from replay_service.manager import ReplayBufferManager

@@ -8,6 +8,7 @@ validation and sampling live in their own modules; this class only puts them in 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,27 +19,18 @@ import tensorflow as tf
 from replay_service import export as export_lib
 from replay_service import priorities as priorities_lib
 from replay_service import rate_limit, sequences, specs
-from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore, StoreMetadata
+from replay_service.backends import EmbeddedBackend, RemoteBackend, check_table_exists
+from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore
 from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
 from replay_service.datasets import ReplayBuffer, mixed_dataset, sample_dataset
 from replay_service.errors import (
     BufferStateError,
-    CheckpointError,
-    CheckpointExistsError,
     ConfigError,
     ManagerClosedError,
     SpecMismatchError,
 )
 from replay_service.observers import TrajectoryObserver
-from replay_service.server import (
-    call_with_timeout,
-    connect,
-    server_info,
-    start_from_latest,
-    start_server,
-    take_checkpoint,
-)
-from replay_service.tables import check_extra_tables, find_table, make_replay_tables
+from replay_service.tables import check_extra_tables, find_table
 from replay_service.writers import TransitionWriter
 
 if TYPE_CHECKING:
@@ -73,6 +65,9 @@ class ReplayBufferManager:
       pad_end_of_episode: Pad the end of every episode so that no step is left out of an item,
         and store a mask: items are `Masked(step, mask)` (see `replay_service.sequences`).
         Extra tables must then be padded too, with the same sequence length.
+      checkpoint_interval_s: Embedded mode: take a checkpoint every this many seconds in a
+        background thread (failures are logged and retried); None: only on `checkpoint()`.
+        After a crash at most one interval plus one checkpoint's duration is lost.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
@@ -96,6 +91,7 @@ class ReplayBufferManager:
         stride_length: int = 1,
         extra_tables: Sequence[TableConfig] = (),
         pad_end_of_episode: bool = False,
+        checkpoint_interval_s: float | None = None,
     ) -> None:
         self._table = TableConfig(
             name=table_name,
@@ -107,23 +103,28 @@ class ReplayBufferManager:
         self._extra_tables = check_extra_tables(self._table, extra_tables)
         self._data_spec = data_spec
         self._stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
-        self._metadata = StoreMetadata.for_tables(self._table, data_spec, self._extra_tables)
+        specs.describe_spec(data_spec)  # refuses a spec that is not a nest of tensor specs
         if server_address is None and checkpoint_dir is None:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
         if server_address is not None and port is not None:
             raise ConfigError(f"port={port!r} applies only to the embedded server, not remote")
         if not isinstance(stride_length, int) or stride_length < 1:
             raise ConfigError(f"stride_length must be an integer >= 1, got {stride_length!r}")
+        _check_interval(checkpoint_interval_s, server_address)
         self._stride_length = stride_length
         self._timeouts = timeouts or Timeouts()
-        self._remote_address = server_address
-        self._port = port
-        self._store = (
-            CheckpointStore(checkpoint_dir, keep=keep_checkpoints)
-            if checkpoint_dir is not None and server_address is None
-            else None
+        self._backend: EmbeddedBackend | RemoteBackend = (
+            RemoteBackend(server_address, self.tables, self._timeouts)
+            if server_address is not None
+            else EmbeddedBackend(
+                CheckpointStore(checkpoint_dir, keep=keep_checkpoints),  # type: ignore[arg-type]
+                self.tables,
+                data_spec,
+                port,
+                self._timeouts,
+                checkpoint_interval_s,
+            )
         )
-        self._server: reverb.Server | None = None
         self._client: reverb.Client | None = None
         self._replay_buffer: ReplayBuffer | None = None
         self._observers: list[TrajectoryObserver] = []
@@ -149,7 +150,7 @@ class ReplayBufferManager:
     @property
     def checkpoint_dir(self) -> str | None:
         """Absolute checkpoint directory (embedded mode), else None."""
-        return self._store.root if self._store else None
+        return self._backend.checkpoint_dir
 
     @property
     def server_address(self) -> str:
@@ -186,31 +187,12 @@ class ReplayBufferManager:
           BufferStateError: If this manager already has a buffer.
         """
         self._require_no_buffer()
-        if self._store is None:
-            client = self._connect_remote()
-            for table in self.tables:
-                size = self._table_info(client, table.name).current_size
-                if size and not overwrite:
-                    raise CheckpointExistsError(
-                        f"table {table.name!r} on {self._remote_address!r} already holds {size} "
-                        "items; use load_replay_buffer() to keep them or overwrite=True to empty "
-                        "it"
-                    )
-            for table in self.tables:
-                client.reset(table.name)
-            return self._hand_out(client)
-        self._store.check_new(overwrite)
-        self._store.lock()
+        client = self._backend.create(overwrite)
         try:
-            self._store.prepare_new(self._metadata, overwrite=overwrite)
-            self._server = start_server(
-                make_replay_tables(self.tables, self._data_spec), self._store, self._port
-            )
+            return self._hand_out(client)
         except BaseException:
-            self._store.unlock()
+            self._backend.close()
             raise
-        _log.info("Created an empty buffer, table %r, in %s", self.table_name, self._store.root)
-        return self._hand_out(self._server.localhost_client())
 
     def load_replay_buffer(self) -> tuple[ReplayBuffer, Any]:
         """Restores the newest complete checkpoint (embedded) or attaches to the server's table.
@@ -230,31 +212,12 @@ class ReplayBufferManager:
           BufferStateError: If this manager already has a buffer.
         """
         self._require_no_buffer()
-        if self._store is None:
-            return self._hand_out(self._connect_remote())
-        store = self._store
-        stored = store.read_metadata()
-        store.lock()
+        client = self._backend.load()
         try:
-            store.ensure_dirs()
-            store.clean_staging(stored)
-            self._server, latest = start_from_latest(
-                make_replay_tables(self.tables, self._data_spec),
-                store,
-                self._port,
-                check=lambda c: self._check_stored(c.metadata, c.path),
-            )
+            return self._hand_out(client)
         except BaseException:
-            store.unlock()
+            self._backend.close()
             raise
-        client = self._server.localhost_client()
-        _log.info(
-            "Loaded %s items of tables %s from %s",
-            [self._table_info(client, t.name).current_size for t in self.tables],
-            [t.name for t in self.tables],
-            latest.path,
-        )
-        return self._hand_out(client)
 
     def get_replay_buffer_and_observer(self) -> tuple[ReplayBuffer, Any]:
         """Returns the buffer created or loaded before, with a new observer.
@@ -281,11 +244,8 @@ class ReplayBufferManager:
                 except Exception as e:  # a dead server must not prevent the rest of close()
                     _log.warning("observer close failed: %s", e)
         finally:
-            if self._server is not None:
-                self._server.stop()
-            if self._store is not None:
-                self._store.unlock()
-            self._server = self._client = self._replay_buffer = None
+            self._backend.close()
+            self._client = self._replay_buffer = None
             self._observers = []
 
     def __enter__(self) -> ReplayBufferManager:
@@ -410,15 +370,17 @@ class ReplayBufferManager:
     def clear(self) -> None:
         """Empties every table in place; every object handed out stays valid.
 
-        Embedded mode then takes a checkpoint of the empty tables, so a later
-        `load_replay_buffer()` does not bring the old items back (older checkpoints are kept
-        until retention removes them).
+        It then takes a checkpoint of the empty tables (embedded: into `checkpoint_dir`;
+        remote: on the server), so a later `load_replay_buffer()` or a restarted server does
+        not bring the old items back (older checkpoints are kept until retention removes them).
+
+        Raises:
+          CheckpointError: If that checkpoint fails (the tables are empty either way).
         """
         client = self._require_client()
         for table in self.tables:
             client.reset(table.name)
-        if self._store is not None:
-            self.checkpoint()
+        self._backend.after_clear()
 
     def checkpoint(self) -> str:
         """Writes a checkpoint and returns its path.
@@ -430,16 +392,9 @@ class ReplayBufferManager:
           CheckpointError: If the checkpoint fails, is incomplete or takes longer than
             `timeouts.checkpoint`.
         """
-        client = self._require_client()
+        self._require_client()
         self._flush_writers()
-        if self._store is None:
-            try:
-                return call_with_timeout(client.checkpoint, self._timeouts.checkpoint, "checkpoint")
-            except (TimeoutError, RuntimeError) as e:
-                raise CheckpointError(f"checkpoint of {client.server_address!r} failed: {e}") from e
-        saved = take_checkpoint(client, self._store, self._metadata, self._timeouts.checkpoint)
-        _log.info("Checkpointed %s items to %s", saved.info["num_items"], saved.path)
-        return saved.path
+        return self._backend.checkpoint()
 
     def train_schedule(
         self, batch_size: int, *, table: str | None = None
@@ -476,19 +431,14 @@ class ReplayBufferManager:
             observer.flush()
 
     def _hand_out(self, client: reverb.Client) -> tuple[ReplayBuffer, Any]:
-        self._client = client
         self._check_server_table(client)
-        kwargs: dict[str, Any] = (
-            {"local_server": self._server}
-            if self._server is not None
-            else {"server_address": client.server_address}
-        )
+        self._client = client
         self._replay_buffer = ReplayBuffer(
             self._stored_spec,
             self.table_name,
             self.sequence_length,
             sample_timeout=self._timeouts.sample,
-            **kwargs,
+            **self._backend.replay_buffer_kwargs(),
         )
         return self._replay_buffer, self._new_observer()
 
@@ -509,19 +459,8 @@ class ReplayBufferManager:
         self._observers.append(observer)
         return observer
 
-    def _connect_remote(self) -> reverb.Client:
-        assert self._remote_address is not None
-        return connect(self._remote_address, self._timeouts.connect)
-
     def _table_info(self, client: reverb.Client, name: str | None = None) -> Any:
-        name = name or self.table_name
-        infos = server_info(client, self._timeouts.connect)
-        if name not in infos:
-            raise SpecMismatchError(
-                f"server at {client.server_address!r} has no table {name!r}; "
-                f"its tables are {sorted(infos)}"
-            )
-        return infos[name]
+        return check_table_exists(client, name or self.table_name, self._timeouts.connect)
 
     def _check_server_table(self, client: reverb.Client) -> None:
         for table in self.tables:
@@ -543,13 +482,6 @@ class ReplayBufferManager:
                     "manager (the leading dimension of each field is sequence_length): "
                     + "; ".join(problems)
                 )
-
-    def _check_stored(self, stored: StoreMetadata, path: str) -> None:
-        problems = stored.differences(self._metadata)
-        if problems:
-            raise SpecMismatchError(
-                f"checkpoint {path!r} does not match this manager: " + "; ".join(problems)
-            )
 
     def _require_open(self) -> None:
         if self._closed:
@@ -767,4 +699,24 @@ class ReplayBufferManager:
         """
         return export_lib.import_buffer(
             self, dirpath, prefix, overwrite=overwrite, drop_oldest=drop_oldest
+        )
+
+
+def _check_interval(interval: float | None, server_address: str | None) -> None:
+    if interval is None:
+        return
+    if server_address is not None:
+        raise ConfigError(
+            f"checkpoint_interval_s={interval!r} applies only to the embedded server; a remote "
+            "server checkpoints on its own schedule (replay-server --checkpoint_interval_s)"
+        )
+    if (
+        not isinstance(interval, int | float)
+        or isinstance(interval, bool)
+        or not math.isfinite(interval)
+        or interval <= 0
+    ):
+        raise ConfigError(
+            f"checkpoint_interval_s must be a finite number of seconds > 0 or None, got "
+            f"{interval!r}"
         )

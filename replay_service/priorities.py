@@ -27,8 +27,8 @@ import numpy as np
 import reverb
 import tree
 
+from replay_service.connection import call_with_timeout
 from replay_service.errors import ConfigError, SpecMismatchError
-from replay_service.server import call_with_timeout
 
 DEFAULT_BETA_START = 0.4
 DEFAULT_BETA_END = 1.0

@@ -9,14 +9,18 @@ Serve a new, empty buffer (refuses a directory with checkpoints unless --overwri
 Inspect a running server:
   replay-server status --address=localhost:8000 [--checkpoint_dir=/data/replay]
 
-SIGTERM and SIGINT take a final checkpoint before a clean stop. Reverb's gRPC listens on all
-interfaces WITHOUT authentication: keep the port on a trusted network.
+SIGTERM and SIGINT stop the server from confirming writes, then take a final checkpoint that
+holds every confirmed item, and exit 0; if that checkpoint fails the exit status is 1. Repeated
+signals are ignored while it runs. Reverb's gRPC listens on all interfaces WITHOUT
+authentication: keep the port on a trusted network.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import time
 from typing import Any
 
 from absl import app, flags, logging
@@ -47,10 +51,26 @@ _OVERWRITE = flags.DEFINE_boolean(
 )
 _ADDRESS = flags.DEFINE_string("address", None, "status: host:port of the server to inspect.")
 _TIMEOUT = flags.DEFINE_float("timeout", 10.0, "status: seconds to wait for the server.")
+# How often the main thread looks at the stop flag.
+_POLL_S = 0.2
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT. The handler only sets an attribute: no lock, no logging, so a
+    second signal while the first is handled (e.g. `timeout` signalling the process group)
+    cannot deadlock."""
+
+    def __init__(self) -> None:
+        self.signals = 0
+
+    def __call__(self, signum: int, _: Any) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            os.write(2, b"replay-server: already stopping (final checkpoint in progress)\n")
 
 
 def _serve() -> int:
-    from replay_service.service import ReplayServer
+    from replay_service.checkpointed_server import serve_config
 
     config = load_config(
         _CONFIG.value,
@@ -59,13 +79,11 @@ def _serve() -> int:
         server__checkpoint_interval_s=_INTERVAL.value,
         server__keep_checkpoints=_KEEP.value,
     )
-    from replay_service.checkpoints import CheckpointStore
-
-    restore = _RESTORE.value or (
-        _RESTORE_IF_EXISTS.value and CheckpointStore(config.server.checkpoint_dir).has_checkpoints()
-    )
-    server = ReplayServer(config)
-    server.start(restore=restore, overwrite=_OVERWRITE.value)
+    restore = True if _RESTORE.value else (None if _RESTORE_IF_EXISTS.value else False)
+    stop = _StopFlag()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server = serve_config(config, restore=restore, overwrite=_OVERWRITE.value)
     restored = server.restored_from
     logging.warning(
         "replay-server: %s listening on port %d (all interfaces, no authentication); "
@@ -79,16 +97,14 @@ def _serve() -> int:
         f"restored {restored.path}" if restored else "started empty",
     )
     print(f"replay-server listening on port {server.port}", flush=True)
-
-    def on_signal(signum: int, _: Any) -> None:
-        logging.warning("replay-server: %s received, checkpointing and stopping", signum)
-        server.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    while not server.wait(1.0):
-        pass
-    final = server.stop()
+    while not stop.signals:
+        time.sleep(_POLL_S)
+    print("replay-server: stopping: no more writes are confirmed; final checkpoint", flush=True)
+    try:
+        final = server.stop(final_checkpoint=True)
+    except ReplayServiceError as e:
+        print(f"replay-server: error: final checkpoint failed: {e}", file=sys.stderr, flush=True)
+        return 1
     print(f"replay-server stopped; final checkpoint {final.path if final else 'none'}", flush=True)
     return 0
 

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from replay_service.checkpoints import CheckpointStore
-from replay_service.server import connect, server_info
+from replay_service.connection import connect, server_info
 
 
 @dataclasses.dataclass(frozen=True)

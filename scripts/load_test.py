@@ -54,8 +54,8 @@ import numpy as np
 from tf_agents.trajectories import trajectory
 
 from replay_service.config import Timeouts
+from replay_service.connection import pick_free_port
 from replay_service.errors import ConfigError, ReplayServiceError
-from replay_service.server import pick_free_port
 from replay_service.sharding import ShardedConfig, ShardedReplayBuffer, sharded_status
 
 TABLE_NAME = "uniform_table"

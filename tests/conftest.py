@@ -25,8 +25,8 @@ from tf_agents.environments import suite_gym
 from tf_agents.policies import random_py_policy
 
 from replay_service import ReplayBufferManager, Timeouts
+from replay_service.connection import pick_free_port
 from replay_service.demo import collect_data_spec
-from replay_service.server import pick_free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")

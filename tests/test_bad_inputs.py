@@ -139,7 +139,7 @@ def test_truncated_only_checkpoint_is_moved_aside_not_deleted(make_manager, save
     tables = os.path.join(newest.path, "tables.tfrecord")
     with open(tables, "r+b") as f:
         f.truncate(os.path.getsize(tables) // 2)
-    with pytest.raises(NoCheckpointError, match="no complete checkpoint that loads"):
+    with pytest.raises(NoCheckpointError, match="no complete checkpoint that verifies and loads"):
         make_manager(checkpoint_dir=path).load_replay_buffer()
     assert len(os.listdir(os.path.join(path, CORRUPT_DIR))) == 1
 
@@ -212,7 +212,7 @@ def test_server_cli_rejects_unknown_command_and_status_without_address():
 
 
 def test_status_of_a_server_that_is_down():
-    from replay_service.server import pick_free_port
+    from replay_service.connection import pick_free_port
     from replay_service.status import server_status
 
     address = f"localhost:{pick_free_port()}"

@@ -455,7 +455,7 @@ def test_remote_manager_checks_the_table(make_manager, data_spec):
 
 
 def test_server_down_gives_a_clear_error_within_the_timeout(make_manager):
-    from replay_service.server import pick_free_port
+    from replay_service.connection import pick_free_port
 
     address = f"localhost:{pick_free_port()}"
     manager = make_manager(server_address=address, timeouts=Timeouts(connect=1.0))

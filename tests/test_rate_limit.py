@@ -12,9 +12,9 @@ from tf_agents.drivers import py_driver
 
 from conftest import FAST_TIMEOUTS
 from replay_service import ConfigError, SamplingConfig, Timeouts
+from replay_service.connection import server_info
 from replay_service.rate_limit import IN_FLIGHT, LimiterState, check_single_process_loop
-from replay_service.restore import rebased_sample_count
-from replay_service.server import server_info
+from replay_service.reverb_internals import rebased_sample_count
 
 
 def limiter(manager: Any) -> LimiterState:

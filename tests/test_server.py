@@ -96,7 +96,7 @@ def test_a_corrupt_newest_checkpoint_is_moved_aside(start_server, tmp_path, env,
     learner.load_replay_buffer()
     assert learner.num_frames() == first_count
     assert [n.startswith(newest) for n in os.listdir(root / CORRUPT_DIR)] == [True]
-    assert any("does not load" in line for line in restarted.output)
+    assert any("cannot be restored" in line for line in restarted.output)
     learner.close()
 
 

@@ -24,8 +24,8 @@ from replay_service import (
     Timeouts,
 )
 from replay_service.checkpoints import REVERB_DONE_FILE
+from replay_service.connection import pick_free_port
 from replay_service.datasets import EMPTY_BUFFER_MESSAGE
-from replay_service.server import pick_free_port
 from replay_service.sharding import (
     ShardedConfig,
     ShardedReplayBuffer,

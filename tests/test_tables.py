@@ -25,10 +25,10 @@ from replay_service import (
     SpecMismatchError,
     TableConfig,
 )
+from replay_service.checkpointed_server import serve_config
 from replay_service.checkpoints import CHECKPOINT_META_FILE, STORE_FILE, StoreMetadata
 from replay_service.config_file import load_config
-from replay_service.server import pick_free_port as free_port
-from replay_service.service import ReplayServer
+from replay_service.connection import pick_free_port as free_port
 from replay_service.specs import describe_spec
 
 TWO_TABLES_CONFIG = os.path.join(CONFIGS, "uniform_and_prioritized.toml")
@@ -261,17 +261,15 @@ def test_a_server_config_with_changed_extra_tables_is_refused_on_restore(tmp_pat
     config = load_config(
         TWO_TABLES_CONFIG, server__checkpoint_dir=str(tmp_path / "ckpt"), server__port=free_port()
     )
-    server = ReplayServer(config)
-    server.start()
-    final = server.stop()
+    server = serve_config(config, restore=False)
+    final = server.stop(final_checkpoint=True)
     assert final is not None
     assert [t.name for t in final.metadata.extra_tables] == ["prioritized_table"]
     smaller = dataclasses.replace(config.extra_tables[0], capacity=2000)
     changed = dataclasses.replace(config, extra_tables=(smaller,))
     with pytest.raises(SpecMismatchError, match="extra table 'prioritized_table' capacity"):
-        ReplayServer(changed).start(restore=True)
-    restored = ReplayServer(config)
-    restored.start(restore=True)
+        serve_config(changed, restore=True)
+    restored = serve_config(config, restore=True)
     assert restored.restored_from is not None
     restored.stop(final_checkpoint=False)
 

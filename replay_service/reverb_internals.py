@@ -1,0 +1,339 @@
+"""Everything replay_service knows about Reverb's private formats and behaviour, in one place.
+
+Reverb does not document its checkpoint files or offer a way to stop a server from confirming
+writes while it still answers its own process. replay_service relies on both, so this module
+holds that knowledge and checks the installed version against the versions it was verified on
+(`require_supported_reverb`):
+
+- Checkpoint files. Reverb's `DefaultCheckpointer` writes a directory with `tables.tfrecord`,
+  `chunks.tfrecord` and `items.tfrecord` (TFRecord files, each one ZLIB stream; one record per
+  table, chunk and item) and then an empty `DONE` file. `DONE` only says that Reverb finished:
+  on a full disk it still writes `DONE` after a truncated file. `verify_files` therefore reads
+  every file to its end (the ZLIB stream carries an Adler-32 checksum; every record's length
+  must fit), counts the items and hashes each file.
+- Restoring with today's table options. Reverb restores each table's sampler, remover,
+  `max_times_sampled` and rate limiter from the checkpoint, together with the limiter's insert
+  and sample counters, and ignores the table it is given. `restore_view` hands Reverb a view of
+  the checkpoint (hard links) with a rewritten `tables.tfrecord`: the options configured now,
+  counters rebased to the middle of the limiter's band (see `rebased_sample_count`).
+- Stopping confirmations. Reverb offers no way to refuse inserts on a running server, and
+  `Server.stop()` also stops answering the process's own client. `close_foreign_connections`
+  shuts down (at the socket level) every connection to the server's port except this process's
+  own client, and the listening socket: writers then get an error for anything not yet
+  confirmed, and a final checkpoint taken after it holds every confirmed item.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import socket
+import struct
+import zlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from replay_service.errors import CheckpointError, ServerError
+
+TABLES_FILE = "tables.tfrecord"
+CHUNKS_FILE = "chunks.tfrecord"
+ITEMS_FILE = "items.tfrecord"
+DONE_FILE = "DONE"
+DATA_FILES = (TABLES_FILE, CHUNKS_FILE, ITEMS_FILE)
+# The Reverb releases whose checkpoint layout, table protos and server sockets this module was
+# verified against.
+SUPPORTED_REVERB = ("0.13.", "0.14.")
+_COMPRESSION = "ZLIB"
+_READ_BLOCK = 1 << 20
+# A TFRecord record: uint64 length, uint32 CRC of the length, data, uint32 CRC of the data.
+_RECORD_OVERHEAD = 16
+
+
+def require_supported_reverb() -> None:
+    """Raises `ServerError` if the installed dm-reverb is not one this module was verified on."""
+    try:
+        version = importlib.metadata.version("dm-reverb")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    if not version.startswith(SUPPORTED_REVERB):
+        raise ServerError(
+            f"dm-reverb {version} is installed, but replay_service reads Reverb checkpoints and "
+            f"server sockets as dm-reverb {' / '.join(v + 'x' for v in SUPPORTED_REVERB)} "
+            "write them; install dm-reverb==0.13.0"
+        )
+
+
+# ------------------------------------------------------------------------ checkpoint files
+
+
+def is_reverb_checkpoint(path: str) -> bool:
+    """Whether `path` is a directory that Reverb finished writing (it holds `DONE`)."""
+    return os.path.isfile(os.path.join(path, DONE_FILE))
+
+
+def verify_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Reads every data file of a Reverb checkpoint to its end.
+
+    Args:
+      path: A Reverb checkpoint directory.
+
+    Returns:
+      `(num_items, files)`: the number of items (records of `items.tfrecord`, every table), and
+      per data file its size, SHA-256 and record count.
+
+    Raises:
+      CheckpointError: If `DONE` or a file is missing, or a file is truncated or damaged; the
+        message names the file.
+    """
+    if not is_reverb_checkpoint(path):
+        raise CheckpointError(f"Reverb checkpoint {path!r} is incomplete (no {DONE_FILE} file)")
+    files = {name: _verify_file(os.path.join(path, name)) for name in DATA_FILES}
+    return files[ITEMS_FILE]["records"], files
+
+
+def check_recorded_files(path: str, recorded: dict[str, dict[str, Any]]) -> None:
+    """Checks the data files of `path` against the sizes and digests recorded at checkpoint.
+
+    Raises:
+      CheckpointError: If a file is missing, or its size or SHA-256 differs; names the file.
+    """
+    for name in DATA_FILES:
+        file_path = os.path.join(path, name)
+        want = recorded.get(name)
+        if not isinstance(want, dict):
+            raise CheckpointError(f"{path!r} records no checksum of {name}")
+        try:
+            size = os.path.getsize(file_path)
+        except OSError as e:
+            raise CheckpointError(f"cannot read {file_path!r}: {e}") from e
+        if size != want.get("size"):
+            raise CheckpointError(
+                f"{file_path!r} has {size} bytes, but {want.get('size')} were recorded when the "
+                "checkpoint was taken"
+            )
+        digest = _sha256(file_path)
+        if digest != want.get("sha256"):
+            raise CheckpointError(
+                f"{file_path!r} is damaged: SHA-256 {digest}, recorded {want.get('sha256')}"
+            )
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(_READ_BLOCK):
+                digest.update(block)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path!r}: {e}") from e
+    return digest.hexdigest()
+
+
+def _verify_file(path: str) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    inflate = zlib.decompressobj()
+    pending = b""
+    records = size = 0
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(_READ_BLOCK):
+                size += len(block)
+                digest.update(block)
+                if inflate.eof:
+                    raise CheckpointError(f"{path!r} has data after the end of its ZLIB stream")
+                pending += inflate.decompress(block)
+                count, used = _count_records(pending)
+                records += count
+                pending = pending[used:]
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path!r}: {e}") from e
+    except zlib.error as e:
+        raise CheckpointError(f"{path!r} is damaged ({e})") from e
+    if not inflate.eof or pending:
+        raise CheckpointError(
+            f"{path!r} is truncated ({size} bytes; its ZLIB stream or last record is incomplete)"
+        )
+    return {"size": size, "sha256": digest.hexdigest(), "records": records}
+
+
+def _count_records(data: bytes) -> tuple[int, int]:
+    """Counts the whole TFRecord records at the start of `data`; returns (count, bytes used)."""
+    count = offset = 0
+    while offset + 8 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        end = offset + _RECORD_OVERHEAD + length
+        if end > len(data):
+            break
+        count, offset = count + 1, end
+    return count, offset
+
+
+# ------------------------------------------------------------------ restore with options now
+
+
+def restore_view(checkpoint_path: str, tables: Sequence[Any], view_dir: str) -> str:
+    """Writes a view of `checkpoint_path` in which each table has the options of `tables`.
+
+    Args:
+      checkpoint_path: A complete Reverb checkpoint directory (with `DONE`).
+      tables: The `reverb.Table`s configured now; a stored table with another name keeps its
+        options.
+      view_dir: Directory to create (replaced if it exists); delete it once the server runs.
+
+    Returns:
+      `view_dir`, to pass to Reverb as the checkpoint to load.
+
+    Raises:
+      CheckpointError: If the checkpoint cannot be read or the view cannot be written.
+    """
+    import tensorflow as tf
+    from reverb.cc.checkpointing import checkpoint_pb2
+
+    require_supported_reverb()
+    wanted = {table.name: table.info for table in tables}
+    try:
+        records = [
+            record.numpy()
+            for record in tf.data.TFRecordDataset(
+                os.path.join(checkpoint_path, TABLES_FILE), compression_type=_COMPRESSION
+            )
+        ]
+    except (tf.errors.OpError, OSError) as e:
+        raise CheckpointError(f"cannot read the tables of {checkpoint_path!r}: {e}") from e
+    try:
+        if os.path.isdir(view_dir):
+            shutil.rmtree(view_dir)
+        os.makedirs(view_dir)
+        for name in os.listdir(checkpoint_path):
+            if name != TABLES_FILE:
+                _link_or_copy(os.path.join(checkpoint_path, name), os.path.join(view_dir, name))
+        options = tf.io.TFRecordOptions(compression_type=_COMPRESSION)
+        with tf.io.TFRecordWriter(os.path.join(view_dir, TABLES_FILE), options) as writer:
+            for record in records:
+                table = checkpoint_pb2.PriorityTableCheckpoint()
+                table.ParseFromString(record)
+                if table.table_name in wanted:
+                    apply_options(table, wanted[table.table_name])
+                writer.write(table.SerializeToString())
+    except (OSError, tf.errors.OpError) as e:
+        raise CheckpointError(f"cannot prepare {checkpoint_path!r} for restore: {e}") from e
+    return view_dir
+
+
+def apply_options(table: Any, info: Any) -> None:
+    """Gives a stored `PriorityTableCheckpoint` the options of `info` and rebased counters.
+
+    Args:
+      table: The stored table (modified in place).
+      info: `reverb.Table.info` of the table configured now.
+    """
+    table.sampler.CopyFrom(info.sampler_options)
+    table.remover.CopyFrom(info.remover_options)
+    table.max_times_sampled = info.max_times_sampled
+    limiter, configured = table.rate_limiter, info.rate_limiter_info
+    limiter.samples_per_insert = configured.samples_per_insert
+    limiter.min_diff = configured.min_diff
+    limiter.max_diff = configured.max_diff
+    limiter.min_size_to_sample = configured.min_size_to_sample
+    limiter.sample_count = rebased_sample_count(
+        limiter.insert_count,
+        configured.samples_per_insert,
+        configured.min_diff,
+        configured.max_diff,
+    )
+
+
+def rebased_sample_count(
+    inserts: int, samples_per_insert: float, min_diff: float, max_diff: float
+) -> int:
+    """The sample count that puts `inserts * samples_per_insert - samples` mid-band.
+
+    Reverb lets a sample through while that difference stays >= `min_diff` and an insert while
+    it stays <= `max_diff`; the middle of the band is `samples_per_insert * min_size_to_sample`
+    for a `SampleToInsertRatio` limiter. An unbounded band (`MinSize`) centres on 0.
+
+    Returns:
+      The rebased sample count, never negative.
+    """
+    centre = 0.0 if max_diff - min_diff > 1e300 else (min_diff + max_diff) / 2.0
+    return max(0, round(inserts * samples_per_insert - centre))
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+# --------------------------------------------------------------------- stopping confirmations
+
+
+def close_foreign_connections(port: int, own_clients: Iterable[int] = ()) -> int:
+    """Stops a Reverb server in this process from receiving or confirming anything more.
+
+    Shuts down (both directions) the listening socket of `port` and every connection accepted
+    on it, except those whose peer is one of this process's own client sockets (local ports
+    `own_clients`, e.g. the client that takes the final checkpoint). Reverb keeps its tables and
+    answers the remaining client; remote writers see their streams fail, so an item is either
+    confirmed before this call or never confirmed.
+
+    Args:
+      port: The server's port.
+      own_clients: Local ports of this process's client connections to keep.
+
+    Returns:
+      The number of sockets shut down.
+
+    Raises:
+      ServerError: If this platform does not expose its sockets under /proc (Linux only).
+    """
+    keep = set(own_clients)
+    closed = 0
+    for fd, local_port, remote_port, listening in _tcp_sockets():
+        if local_port != port or (not listening and remote_port in keep):
+            continue
+        with contextlib.suppress(OSError):
+            duplicate = socket.socket(fileno=os.dup(fd))
+            try:
+                duplicate.shutdown(socket.SHUT_RDWR)
+                closed += 1
+            finally:
+                duplicate.close()  # closes the duplicate only; the server's descriptor stays
+    return closed
+
+
+def own_client_ports(port: int) -> list[int]:
+    """Local ports of this process's client connections to `port`."""
+    return [
+        local for _, local, remote, listening in _tcp_sockets() if remote == port and not listening
+    ]
+
+
+def _tcp_sockets() -> list[tuple[int, int, int, bool]]:
+    """This process's TCP sockets: (fd, local port, remote port, is listening)."""
+    inodes: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError as e:
+        raise ServerError(f"cannot list this process's sockets (/proc/self/fd): {e}") from e
+    for name in names:
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{name}")
+            if link.startswith("socket:["):
+                inodes[int(link[8:-1])] = int(name)
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table, encoding="ascii") as f:
+            next(f, None)
+            for line in f:
+                fields = line.split()
+                inode = int(fields[9])
+                if inode in inodes:
+                    local = int(fields[1].rsplit(":", 1)[1], 16)
+                    remote = int(fields[2].rsplit(":", 1)[1], 16)
+                    found.append((inodes[inode], local, remote, fields[3] == "0A"))
+    return found
