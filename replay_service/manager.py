@@ -19,7 +19,13 @@ from replay_service import export as export_lib
 from replay_service import priorities as priorities_lib
 from replay_service import rate_limit, sequences, specs
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore, StoreMetadata
-from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
+from replay_service.config import (
+    DEFAULT_TABLE_NAME,
+    SamplingConfig,
+    TableConfig,
+    Timeouts,
+    validate_manager_options,
+)
 from replay_service.datasets import ReplayBuffer, mixed_dataset, sample_dataset
 from replay_service.errors import (
     BufferStateError,
@@ -77,7 +83,8 @@ class ReplayBufferManager:
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
         two tables with one name...).
-      SpecMismatchError: If `data_spec` is not a nest of tensor specs.
+      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs (what
+        the observer and transition writer collect).
     """
 
     def __init__(
@@ -105,6 +112,10 @@ class ReplayBufferManager:
             pad_end_of_episode=pad_end_of_episode,
         )
         self._extra_tables = check_extra_tables(self._table, extra_tables)
+        validate_manager_options(
+            port=port, stride_length=stride_length, keep_checkpoints=keep_checkpoints
+        )
+        specs.check_collect_spec(data_spec, "ReplayBufferManager")
         self._data_spec = data_spec
         self._stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
         self._metadata = StoreMetadata.for_tables(self._table, data_spec, self._extra_tables)
@@ -112,8 +123,6 @@ class ReplayBufferManager:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
         if server_address is not None and port is not None:
             raise ConfigError(f"port={port!r} applies only to the embedded server, not remote")
-        if not isinstance(stride_length, int) or stride_length < 1:
-            raise ConfigError(f"stride_length must be an integer >= 1, got {stride_length!r}")
         self._stride_length = stride_length
         self._timeouts = timeouts or Timeouts()
         self._remote_address = server_address
