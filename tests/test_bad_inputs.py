@@ -271,7 +271,6 @@ def test_integers_beyond_reverbs_range_are_refused_at_construction(make_manager,
         (lambda: TableConfig(capacity=TOO_LARGE), f"capacity must be an integer in {IN_32_BITS}"),
         (lambda: Timeouts(sample=1e300), "timeouts.sample must be a positive, finite number"),
         (lambda: Timeouts(write=float("inf")), "timeouts.write must be a positive, finite"),
-        (lambda: Timeouts(checkpoint=float("nan")), "timeouts.checkpoint must be"),
         (lambda: SamplingConfig(error_buffer=float("inf")), "error_buffer must be a finite"),
         (
             lambda: SamplingConfig(samples_per_insert=1.0, error_buffer=float("nan")),
@@ -291,8 +290,6 @@ def test_config_objects_refuse_out_of_range_and_non_finite_values(factory, messa
         ({"stride_length": True}, "stride_length must be an integer >= 1, got True"),
         ({"keep_checkpoints": True}, "keep_checkpoints must be an integer >= 1, got True"),
         ({"port": True}, "port must be an integer in 1..65535, got True"),
-        ({"capacity": True}, "capacity must be a positive integer, got True"),
-        ({"sequence_length": True}, "sequence_length must be a positive integer, got True"),
     ],
 )
 def test_bools_are_not_integers_for_the_manager(make_manager, kwargs, message):
@@ -305,11 +302,9 @@ def test_bools_are_not_integers_for_the_manager(make_manager, kwargs, message):
     [
         (lambda: SamplingConfig(max_times_sampled=True), "max_times_sampled must be an integer"),
         (lambda: SamplingConfig(max_times_sampled=False), "got False"),
-        (lambda: SamplingConfig(min_size_to_sample=True), "min_size_to_sample must be a"),
         (lambda: SamplingConfig(priority_exponent=True), "priority_exponent must be a finite"),
         (lambda: SamplingConfig(samples_per_insert=True), "samples_per_insert must be"),
         (lambda: SamplingConfig(error_buffer=True), "error_buffer must be"),
-        (lambda: Timeouts(connect=True), "timeouts.connect"),
     ],
 )
 def test_bools_are_not_numbers_for_config_objects(factory, message):
@@ -343,18 +338,12 @@ def test_bools_are_not_integers_for_observers_and_writers(make_manager, data_spe
             "[server]\nkeep_checkpoints = true\n",
             "keep_checkpoints must be an integer >= 1, got True",
         ),
-        ("[server]\nport = true\n", "server.port must be an integer in 1..65535, got True"),
         ("[table]\ncapacity = 2147483648\n", f"capacity must be an integer in {IN_32_BITS}"),
-        (
-            "[table]\nsequence_length = true\n",
-            "sequence_length must be a positive integer, got True",
-        ),
         ("[table.sampling]\nmax_times_sampled = true\n", "max_times_sampled must be an integer"),
         (
             "[table.sampling]\nmax_times_sampled = 4294967296\n",
             f"max_times_sampled must be an integer in 0..{INT32_MAX}",
         ),
-        ("[table.sampling]\nmin_size_to_sample = false\n", "min_size_to_sample must be a"),
         (
             '[data_spec]\nfields.observation = { dtype = "float32", shape = [true] }\n',
             "data_spec.fields.observation.shape must be a list of integers",
@@ -368,12 +357,6 @@ def test_bools_are_not_integers_for_observers_and_writers(make_manager, data_spe
             "checkpoint_interval_s must be a number >= 0 and finite (0 disables periodic "
             "checkpoints), got inf",
         ),
-        ("[server]\ncheckpoint_interval_s = -inf\n", "got -inf"),
-        ("[server]\ncheckpoint_interval_s = -1.5\n", "got -1.5"),
-        ("[table.sampling]\npriority_exponent = nan\n", "priority_exponent must be a finite"),
-        ("[table.sampling]\npriority_exponent = inf\n", "priority_exponent must be a finite"),
-        ("[table.sampling]\nsamples_per_insert = inf\n", "samples_per_insert must be a finite"),
-        ("[table.sampling]\nsamples_per_insert = nan\n", "samples_per_insert must be a finite"),
         ("[table.sampling]\nerror_buffer = inf\n", "error_buffer must be a finite number"),
         ("[table.sampling]\nerror_buffer = nan\n", "error_buffer must be a finite number"),
     ],
