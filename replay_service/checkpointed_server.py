@@ -90,6 +90,7 @@ class CheckpointedServer:
         self._stop_schedule = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._dropped = 0
         self.restored_from: Checkpoint | None = None
         self.last_checkpoint: Checkpoint | None = None
         self.last_error: str | None = None
@@ -234,10 +235,15 @@ class CheckpointedServer:
             return
         infos = server_info(self.client, INFO_TIMEOUT_S)
         restored = sum(int(infos[t.name].current_size) for t in self._tables if t.name in infos)
-        if restored != recorded:
+        if restored != recorded - self._dropped:
+            dropped = (
+                f" ({self._dropped} left out as sampled max_times_sampled times)"
+                if self._dropped
+                else ""
+            )
             raise CheckpointError(
                 f"restoring {checkpoint.path!r} gave {restored} items, but {recorded} were "
-                "recorded when it was taken"
+                f"recorded when it was taken{dropped}"
             )
 
     def _start(self, restore: Checkpoint | None) -> None:
@@ -245,10 +251,10 @@ class CheckpointedServer:
         check_port_free(port)
         tables = make_replay_tables(self._tables, self._data_spec)
         store = self._store
-        view = (
+        view, self._dropped = (
             reverb_internals.restore_view(restore.path, tables, store.restore_dir)
             if restore
-            else None
+            else (None, 0)
         )
         checkpointer = reverb.checkpointers.DefaultCheckpointer(
             store.reverb_root, fallback_checkpoint_path=view

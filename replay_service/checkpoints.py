@@ -260,7 +260,7 @@ class CheckpointStore:
     """
 
     def __init__(self, root: str | os.PathLike[str], keep: int = DEFAULT_KEEP) -> None:
-        if not isinstance(keep, int) or keep < 1:
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"keep (checkpoints to retain) must be an integer >= 1, got {keep!r}")
         self.root = os.path.abspath(os.fspath(root))
         self.keep = keep

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 from replay_service.errors import ConfigError
 
 DEFAULT_TABLE_NAME = "uniform_table"
+# Reverb keeps capacities, sizes, lengths and counts in 32-bit integers (its Table, RateLimiter
+# and StructuredWriter constructors refuse anything larger with a bare TypeError).
+INT32_MAX = 2**31 - 1
+# The longest finite timeout: Reverb takes timeouts in milliseconds, in 32-bit integers.
+MAX_TIMEOUT_S = INT32_MAX / 1000
 SAMPLERS = ("uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap")
 REMOVERS = ("fifo", "lifo", "uniform", "min_heap", "max_heap")
 
@@ -23,18 +29,107 @@ def _require(condition: bool, message: str) -> None:
 
 
 def _require_positive_int(name: str, value: object) -> None:
+    require_int(name, value, 1, what="a positive integer")
+
+
+def require_int(
+    name: str, value: object, minimum: int, maximum: int = INT32_MAX, *, what: str = ""
+) -> int:
+    """Checks an integer option: an `int` (not a bool) in `minimum..maximum`.
+
+    Args:
+      name: The option, as the user spells it (named in the error).
+      value: The candidate value.
+      minimum: Smallest value allowed.
+      maximum: Largest value allowed; by default the largest that Reverb stores (int32).
+      what: How the error describes a valid value; default "an integer >= {minimum}".
+
+    Returns:
+      The value, unchanged.
+
+    Raises:
+      ConfigError: If the value is not an integer, is a bool, or is out of range; the message
+        names the option, the value and the allowed range.
+    """
+    what = what or f"an integer >= {minimum}"
     _require(
-        isinstance(value, int) and not isinstance(value, bool) and value > 0,
-        f"{name} must be a positive integer, got {value!r}",
+        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+        f"{name} must be {what}, got {value!r}",
     )
+    _require(
+        value <= maximum,  # type: ignore[operator]
+        f"{name} must be an integer in {minimum}..{maximum}"
+        + (" (Reverb stores it in 32 bits)" if maximum == INT32_MAX else "")
+        + f", got {value!r}",
+    )
+    return value  # type: ignore[return-value]
+
+
+def require_number(
+    name: str, value: object, minimum: float, *, positive: bool = False, maximum: float = math.inf
+) -> float:
+    """Checks a float option: a finite `int` or `float` (not a bool, NaN or infinity).
+
+    Args:
+      name: The option, as the user spells it (named in the error).
+      value: The candidate value.
+      minimum: Smallest value allowed.
+      positive: Whether `minimum` itself is excluded.
+      maximum: Largest value allowed.
+
+    Returns:
+      The value, unchanged.
+
+    Raises:
+      ConfigError: If the value is not a finite real number (numpy scalars included) in range;
+        the message names the option and the value.
+    """
+    bound = f"> {minimum}" if positive else f">= {minimum}"
+    if maximum != math.inf:
+        bound += f" and <= {maximum}"
+    ok = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > minimum if positive else value >= minimum)
+        and value <= maximum
+    )
+    _require(ok, f"{name} must be a finite number {bound}, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 def _require_timeout(name: str, value: float | None) -> None:
-    _require(
-        value is None
-        or (isinstance(value, int | float) and not isinstance(value, bool) and value > 0),
-        f"{name} must be a positive number of seconds or None (wait forever), got {value!r}",
+    ok = value is None or (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= MAX_TIMEOUT_S
     )
+    _require(
+        ok,
+        f"{name} must be a positive, finite number of seconds (at most {MAX_TIMEOUT_S:g}) or "
+        f"None (wait forever), got {value!r}",
+    )
+
+
+def validate_manager_options(
+    *, port: object, stride_length: object, keep_checkpoints: object
+) -> None:
+    """Checks the integer arguments of `ReplayBufferManager` that are not part of a table.
+
+    Args:
+      port: None (pick a free port) or a TCP port.
+      stride_length: Steps between items written by observers and writers.
+      keep_checkpoints: Complete checkpoints retained.
+
+    Raises:
+      ConfigError: Naming the argument and its value if one is not an integer in range (bools
+        are refused).
+    """
+    if port is not None:
+        require_int("port", port, 1, 65535, what="an integer in 1..65535")
+    require_int("stride_length", stride_length, 1)
+    require_int("keep_checkpoints", keep_checkpoints, 1)
 
 
 def validate_table_name(name: object) -> str:
@@ -86,29 +181,28 @@ class SamplingConfig:
         _require(
             self.remover in REMOVERS, f"remover must be one of {REMOVERS}, got {self.remover!r}"
         )
-        _require(
-            isinstance(self.priority_exponent, int | float)
-            and math.isfinite(self.priority_exponent)
-            and self.priority_exponent >= 0,
-            f"priority_exponent must be a finite number >= 0, got {self.priority_exponent!r}",
-        )
+        require_number("priority_exponent", self.priority_exponent, 0)
         _require_positive_int("min_size_to_sample", self.min_size_to_sample)
-        _require(
-            isinstance(self.max_times_sampled, int) and self.max_times_sampled >= 0,
-            f"max_times_sampled must be an integer >= 0, got {self.max_times_sampled!r}",
-        )
+        require_int("max_times_sampled", self.max_times_sampled, 0)
         spi = self.samples_per_insert
         if spi is not None:
             _require(
-                isinstance(spi, int | float) and math.isfinite(spi) and spi > 0,
+                isinstance(spi, int | float)
+                and not isinstance(spi, bool)
+                and math.isfinite(spi)
+                and spi > 0,
                 f"samples_per_insert must be a finite number > 0 or None, got {spi!r}",
             )
         if self.error_buffer is not None:
             floor = max(1.0, spi or 1.0)
             _require(
-                isinstance(self.error_buffer, int | float) and self.error_buffer >= floor,
-                f"error_buffer must be >= max(1, samples_per_insert) = {floor} or else sampling "
-                f"and inserting can block each other forever, got {self.error_buffer!r}",
+                isinstance(self.error_buffer, int | float)
+                and not isinstance(self.error_buffer, bool)
+                and math.isfinite(self.error_buffer)
+                and self.error_buffer >= floor,
+                f"error_buffer must be a finite number >= max(1, samples_per_insert) = {floor} "
+                "or else sampling and inserting can block each other forever, got "
+                f"{self.error_buffer!r}",
             )
 
     def effective_error_buffer(self) -> float:

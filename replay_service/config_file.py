@@ -34,13 +34,14 @@ Every unknown key and every bad value is reported with its dotted key path and t
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from typing import Any
 
 from replay_service import specs
 from replay_service.checkpoints import DEFAULT_KEEP
-from replay_service.config import SamplingConfig, TableConfig
+from replay_service.config import INT32_MAX, SamplingConfig, TableConfig, require_int
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.tables import check_extra_tables
 
@@ -64,23 +65,21 @@ class ServerConfig:
     keep_checkpoints: int = DEFAULT_KEEP
 
     def __post_init__(self) -> None:
-        if (
-            not isinstance(self.port, int)
-            or isinstance(self.port, bool)
-            or not 0 < self.port < 65536
-        ):
-            raise ConfigError(f"server.port must be an integer in 1..65535, got {self.port!r}")
+        require_int("server.port", self.port, 1, 65535, what="an integer in 1..65535")
         if not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir:
             raise ConfigError(f"server.checkpoint_dir must be a path, got {self.checkpoint_dir!r}")
         interval = self.checkpoint_interval_s
-        if not isinstance(interval, int | float) or isinstance(interval, bool) or interval < 0:
+        if (
+            not isinstance(interval, int | float)
+            or isinstance(interval, bool)
+            or not math.isfinite(interval)
+            or interval < 0
+        ):
             raise ConfigError(
-                f"server.checkpoint_interval_s must be a number >= 0, got {interval!r}"
+                "server.checkpoint_interval_s must be a number >= 0 and finite (0 disables "
+                f"periodic checkpoints), got {interval!r}"
             )
-        if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 1:
-            raise ConfigError(
-                f"server.keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}"
-            )
+        require_int("server.keep_checkpoints", self.keep_checkpoints, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +193,11 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
             return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file {source!r} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {source!r} is not valid UTF-8 (TOML files must be): byte "
+            f"{e.object[e.start : e.start + 1]!r} at offset {e.start}"
+        ) from None
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"config file {source!r} is not valid TOML: {e}") from e
 
@@ -242,8 +246,12 @@ def _parse_field(path: str, value: Any) -> tuple[str, str, tuple[int, ...]]:
     if not isinstance(value, dict) or set(value) != {"dtype", "shape"}:
         raise ConfigError(f"{key} must be {{ dtype = ..., shape = [...] }}, got {value!r}")
     shape = value["shape"]
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ConfigError(f"{key}.shape must be a list of integers >= 0, got {shape!r}")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= INT32_MAX for d in shape
+    ):
+        raise ConfigError(
+            f"{key}.shape must be a list of integers in 0..{INT32_MAX}, got {shape!r}"
+        )
     return path, str(value["dtype"]), tuple(shape)
 
 

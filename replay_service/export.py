@@ -7,8 +7,14 @@ An export is two files in one directory:
                                 "priorities" (float64 [num_items]) and "times_sampled"
                                 (int32 [num_items]); items oldest first (insertion order)
     <prefix>metadata.json       format tag, table name, sequence length, capacity, item count,
-                                data spec (`specs.describe_spec`), tensor names, item order and
+                                data spec (`specs.describe_spec`), tensor names, item order,
                                 the versions of replay_service, dm-reverb, tf-agents, tensorflow
+                                and the sha256 of the state file ("sha256": {"state.safetensors":
+                                hex digest})
+
+An import recomputes the state file's sha256 and refuses a file whose digest differs from the
+recorded one (one flipped byte of data is otherwise a valid safetensors file). Exports written
+before digests were recorded still import, with a warning that their data is unverified.
 
 How every item is read exactly once. Reverb has no "iterate all items" call, and sampling the
 live table would count toward its rate limiter, `times_sampled` and `max_times_sampled`. The
@@ -31,12 +37,14 @@ exported items had never been sampled, and otherwise differs only in "times_samp
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import math
 import os
 import shutil
 import tempfile
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,6 +84,8 @@ CHECKPOINT_ITEMS = "items.tfrecord"
 CHECKPOINT_CHUNKS = "chunks.tfrecord"
 CHECKPOINT_DONE = "DONE"
 CHECKPOINT_COMPRESSION = "ZLIB"
+CHECKSUMS = "sha256"
+HASH_BLOCK = 8 << 20
 RECORD_BATCH = 4096
 READ_BATCH = 256
 # Reverb's MinSize limiter: a samples/inserts difference that never limits.
@@ -220,7 +230,8 @@ def import_buffer(
       `(replay_buffer, observer)` as from `create_replay_buffer`.
 
     Raises:
-      CheckpointError: If a file is missing, corrupt or truncated (naming the file).
+      CheckpointError: If a file is missing, corrupt or truncated, or the state file's sha256
+        differs from the one recorded in the metadata (naming the file and both digests).
       SpecMismatchError: If the data spec or sequence length differ (naming every field).
       ConfigError: If the items exceed the capacity without `drop_oldest`, the table's
         samples-per-insert rate limiter would block the inserts, or the manager has extra
@@ -232,6 +243,7 @@ def import_buffer(
     state_path, metadata_path = export_paths(dirpath, prefix)
     metadata = read_metadata(metadata_path)
     _check_compatible(metadata, manager, metadata_path)
+    verify_state(state_path, metadata, metadata_path)
     signature = specs.table_signature(manager.stored_spec, manager.sequence_length)
     items = read_state(state_path, signature, int(metadata["num_items"]))
     capacity = manager.table_config.capacity
@@ -484,6 +496,66 @@ def read_metadata(path: str) -> dict[str, Any]:
     return data
 
 
+def file_sha256(path: str) -> str:
+    """Returns the hex sha256 digest of a file, read in blocks of `HASH_BLOCK` bytes.
+
+    Raises:
+      OSError: If the file cannot be read.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_state(state_path: str, metadata: dict[str, Any], metadata_path: str) -> None:
+    """Checks the state file against the sha256 recorded in the export's metadata.
+
+    Metadata without a digest (exports written before digests were recorded) is accepted with
+    a `UserWarning` that the data is unverified.
+
+    Args:
+      state_path: The export's `<prefix>state.safetensors`.
+      metadata: Its metadata, from `read_metadata`.
+      metadata_path: Where the metadata was read (named in errors).
+
+    Raises:
+      CheckpointError: If the state file is missing or unreadable, the recorded digest is
+        malformed, or the file's digest differs from it (naming the file and both digests).
+    """
+    recorded = metadata.get(CHECKSUMS)
+    if recorded is None:
+        warnings.warn(
+            f"export {metadata_path!r} records no sha256 of {state_path!r} (it was written "
+            "before exports recorded one): its data is imported unverified",
+            UserWarning,
+            stacklevel=3,
+        )
+        return
+    expected = recorded.get(STATE_SUFFIX) if isinstance(recorded, dict) else None
+    if not (
+        isinstance(expected, str)
+        and len(expected) == 64
+        and all(c in "0123456789abcdef" for c in expected)
+    ):
+        raise CheckpointError(
+            f"export metadata {metadata_path!r}: malformed {CHECKSUMS} {recorded!r}; expected "
+            f'{{"{STATE_SUFFIX}": "<64 hex digits>"}}'
+        )
+    try:
+        actual = file_sha256(state_path)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"export state {state_path!r} does not exist") from e
+    except OSError as e:
+        raise CheckpointError(f"export state {state_path!r} cannot be read: {e}") from e
+    if actual != expected:
+        raise CheckpointError(
+            f"export state {state_path!r} is corrupt or truncated: its sha256 is {actual}, but "
+            f"{metadata_path!r} records {expected}; nothing was imported"
+        )
+
+
 def read_state(path: str, signature: Any, num_items: int) -> ExportedItems:
     """Loads and checks an export's tensors against the table signature.
 
@@ -532,6 +604,8 @@ def _write_files(
         os.makedirs(directory, exist_ok=True)
         state_tmp, metadata_tmp = f"{state_path}.tmp", f"{metadata_path}.tmp"
         save_file(tensors, state_tmp, metadata={"format": FORMAT})
+        # One read of the file just written (from the page cache) gives its digest.
+        metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: file_sha256(state_tmp)}}
         with open(metadata_tmp, "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
             f.write("\n")

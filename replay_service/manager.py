@@ -21,7 +21,13 @@ from replay_service import priorities as priorities_lib
 from replay_service import rate_limit, sequences, specs
 from replay_service.backends import EmbeddedBackend, RemoteBackend, check_table_exists
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore
-from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
+from replay_service.config import (
+    DEFAULT_TABLE_NAME,
+    SamplingConfig,
+    TableConfig,
+    Timeouts,
+    validate_manager_options,
+)
 from replay_service.datasets import ReplayBuffer, mixed_dataset, sample_dataset
 from replay_service.errors import (
     BufferStateError,
@@ -72,7 +78,8 @@ class ReplayBufferManager:
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
         two tables with one name...).
-      SpecMismatchError: If `data_spec` is not a nest of tensor specs.
+      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs (what
+        the observer and transition writer collect).
     """
 
     def __init__(
@@ -101,6 +108,10 @@ class ReplayBufferManager:
             pad_end_of_episode=pad_end_of_episode,
         )
         self._extra_tables = check_extra_tables(self._table, extra_tables)
+        validate_manager_options(
+            port=port, stride_length=stride_length, keep_checkpoints=keep_checkpoints
+        )
+        specs.check_collect_spec(data_spec, "ReplayBufferManager")
         self._data_spec = data_spec
         self._stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
         specs.describe_spec(data_spec)  # refuses a spec that is not a nest of tensor specs
@@ -108,8 +119,6 @@ class ReplayBufferManager:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
         if server_address is not None and port is not None:
             raise ConfigError(f"port={port!r} applies only to the embedded server, not remote")
-        if not isinstance(stride_length, int) or stride_length < 1:
-            raise ConfigError(f"stride_length must be an integer >= 1, got {stride_length!r}")
         _check_interval(checkpoint_interval_s, server_address)
         self._stride_length = stride_length
         self._timeouts = timeouts or Timeouts()

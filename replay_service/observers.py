@@ -22,7 +22,7 @@ import reverb
 from reverb import structured_writer as sw
 from tf_agents.trajectories import time_step as ts
 
-from replay_service.config import Timeouts, to_ms
+from replay_service.config import Timeouts, require_int, require_number, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
 from replay_service.sequences import (
     Masked,
@@ -31,7 +31,7 @@ from replay_service.sequences import (
     padding_needed,
     padding_step,
 )
-from replay_service.specs import diff_value, normalize_spec
+from replay_service.specs import check_collect_spec, diff_value, normalize_spec
 
 # Steps appended between waits for the server, which keeps unconfirmed items well below the
 # ~50 at which Reverb warns; the wait lets the newest half stay in flight.
@@ -137,13 +137,12 @@ class WriteTarget:
         """Validates the lengths and builds the configs (arguments as `TrajectoryObserver`'s).
 
         Raises:
-          ValueError: If `sequence_length` or `stride_length` < 1.
+          ConfigError: If `sequence_length` or `stride_length` is not an integer in
+            1..`INT32_MAX` (bools are refused), or `priority` is not a finite number >= 0.
         """
-        if sequence_length < 1 or stride_length < 1:
-            raise ValueError(
-                f"sequence_length and stride_length must be >= 1, got {sequence_length} and "
-                f"{stride_length}"
-            )
+        require_int("sequence_length", sequence_length, 1)
+        require_int("stride_length", stride_length, 1)
+        require_number("priority", priority, 0)
         configs = window_configs(
             data_spec,
             table_name,
@@ -205,7 +204,9 @@ class TrajectoryObserver:
         tables must be padded too, with one sequence length; see `replay_service.sequences`).
 
     Raises:
-      ValueError: If `sequence_length` or `stride_length` < 1.
+      ConfigError: If `sequence_length` or `stride_length` is not an integer >= 1, or
+        `priority` not a finite number >= 0.
+      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
     """
 
     def __init__(
@@ -221,6 +222,7 @@ class TrajectoryObserver:
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
     ) -> None:
+        check_collect_spec(data_spec, "TrajectoryObserver")
         self._target = target = WriteTarget.build(
             client,
             table_name,

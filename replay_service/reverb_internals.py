@@ -15,7 +15,10 @@ holds that knowledge and checks the installed version against the versions it wa
   `max_times_sampled` and rate limiter from the checkpoint, together with the limiter's insert
   and sample counters, and ignores the table it is given. `restore_view` hands Reverb a view of
   the checkpoint (hard links) with a rewritten `tables.tfrecord`: the options configured now,
-  counters rebased to the middle of the limiter's band (see `rebased_sample_count`).
+  counters rebased to the middle of the limiter's band (see `rebased_sample_count`). Reverb
+  applies `max_times_sampled` only when an item is sampled, so items already sampled as often
+  as a lower limit configured now allows are left out of the view (the limiter counts them as
+  deleted).
 - Stopping confirmations. Reverb offers no way to refuse inserts on a running server, and
   `Server.stop()` also stops answering the process's own client. `close_foreign_connections`
   shuts down (at the socket level) every connection to the server's port except this process's
@@ -174,17 +177,17 @@ def _count_records(data: bytes) -> tuple[int, int]:
 # ------------------------------------------------------------------ restore with options now
 
 
-def restore_view(checkpoint_path: str, tables: Sequence[Any], view_dir: str) -> str:
+def restore_view(checkpoint_path: str, tables: Sequence[Any], view_dir: str) -> tuple[str, int]:
     """Writes a view of `checkpoint_path` in which each table has the options of `tables`.
 
     Args:
       checkpoint_path: A complete Reverb checkpoint directory (with `DONE`).
-      tables: The `reverb.Table`s configured now; a stored table with another name keeps its
-        options.
+      tables: The tables configured now; a stored table with another name keeps its options.
       view_dir: Directory to create (replaced if it exists); delete it once the server runs.
 
     Returns:
-      `view_dir`, to pass to Reverb as the checkpoint to load.
+      `(view_dir, dropped)`: the directory to pass to Reverb as the checkpoint to load, and
+      the number of items left out because a lower `max_times_sampled` is configured now.
 
     Raises:
       CheckpointError: If the checkpoint cannot be read or the view cannot be written.
@@ -194,33 +197,108 @@ def restore_view(checkpoint_path: str, tables: Sequence[Any], view_dir: str) -> 
 
     require_supported_reverb()
     wanted = {table.name: table.info for table in tables}
-    try:
-        records = [
-            record.numpy()
-            for record in tf.data.TFRecordDataset(
-                os.path.join(checkpoint_path, TABLES_FILE), compression_type=_COMPRESSION
-            )
-        ]
-    except (tf.errors.OpError, OSError) as e:
-        raise CheckpointError(f"cannot read the tables of {checkpoint_path!r}: {e}") from e
+    stored = [
+        checkpoint_pb2.PriorityTableCheckpoint.FromString(record)
+        for record in _read_records(checkpoint_path, TABLES_FILE)
+    ]
+    limits = {
+        table.table_name: wanted[table.table_name].max_times_sampled
+        for table in stored
+        if table.table_name in wanted
+        and lowers_max_times_sampled(
+            table.max_times_sampled, wanted[table.table_name].max_times_sampled
+        )
+    }
+    items = None
+    if limits:
+        items, dropped = _items_within_limits(checkpoint_path, limits)
+        for table in stored:
+            table.rate_limiter.delete_count += dropped.get(table.table_name, 0)
     try:
         if os.path.isdir(view_dir):
             shutil.rmtree(view_dir)
         os.makedirs(view_dir)
+        rewritten = {TABLES_FILE} if items is None else {TABLES_FILE, ITEMS_FILE}
         for name in os.listdir(checkpoint_path):
-            if name != TABLES_FILE:
+            if name not in rewritten:
                 _link_or_copy(os.path.join(checkpoint_path, name), os.path.join(view_dir, name))
         options = tf.io.TFRecordOptions(compression_type=_COMPRESSION)
         with tf.io.TFRecordWriter(os.path.join(view_dir, TABLES_FILE), options) as writer:
-            for record in records:
-                table = checkpoint_pb2.PriorityTableCheckpoint()
-                table.ParseFromString(record)
+            for table in stored:
                 if table.table_name in wanted:
                     apply_options(table, wanted[table.table_name])
                 writer.write(table.SerializeToString())
+        if items is not None:
+            with tf.io.TFRecordWriter(os.path.join(view_dir, ITEMS_FILE), options) as writer:
+                for record in items:
+                    writer.write(record)
     except (OSError, tf.errors.OpError) as e:
         raise CheckpointError(f"cannot prepare {checkpoint_path!r} for restore: {e}") from e
-    return view_dir
+    return view_dir, sum(dropped.values()) if items is not None else 0
+
+
+def lowers_max_times_sampled(stored: int, configured: int) -> bool:
+    """Whether items of a table stored with `max_times_sampled=stored` may have been sampled
+    `configured` times or more (0 means unlimited), so a restore must drop them.
+
+    Returns:
+      True if `configured` is a limit and `stored` was none or a higher one.
+    """
+    return configured > 0 and (stored == 0 or stored > configured)
+
+
+def _items_within_limits(
+    checkpoint_path: str, limits: dict[str, int]
+) -> tuple[list[bytes], dict[str, int]]:
+    """The serialized item records of a checkpoint without those sampled as often as their
+    table's limit allows.
+
+    Args:
+      checkpoint_path: The checkpoint directory.
+      limits: Table name -> the `max_times_sampled` configured now (> 0).
+
+    Returns:
+      `(records kept, in stored order; table name -> items dropped)`.
+
+    Raises:
+      CheckpointError: If `items.tfrecord` cannot be read or parsed.
+    """
+    from google.protobuf.message import DecodeError
+    from reverb.cc import schema_pb2
+
+    kept: list[bytes] = []
+    dropped: dict[str, int] = {}
+    for record in _read_records(checkpoint_path, ITEMS_FILE):
+        try:
+            item = schema_pb2.PrioritizedItem.FromString(record)
+        except DecodeError as e:
+            raise CheckpointError(
+                f"cannot parse an item of {os.path.join(checkpoint_path, ITEMS_FILE)!r}: {e}"
+            ) from e
+        limit = limits.get(item.table)
+        if limit is not None and item.times_sampled >= limit:
+            dropped[item.table] = dropped.get(item.table, 0) + 1
+        else:
+            kept.append(record)
+    return kept, dropped
+
+
+def _read_records(checkpoint_path: str, name: str) -> list[bytes]:
+    """Every record of one of the checkpoint's compressed TFRecord files.
+
+    Raises:
+      CheckpointError: If the file cannot be read.
+    """
+    import tensorflow as tf
+
+    path = os.path.join(checkpoint_path, name)
+    try:
+        return [
+            record.numpy()
+            for record in tf.data.TFRecordDataset(path, compression_type=_COMPRESSION)
+        ]
+    except (tf.errors.OpError, OSError) as e:
+        raise CheckpointError(f"cannot read {path!r} of {checkpoint_path!r}: {e}") from e
 
 
 def apply_options(table: Any, info: Any) -> None:

@@ -50,6 +50,39 @@ def normalize_spec(data_spec: Any) -> Any:
     return tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape, s.dtype, s.name), tf_spec)
 
 
+def check_collect_spec(data_spec: Any, user: str) -> Any:
+    """Checks that `data_spec` is what the observer and `TransitionWriter` collect: a TF-Agents
+    `Trajectory` of tensor specs.
+
+    Both find episode boundaries in each step's `step_type` and write `Trajectory` steps, so a
+    plain dict or tuple spec would be accepted by a table but fail at the first collected step.
+
+    Args:
+      data_spec: The per-step data spec (e.g. `agent.collect_data_spec`).
+      user: What needs the spec, named in the error (e.g. "ReplayBufferManager").
+
+    Returns:
+      The spec as a `Trajectory` of `tf.TensorSpec` (see `normalize_spec`).
+
+    Raises:
+      SpecMismatchError: If a leaf is not a spec, or the nest is not a `Trajectory`; the message
+        names the type and fields given.
+    """
+    from tf_agents.trajectories import trajectory
+
+    spec = normalize_spec(data_spec)
+    if not isinstance(spec, trajectory.Trajectory):
+        fields = [path for path, _ in flatten_with_paths(spec)]
+        raise SpecMismatchError(
+            f"{user} needs a TF-Agents Trajectory data spec with fields "
+            f"{list(trajectory.Trajectory._fields)} (e.g. agent.collect_data_spec, or "
+            "replay_service.specs.trajectory_spec(env)): its observer and transition writer "
+            "take the episode boundaries from step_type; got a "
+            f"{type(data_spec).__name__} with fields {fields}"
+        )
+    return spec
+
+
 def table_signature(data_spec: Any, sequence_length: int) -> Any:
     """Returns the Reverb table signature for windows of `sequence_length` steps.
 

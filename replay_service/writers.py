@@ -37,7 +37,7 @@ from replay_service.config import Timeouts
 from replay_service.errors import ManagerClosedError, SpecMismatchError
 from replay_service.observers import FLUSH_DOWN_TO, WriteTarget, abandon_writer
 from replay_service.sequences import padding_step
-from replay_service.specs import flatten_with_paths, normalize_spec
+from replay_service.specs import check_collect_spec, flatten_with_paths
 
 FIRST = int(ts.StepType.FIRST)
 MID = int(ts.StepType.MID)
@@ -94,7 +94,8 @@ class TransitionWriter:
 
     Raises:
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
-      ValueError: If `sequence_length` or `stride_length` < 1.
+      ConfigError: If `sequence_length` or `stride_length` is not an integer >= 1, or
+        `priority` not a finite number >= 0.
     """
 
     def __init__(
@@ -111,12 +112,7 @@ class TransitionWriter:
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
     ) -> None:
-        spec = normalize_spec(data_spec)
-        if not isinstance(spec, trajectory_lib.Trajectory):
-            raise SpecMismatchError(
-                "TransitionWriter needs a TF-Agents Trajectory data spec (e.g. "
-                f"agent.collect_data_spec), got {type(spec).__name__}"
-            )
+        spec = check_collect_spec(data_spec, "TransitionWriter")
         self._target = target = WriteTarget.build(
             client,
             table_name,
@@ -234,9 +230,9 @@ class TransitionWriter:
           hiddens: `[num_envs, ...]` policy info; required when the spec's is not empty.
 
         Raises:
-          SpecMismatchError: If a value does not match the spec, batch sizes differ, a reward is
-            not finite, `final_states` is missing for a truncated episode, the number of envs
-            changed, or a state does not continue its env's episode.
+          SpecMismatchError: If a value does not match the spec, batch sizes differ or are 0
+            (no env), a reward is not finite, `final_states` is missing for a truncated
+            episode, the number of envs changed, or a state does not continue its env's episode.
           WriteTimeoutError: If the server does not confirm items within the write timeout.
           ManagerClosedError: If the writer was closed.
         """
@@ -883,7 +879,12 @@ def _batch_size(leaves: dict[str, list[tuple[str, np.ndarray, Any]]], flags: dic
     if len(set(sizes.values())) != 1:
         shown = ", ".join(f"{label} {size}" for label, size in sizes.items())
         raise SpecMismatchError(f"batch sizes differ: {shown}")
-    return int(next(iter(sizes.values())))
+    size = int(next(iter(sizes.values())))
+    if size == 0:
+        raise SpecMismatchError(
+            "add_multi needs at least one env (one row per env), got an empty batch of 0 rows"
+        )
+    return size
 
 
 def _cast(label: str, array: np.ndarray, spec: Any, size: int, batched: bool) -> np.ndarray:

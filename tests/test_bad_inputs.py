@@ -24,7 +24,9 @@ from replay_service import (
     Timeouts,
 )
 from replay_service.checkpoints import CHECKPOINTS_DIR, CORRUPT_DIR, CheckpointStore
+from replay_service.config import INT32_MAX
 from replay_service.config_file import load_config
+from replay_service.observers import TrajectoryObserver
 
 
 @pytest.fixture()
@@ -53,7 +55,7 @@ CONSTRUCTOR_CASES = [
     ({"table_name": "../escape"}, ConfigError, "table name must be"),
     ({"table_name": ""}, ConfigError, "table name must be"),
     ({"stride_length": 0}, ConfigError, "stride_length must be an integer >= 1, got 0"),
-    ({"keep_checkpoints": 0}, ConfigError, "keep (checkpoints to retain) must be"),
+    ({"keep_checkpoints": 0}, ConfigError, "keep_checkpoints must be an integer >= 1, got 0"),
     ({"data_spec": {"x": "not a spec"}}, SpecMismatchError, "'x' is not a TensorSpec"),
     ({"sampling": "uniform"}, ConfigError, "sampling must be a SamplingConfig"),
 ]
@@ -238,3 +240,174 @@ def test_export_prefix_cannot_leave_the_directory(make_manager, tmp_path, prefix
     with pytest.raises(ConfigError, match="prefix must be a plain file-name prefix"):
         manager.export(str(tmp_path / "export"), prefix=prefix)
     assert not (tmp_path / "escape_state.safetensors").exists()
+
+
+TOO_LARGE = 2**31
+IN_32_BITS = f"1..{INT32_MAX} (Reverb stores it in 32 bits), got"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"capacity": TOO_LARGE}, f"capacity must be an integer in {IN_32_BITS} {TOO_LARGE}"),
+        ({"capacity": 2**63}, f"capacity must be an integer in {IN_32_BITS} {2**63}"),
+        ({"sequence_length": TOO_LARGE}, f"sequence_length must be an integer in {IN_32_BITS}"),
+        ({"stride_length": TOO_LARGE}, f"stride_length must be an integer in {IN_32_BITS}"),
+        ({"keep_checkpoints": TOO_LARGE}, f"keep_checkpoints must be an integer in {IN_32_BITS}"),
+        ({"port": TOO_LARGE}, f"port must be an integer in 1..65535, got {TOO_LARGE}"),
+    ],
+)
+def test_integers_beyond_reverbs_range_are_refused_at_construction(make_manager, kwargs, message):
+    with pytest.raises(ConfigError) as info:
+        make_manager(**kwargs)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: SamplingConfig(min_size_to_sample=TOO_LARGE), "min_size_to_sample must be an"),
+        (lambda: SamplingConfig(max_times_sampled=2**40), "max_times_sampled must be an"),
+        (lambda: TableConfig(capacity=TOO_LARGE), f"capacity must be an integer in {IN_32_BITS}"),
+        (lambda: Timeouts(sample=1e300), "timeouts.sample must be a positive, finite number"),
+        (lambda: Timeouts(write=float("inf")), "timeouts.write must be a positive, finite"),
+        (lambda: SamplingConfig(error_buffer=float("inf")), "error_buffer must be a finite"),
+        (
+            lambda: SamplingConfig(samples_per_insert=1.0, error_buffer=float("nan")),
+            "error_buffer must be a finite",
+        ),
+    ],
+)
+def test_config_objects_refuse_out_of_range_and_non_finite_values(factory, message):
+    with pytest.raises(ConfigError) as info:
+        factory()
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"stride_length": True}, "stride_length must be an integer >= 1, got True"),
+        ({"keep_checkpoints": True}, "keep_checkpoints must be an integer >= 1, got True"),
+        ({"port": True}, "port must be an integer in 1..65535, got True"),
+    ],
+)
+def test_bools_are_not_integers_for_the_manager(make_manager, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        make_manager(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: SamplingConfig(max_times_sampled=True), "max_times_sampled must be an integer"),
+        (lambda: SamplingConfig(max_times_sampled=False), "got False"),
+        (lambda: SamplingConfig(priority_exponent=True), "priority_exponent must be a finite"),
+        (lambda: SamplingConfig(samples_per_insert=True), "samples_per_insert must be"),
+        (lambda: SamplingConfig(error_buffer=True), "error_buffer must be"),
+    ],
+)
+def test_bools_are_not_numbers_for_config_objects(factory, message):
+    with pytest.raises(ConfigError, match=message):
+        factory()
+
+
+def test_bools_are_not_integers_for_observers_and_writers(make_manager, data_spec):
+    manager = make_manager()
+    manager.create_replay_buffer()
+    client = manager.py_client
+    with pytest.raises(ConfigError, match="sequence_length must be an integer >= 1, got True"):
+        TrajectoryObserver(client, manager.table_name, True, data_spec)
+    with pytest.raises(ConfigError, match="stride_length must be an integer >= 1, got False"):
+        TrajectoryObserver(client, manager.table_name, 2, data_spec, stride_length=False)
+    with pytest.raises(
+        ConfigError, match=r"sequence_length must be an integer in 1\.\.\d+ \(Reverb"
+    ):
+        TrajectoryObserver(client, manager.table_name, TOO_LARGE, data_spec)
+    with pytest.raises(ConfigError, match="priority must be a finite number >= 0, got True"):
+        manager.transition_writer(priority=True)
+    with pytest.raises(ConfigError, match="priority must be a finite number >= 0, got nan"):
+        manager.transition_writer(priority=float("nan"))
+    assert manager.num_frames() == 0
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        (
+            "[server]\nkeep_checkpoints = true\n",
+            "keep_checkpoints must be an integer >= 1, got True",
+        ),
+        ("[table]\ncapacity = 2147483648\n", f"capacity must be an integer in {IN_32_BITS}"),
+        ("[table.sampling]\nmax_times_sampled = true\n", "max_times_sampled must be an integer"),
+        (
+            "[table.sampling]\nmax_times_sampled = 4294967296\n",
+            f"max_times_sampled must be an integer in 0..{INT32_MAX}",
+        ),
+        (
+            '[data_spec]\nfields.observation = { dtype = "float32", shape = [true] }\n',
+            "data_spec.fields.observation.shape must be a list of integers",
+        ),
+        (
+            "[server]\ncheckpoint_interval_s = nan\n",
+            "checkpoint_interval_s must be a number >= 0 and finite",
+        ),
+        (
+            "[server]\ncheckpoint_interval_s = inf\n",
+            "checkpoint_interval_s must be a number >= 0 and finite (0 disables periodic "
+            "checkpoints), got inf",
+        ),
+        ("[table.sampling]\nerror_buffer = inf\n", "error_buffer must be a finite number"),
+        ("[table.sampling]\nerror_buffer = nan\n", "error_buffer must be a finite number"),
+    ],
+)
+def test_config_file_refuses_bools_huge_integers_and_non_finite_floats(tmp_path, toml, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_config_file_that_is_not_utf8_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[table]\nname = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"config file {str(path)!r} is not valid UTF-8" in message
+    assert "offset 19" in message
+
+
+def test_a_dict_data_spec_is_refused_before_any_server_starts(make_manager, tmp_path):
+    spec = {"obs": tf.TensorSpec([4], tf.float32), "act": tf.TensorSpec([], tf.int64)}
+    with pytest.raises(SpecMismatchError) as info:
+        make_manager(data_spec=spec, checkpoint_dir=str(tmp_path / "dict"))
+    message = str(info.value)
+    assert "needs a TF-Agents Trajectory data spec" in message
+    assert "got a dict with fields ['act', 'obs']" in message
+    assert not (tmp_path / "dict").exists()
+
+
+def test_add_multi_with_zero_envs_is_refused_and_writes_nothing(make_manager):
+    manager = make_manager()
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    empty = np.zeros([0, 4], np.float32)
+    with pytest.raises(SpecMismatchError, match="add_multi needs at least one env.*batch of 0"):
+        writer.add_multi(empty, np.zeros([0], np.int64), np.zeros([0], np.float32), empty, [])
+    assert writer.num_envs is None  # the refused call did not fix the number of envs
+    states = np.zeros([2, 4], np.float32)
+    for step in range(3):
+        writer.add_multi(
+            states + step,
+            np.zeros([2], np.int64),
+            np.ones([2], np.float32),
+            states + step + 1,
+            np.array([False, step == 2]),
+        )
+    writer.flush()
+    assert writer.num_envs == 2
+    assert manager.num_frames() > 0

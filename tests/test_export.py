@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import filecmp
+import hashlib
 import json
 import os
 import pathlib
@@ -204,3 +205,56 @@ def test_an_empty_buffer_round_trips(make_manager, tmp_path):
     target = make_manager(checkpoint_dir=str(tmp_path / "target"))
     target.import_buffer(tmp_path / "export")
     assert target.num_frames() == 0
+
+
+def test_one_flipped_data_byte_is_refused_by_its_checksum(make_manager, tmp_path):
+    source = make_manager()
+    source.create_replay_buffer()
+    _write_indexed(source, 10)
+    state_path, metadata_path = source.export(tmp_path / "export")
+    metadata = json.loads(pathlib.Path(metadata_path).read_text(encoding="utf-8"))
+    good = pathlib.Path(state_path).read_bytes()
+    recorded = metadata["sha256"]["state.safetensors"]
+    assert recorded == hashlib.sha256(good).hexdigest()
+
+    # Flip one byte of the observations: still a valid safetensors file, with other data.
+    tensors = load_file(state_path)
+    header = int.from_bytes(good[:8], "little")
+    flipped = bytearray(good)
+    flipped[len(good) - 1] ^= 0x01  # the last data byte (of some tensor's payload)
+    assert len(good) - 1 >= 8 + header
+    pathlib.Path(state_path).write_bytes(bytes(flipped))
+    changed = load_file(state_path)
+    assert any(not np.array_equal(tensors[k], changed[k]) for k in tensors)
+    actual = hashlib.sha256(bytes(flipped)).hexdigest()
+
+    target = make_manager(checkpoint_dir=str(tmp_path / "target"))
+    with pytest.raises(CheckpointError) as info:
+        target.import_buffer(tmp_path / "export")
+    message = str(info.value)
+    assert repr(state_path) in message and recorded in message and actual in message
+    assert not (tmp_path / "target").exists()  # nothing was imported or created
+
+    pathlib.Path(state_path).write_bytes(good)
+    target.import_buffer(tmp_path / "export")
+    assert target.num_frames() == 10
+
+
+def test_an_export_without_checksum_imports_with_a_warning(make_manager, tmp_path):
+    source = make_manager()
+    source.create_replay_buffer()
+    _write_indexed(source, 6)
+    _, metadata_path = source.export(tmp_path / "export")
+    metadata = json.loads(pathlib.Path(metadata_path).read_text(encoding="utf-8"))
+    del metadata["sha256"]  # as written before digests were recorded
+    pathlib.Path(metadata_path).write_text(json.dumps(metadata), encoding="utf-8")
+
+    target = make_manager(checkpoint_dir=str(tmp_path / "target"))
+    with pytest.warns(UserWarning, match="imported unverified"):
+        target.import_buffer(tmp_path / "export")
+    assert target.num_frames() == 6
+
+    metadata["sha256"] = {"state.safetensors": "not a digest"}
+    pathlib.Path(metadata_path).write_text(json.dumps(metadata), encoding="utf-8")
+    with pytest.raises(CheckpointError, match="malformed sha256"):
+        make_manager(checkpoint_dir=str(tmp_path / "other")).import_buffer(tmp_path / "export")

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tf_agents.drivers import py_driver
 
-from conftest import FAST_TIMEOUTS
+from conftest import FAST_TIMEOUTS, collect
 from replay_service import ConfigError, SamplingConfig, Timeouts
 from replay_service.connection import server_info
 from replay_service.rate_limit import IN_FLIGHT, LimiterState, check_single_process_loop
@@ -148,3 +148,66 @@ def test_rebased_sample_count():
     # MinSize: an unbounded band centres on 0.
     huge = 1.7976931348623157e308
     assert rebased_sample_count(50, 1.0, -huge, huge) == 50
+
+
+def _sample_every_item_twice(manager: Any, max_times_sampled: int) -> dict[int, int]:
+    """Samples one item at a time until every item in the table was sampled at least twice
+    (items reaching `max_times_sampled` leave the table); returns key -> times sampled."""
+    client, table = manager.py_client, manager.table_name
+    counts: dict[int, int] = {}
+    for _ in range(5000):
+        alive = [k for k, c in counts.items() if max_times_sampled == 0 or c < max_times_sampled]
+        if len(alive) == manager.num_frames() and all(counts[k] >= 2 for k in alive):
+            return counts
+        for sample in client.sample(table, num_samples=1, emit_timesteps=False):
+            key = int(sample.info.key)
+            counts[key] = counts.get(key, 0) + 1
+    raise AssertionError(f"not every item was sampled twice: {counts}")
+
+
+@pytest.mark.parametrize("stored_max", [0, 10])
+def test_restore_with_a_lower_max_times_sampled_drops_items_sampled_that_often(
+    make_manager, env, policy, stored_max
+):
+    manager = make_manager(sampling=SamplingConfig(max_times_sampled=stored_max))
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 30)
+    counts = _sample_every_item_twice(manager, stored_max)
+    sampled = manager.num_frames()  # items in the table, each sampled >= 2 times
+    assert sampled > 0
+    observer.reset()
+    collect(env, policy, observer, 20)  # a second episode, never sampled
+    fresh = manager.num_frames() - sampled
+    assert fresh > 0
+    manager.checkpoint()
+    manager.close()
+
+    # The limiter counts the dropped items as deleted: one item short of min_size_to_sample,
+    # sampling waits (and times out) instead of finding an empty table.
+    short = make_manager(
+        sampling=SamplingConfig(max_times_sampled=2, min_size_to_sample=fresh + 1),
+        timeouts=Timeouts(sample=0.3),
+    )
+    short.load_replay_buffer()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="within 0.3 s"):
+        next(iter(short.get_dataset(1)))
+    short.close()
+
+    restored = make_manager(sampling=SamplingConfig(max_times_sampled=2))
+    restored.load_replay_buffer()
+    # Reverb alone would keep the `sampled` items and sample each of them once more.
+    assert restored.num_frames() == fresh
+    info = server_info(restored.py_client, 5.0)[restored.table_name]
+    assert info.max_times_sampled == 2
+    # Only never-sampled items come out (fewer samples than 2 * fresh: none is exhausted).
+    keys = {
+        int(s.info.key)
+        for s in restored.py_client.sample(
+            restored.table_name, num_samples=fresh, emit_timesteps=False
+        )
+    }
+    assert keys and not keys & counts.keys()
+    # The restored table keeps working: new items are written and sampled.
+    _, observer = restored.get_replay_buffer_and_observer()
+    collect(env, policy, observer, 10)
+    assert restored.num_frames() > fresh - len(keys)
