@@ -42,22 +42,18 @@ import importlib.metadata
 import json
 import math
 import os
-import shutil
-import tempfile
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import reverb
 import safetensors
 import tensorflow as tf
-from reverb.cc import schema_pb2
-from reverb.cc.checkpointing import checkpoint_pb2
 from safetensors.numpy import load_file, save_file
 
-from replay_service import specs
-from replay_service.config import SamplingConfig, Timeouts, to_ms
-from replay_service.connection import pick_free_port
+from replay_service import reverb_internals, specs
+from replay_service.config import SamplingConfig, TableConfig, Timeouts, to_ms
 from replay_service.errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -65,10 +61,8 @@ from replay_service.errors import (
     SpecMismatchError,
     WriteTimeoutError,
 )
+from replay_service.handles import TableHandle
 from replay_service.observers import MAX_IN_FLIGHT_ITEMS
-
-if TYPE_CHECKING:
-    from replay_service.manager import ReplayBufferManager
 
 FORMAT = "replay_service.export/1"
 DEFAULT_PREFIX = "buffer_"
@@ -79,17 +73,9 @@ PRIORITIES = "priorities"
 TIMES_SAMPLED = "times_sampled"
 ITEM_ORDER = "insertion order, oldest first"
 VERSIONED_PACKAGES = ("replay_service", "dm-reverb", "tf-agents", "tensorflow")
-CHECKPOINT_TABLES = "tables.tfrecord"
-CHECKPOINT_ITEMS = "items.tfrecord"
-CHECKPOINT_CHUNKS = "chunks.tfrecord"
-CHECKPOINT_DONE = "DONE"
-CHECKPOINT_COMPRESSION = "ZLIB"
 CHECKSUMS = "sha256"
 HASH_BLOCK = 8 << 20
-RECORD_BATCH = 4096
-READ_BATCH = 256
 # Reverb's MinSize limiter: a samples/inserts difference that never limits.
-UNLIMITED_DIFF = float(np.finfo(np.float64).max)
 _UNSIGNED_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -141,17 +127,19 @@ def export_paths(dirpath: str | os.PathLike[str], prefix: str = DEFAULT_PREFIX) 
 
 
 def export_buffer(
-    manager: ReplayBufferManager,
+    handle: TableHandle,
+    checkpoint_path: str,
     dirpath: str | os.PathLike[str],
     prefix: str = DEFAULT_PREFIX,
     *,
     overwrite: bool = False,
 ) -> tuple[str, str]:
-    """Writes every item of the manager's table, exactly once, to `dirpath` (see module docs).
+    """Writes every item of one table, exactly once, from a checkpoint (see module docs).
 
     Args:
-      manager: A manager with a buffer; embedded, or remote on a server whose checkpoint
-        directory is readable from this machine.
+      handle: The table to export.
+      checkpoint_path: A complete checkpoint of its server, readable from this machine
+        (`ReplayBufferManager.export` takes one first).
       dirpath: Directory to write into; created if missing.
       prefix: File name prefix.
       overwrite: Replace the two export files in a non-empty directory (other files are kept).
@@ -161,38 +149,36 @@ def export_buffer(
 
     Raises:
       CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
-      CheckpointError: If the checkpoint cannot be taken, read or decoded, or the files cannot
-        be written.
-      ConfigError: If the manager has extra tables.
-      BufferStateError: If the manager has no buffer.
+      CheckpointError: If the checkpoint cannot be read or decoded, or the files cannot be
+        written.
     """
-    _require_one_table(manager, "export")
     state_path, metadata_path = export_paths(dirpath, prefix)
-    _check_target(os.fspath(dirpath), overwrite)
-    signature = specs.table_signature(manager.stored_spec, manager.sequence_length)
-    checkpoint_path = manager.checkpoint()
-    items = read_checkpoint(checkpoint_path, manager.table_name, signature, manager.timeouts.sample)
-    metadata = build_metadata(
-        manager.table_name,
-        manager.sequence_length,
-        manager.table_config.capacity,
-        manager.stored_spec,
-        items.num_items,
+    check_target(os.fspath(dirpath), overwrite)
+    signature = handle.signature
+    data, priorities, times_sampled = reverb_internals.read_checkpoint_items(
+        checkpoint_path, handle.name, signature, handle.timeouts.sample
     )
-    tensors = {name: array for name, array in zip(_data_names(signature), items.data, strict=True)}
-    tensors[PRIORITIES] = items.priorities
-    tensors[TIMES_SAMPLED] = items.times_sampled
+    metadata = build_metadata(
+        handle.name,
+        handle.sequence_length,
+        handle.table.capacity,
+        handle.stored_spec,
+        len(priorities),
+    )
+    tensors = {name: array for name, array in zip(_data_names(signature), data, strict=True)}
+    tensors[PRIORITIES] = priorities
+    tensors[TIMES_SAMPLED] = times_sampled
     _write_files(state_path, metadata_path, tensors, metadata)
     return state_path, metadata_path
 
 
-def _require_one_table(manager: ReplayBufferManager, what: str) -> None:
-    """Refuses a manager with extra tables: an export holds one table.
+def require_one_table(tables: Sequence[TableConfig], what: str) -> None:
+    """Refuses a buffer with extra tables: an export holds one table.
 
     Raises:
-      ConfigError: If `manager.tables` holds more than one table.
+      ConfigError: If `tables` holds more than one table.
     """
-    names = [t.name for t in manager.tables]
+    names = [t.name for t in tables]
     if len(names) > 1:
         raise ConfigError(
             f"{what} supports a buffer of one table; this manager has tables {names}. Use a "
@@ -200,53 +186,44 @@ def _require_one_table(manager: ReplayBufferManager, what: str) -> None:
         )
 
 
-def import_buffer(
-    manager: ReplayBufferManager,
+def read_export(
+    table: TableConfig,
+    stored_spec: Any,
     dirpath: str | os.PathLike[str],
     prefix: str = DEFAULT_PREFIX,
     *,
-    overwrite: bool = False,
     drop_oldest: bool = False,
-) -> tuple[Any, Any]:
-    """Creates the manager's buffer and inserts every exported item with its priority, in order.
+) -> ExportedItems:
+    """Reads and checks an export completely, before anything is created from it.
 
-    The manager's capacity may differ from the exported one (this is how a buffer is resized).
-    Its data spec and sequence length must match the export; the table name may differ. The
-    files are read and checked completely before the buffer is created, so a refusal leaves
-    the manager's directory or remote table as it was. Items are inserted oldest first with
-    their priorities; an item whose first steps repeat the previous item's last steps shares
-    them, as collected windows do. Reverb assigns new keys and `times_sampled` starts at 0.
+    The table's capacity may differ from the exported one (this is how a buffer is resized).
+    Its data spec and sequence length must match the export; the table name may differ.
 
     Args:
-      manager: A manager that has not created or loaded a buffer yet.
+      table: The table the items will go into.
+      stored_spec: Its per-step stored spec.
       dirpath: Directory holding the export.
       prefix: File name prefix used by the export.
-      overwrite: Passed to `create_replay_buffer` (delete existing checkpoints or empty a
-        non-empty remote table).
-      drop_oldest: If the export holds more items than the manager's capacity, keep the newest
+      drop_oldest: If the export holds more items than `table.capacity`, keep the newest
         `capacity` items instead of refusing.
 
     Returns:
-      `(replay_buffer, observer)` as from `create_replay_buffer`.
+      The items, oldest first.
 
     Raises:
       CheckpointError: If a file is missing, corrupt or truncated, or the state file's sha256
         differs from the one recorded in the metadata (naming the file and both digests).
       SpecMismatchError: If the data spec or sequence length differ (naming every field).
-      ConfigError: If the items exceed the capacity without `drop_oldest`, the table's
-        samples-per-insert rate limiter would block the inserts, or the manager has extra
-        tables.
-      CheckpointExistsError, BufferStateError: As `create_replay_buffer`.
-      WriteTimeoutError: If the server does not confirm the items within `Timeouts.write`.
+      ConfigError: If the items exceed the capacity without `drop_oldest`, or the table's
+        samples-per-insert rate limiter would block the inserts.
     """
-    _require_one_table(manager, "import")
     state_path, metadata_path = export_paths(dirpath, prefix)
     metadata = read_metadata(metadata_path)
-    _check_compatible(metadata, manager, metadata_path)
+    _check_compatible(metadata, table.sequence_length, stored_spec, metadata_path)
     verify_state(state_path, metadata, metadata_path)
-    signature = specs.table_signature(manager.stored_spec, manager.sequence_length)
+    signature = specs.table_signature(stored_spec, table.sequence_length)
     items = read_state(state_path, signature, int(metadata["num_items"]))
-    capacity = manager.table_config.capacity
+    capacity = table.capacity
     if items.num_items > capacity:
         if not drop_oldest:
             raise ConfigError(
@@ -255,188 +232,8 @@ def import_buffer(
                 f"the newest {capacity}"
             )
         items = items.newest(capacity)
-    _check_rate_limiter(manager.table_config.sampling, items.num_items)
-    replay_buffer, observer = manager.create_replay_buffer(overwrite=overwrite)
-    insert_items(
-        manager.py_client, manager.table_name, manager.sequence_length, items, manager.timeouts
-    )
-    return replay_buffer, observer
-
-
-# ------------------------------------------------------------------------- reading Reverb
-
-
-def read_checkpoint(
-    checkpoint_path: str, table_name: str, signature: Any, timeout: float | None
-) -> ExportedItems:
-    """Reads every item of `table_name` from a complete Reverb checkpoint (see module docs).
-
-    Args:
-      checkpoint_path: Directory holding `tables.tfrecord`, `items.tfrecord`,
-        `chunks.tfrecord` and `DONE`.
-      table_name: Table to read.
-      signature: The table signature (nest of `tf.TensorSpec`, leading `sequence_length`).
-      timeout: Seconds to wait for the throw-away server's items; None waits forever.
-
-    Returns:
-      The items, oldest first.
-
-    Raises:
-      CheckpointError: If the checkpoint is unreadable here, lacks the table, or its items
-        cannot all be decoded exactly once.
-    """
-    if not os.path.isfile(os.path.join(checkpoint_path, CHECKPOINT_DONE)):
-        raise CheckpointError(
-            f"checkpoint {checkpoint_path!r} is not readable from this machine or incomplete; "
-            "export needs the checkpoint files (run it where the server writes them)"
-        )
-    table = _read_table(checkpoint_path, table_name)
-    records = _read_items(checkpoint_path, table_name)
-    keys = np.array([r.key for r in records], dtype=np.uint64)
-    priorities = np.array([r.priority for r in records], dtype=np.float64)
-    times_sampled = np.array([r.times_sampled for r in records], dtype=np.int32)
-    with tempfile.TemporaryDirectory(prefix="replay_service_export_") as tmp:
-        copy = _drainable_copy(checkpoint_path, table, records, tmp)
-        data, sampled_keys = _drain(copy, table_name, signature, len(records), tmp, timeout)
-    order = _positions(keys, sampled_keys, checkpoint_path)
-    return ExportedItems(
-        data=[np.ascontiguousarray(a[order]) for a in data],
-        priorities=priorities,
-        times_sampled=times_sampled,
-    )
-
-
-def _read_records(path: str) -> list[bytes]:
-    try:
-        dataset = tf.data.TFRecordDataset(path, compression_type=CHECKPOINT_COMPRESSION)
-        return [r for batch in dataset.batch(RECORD_BATCH).as_numpy_iterator() for r in batch]
-    except tf.errors.OpError as e:
-        raise CheckpointError(f"cannot read checkpoint file {path!r}: {e.message}") from e
-
-
-def _read_table(checkpoint_path: str, table_name: str) -> Any:
-    path = os.path.join(checkpoint_path, CHECKPOINT_TABLES)
-    tables = [checkpoint_pb2.PriorityTableCheckpoint.FromString(r) for r in _read_records(path)]
-    for table in tables:
-        if table.table_name == table_name:
-            return table
-    raise CheckpointError(
-        f"checkpoint {checkpoint_path!r} has no table {table_name!r}; it has "
-        f"{sorted(t.table_name for t in tables)}"
-    )
-
-
-def _read_items(checkpoint_path: str, table_name: str) -> list[Any]:
-    path = os.path.join(checkpoint_path, CHECKPOINT_ITEMS)
-    records = [schema_pb2.PrioritizedItem.FromString(r) for r in _read_records(path)]
-    records = [r for r in records if r.table == table_name]
-    return sorted(records, key=lambda r: (r.inserted_at.seconds, r.inserted_at.nanos))
-
-
-def _drainable_copy(checkpoint_path: str, table: Any, records: list[Any], tmp: str) -> str:
-    copy = os.path.join(tmp, "checkpoint")
-    os.makedirs(copy)
-    drained = type(table)()
-    drained.CopyFrom(table)
-    drained.sampler.Clear()
-    drained.sampler.fifo = True
-    drained.sampler.is_deterministic = True
-    drained.max_times_sampled = 1
-    drained.max_size = max(drained.max_size, len(records), 1)
-    limiter = drained.rate_limiter
-    limiter.samples_per_insert = 1.0
-    limiter.min_diff = -UNLIMITED_DIFF
-    limiter.max_diff = UNLIMITED_DIFF
-    limiter.min_size_to_sample = 1
-    options = tf.io.TFRecordOptions(compression_type=CHECKPOINT_COMPRESSION)
-    with tf.io.TFRecordWriter(os.path.join(copy, CHECKPOINT_TABLES), options) as writer:
-        writer.write(drained.SerializeToString())
-    with tf.io.TFRecordWriter(os.path.join(copy, CHECKPOINT_ITEMS), options) as writer:
-        for record in records:
-            fresh = type(record)()
-            fresh.CopyFrom(record)
-            fresh.times_sampled = 0
-            writer.write(fresh.SerializeToString())
-    _link_or_copy(
-        os.path.join(checkpoint_path, CHECKPOINT_CHUNKS), os.path.join(copy, CHECKPOINT_CHUNKS)
-    )
-    with open(os.path.join(copy, CHECKPOINT_DONE), "w", encoding="utf-8"):
-        pass
-    return copy
-
-
-def _drain(
-    copy: str, table_name: str, signature: Any, count: int, tmp: str, timeout: float | None
-) -> tuple[list[np.ndarray], np.ndarray]:
-    flat = tf.nest.flatten(signature)
-    if count == 0:
-        return [np.zeros([0, *s.shape], s.dtype.as_numpy_dtype) for s in flat], np.zeros(
-            [0], np.uint64
-        )
-    placeholder = reverb.Table(
-        name=table_name,
-        sampler=reverb.selectors.Fifo(),
-        remover=reverb.selectors.Fifo(),
-        max_size=count,
-        rate_limiter=reverb.rate_limiters.MinSize(1),
-        max_times_sampled=1,
-        signature=signature,
-    )
-    checkpointer = reverb.checkpointers.DefaultCheckpointer(
-        os.path.join(tmp, "root"), fallback_checkpoint_path=copy
-    )
-    try:
-        server = reverb.Server([placeholder], port=pick_free_port(), checkpointer=checkpointer)
-    except (RuntimeError, ValueError) as e:
-        raise CheckpointError(f"Reverb cannot restore a copy of the checkpoint: {e}") from e
-    try:
-        timeout_ms = to_ms(timeout)
-        dataset = reverb.TrajectoryDataset(
-            server_address=server.localhost_client().server_address,
-            table=table_name,
-            dtypes=tf.nest.map_structure(lambda s: s.dtype, signature),
-            shapes=tf.nest.map_structure(lambda s: s.shape, signature),
-            max_in_flight_samples_per_worker=min(count, READ_BATCH),
-            num_workers_per_iterator=1,
-            max_samples=count,
-            rate_limiter_timeout_ms=-1 if timeout_ms is None else timeout_ms,
-        ).batch(READ_BATCH)
-        batches = list(dataset)
-    finally:
-        server.stop()
-    keys = np.concatenate([b.info.key.numpy() for b in batches]) if batches else np.zeros([0])
-    data = [
-        np.concatenate([leaf.numpy() for leaf in column])
-        for column in zip(*(tf.nest.flatten(b.data) for b in batches), strict=True)
-    ]
-    return data, keys.astype(np.uint64)
-
-
-def _positions(keys: np.ndarray, sampled: np.ndarray, checkpoint_path: str) -> np.ndarray:
-    """Returns `order` such that `sampled[order]` follows `keys`."""
-    if len(sampled) != len(keys) or len(np.unique(sampled)) != len(sampled):
-        raise CheckpointError(
-            f"checkpoint {checkpoint_path!r}: read {len(sampled)} items "
-            f"({len(np.unique(sampled))} distinct) of {len(keys)}; the checkpoint is corrupt"
-        )
-    sorter = np.argsort(sampled)
-    found = np.searchsorted(sampled, keys, sorter=sorter)
-    index = sorter[np.minimum(found, len(sampled) - 1)]
-    if not np.array_equal(sampled[index], keys):
-        raise CheckpointError(
-            f"checkpoint {checkpoint_path!r}: the decoded items do not match its item records"
-        )
-    return index
-
-
-def _link_or_copy(source: str, target: str) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
-
-
-# --------------------------------------------------------------------------- files
+    _check_rate_limiter(table.sampling, items.num_items)
+    return items
 
 
 def build_metadata(
@@ -618,7 +415,7 @@ def _write_files(
         raise CheckpointError(f"cannot write the export into {directory!r}: {e}") from e
 
 
-def _check_target(dirpath: str, overwrite: bool) -> None:
+def check_target(dirpath: str, overwrite: bool) -> None:
     if os.path.exists(dirpath) and not os.path.isdir(dirpath):
         raise CheckpointError(f"export directory {dirpath!r} exists and is not a directory")
     entries = sorted(os.listdir(dirpath)) if os.path.isdir(dirpath) else []
@@ -630,18 +427,17 @@ def _check_target(dirpath: str, overwrite: bool) -> None:
         )
 
 
-def _check_compatible(metadata: dict[str, Any], manager: ReplayBufferManager, path: str) -> None:
+def _check_compatible(
+    metadata: dict[str, Any], sequence_length: int, stored_spec: Any, path: str
+) -> None:
     problems = []
-    if metadata["sequence_length"] != manager.sequence_length:
+    if metadata["sequence_length"] != sequence_length:
         problems.append(
-            f"sequence_length: manager {manager.sequence_length}, "
-            f"export {metadata['sequence_length']!r}"
+            f"sequence_length: manager {sequence_length}, export {metadata['sequence_length']!r}"
         )
     problems += [
         f"data_spec {p}"
-        for p in specs.diff_descriptions(
-            specs.describe_spec(manager.stored_spec), metadata["data_spec"]
-        )
+        for p in specs.diff_descriptions(specs.describe_spec(stored_spec), metadata["data_spec"])
     ]
     if problems:
         raise SpecMismatchError(

@@ -35,6 +35,7 @@ from replay_service.errors import (
     ManagerClosedError,
     SpecMismatchError,
 )
+from replay_service.handles import TableHandle
 from replay_service.observers import TrajectoryObserver
 from replay_service.tables import check_extra_tables, find_table
 from replay_service.writers import TransitionWriter
@@ -681,7 +682,12 @@ class ReplayBufferManager:
           CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
           CheckpointError: If the checkpoint cannot be taken or read.
         """
-        return export_lib.export_buffer(self, dirpath, prefix, overwrite=overwrite)
+        export_lib.require_one_table(self.tables, "export")
+        export_lib.check_target(os.fspath(dirpath), overwrite)
+        handle = self.table_handle()
+        return export_lib.export_buffer(
+            handle, self.checkpoint(), dirpath, prefix, overwrite=overwrite
+        )
 
     def import_buffer(
         self,
@@ -706,8 +712,32 @@ class ReplayBufferManager:
             extra tables (import supports one table).
           CheckpointExistsError, BufferStateError: As `create_replay_buffer`.
         """
-        return export_lib.import_buffer(
-            self, dirpath, prefix, overwrite=overwrite, drop_oldest=drop_oldest
+        export_lib.require_one_table(self.tables, "import")
+        self._require_no_buffer()
+        items = export_lib.read_export(
+            self._table, self._stored_spec, dirpath, prefix, drop_oldest=drop_oldest
+        )
+        replay_buffer, observer = self.create_replay_buffer(overwrite=overwrite)
+        export_lib.insert_items(
+            self.py_client, self.table_name, self.sequence_length, items, self._timeouts
+        )
+        return replay_buffer, observer
+
+    def table_handle(self, table: str | None = None) -> TableHandle:
+        """Returns a picklable description of one table of this buffer (see `TableHandle`).
+
+        Args:
+          table: Table name; None is the primary table.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ConfigError: If `table` is not one of this buffer's tables.
+        """
+        return TableHandle(
+            server_address=self.server_address,
+            table=find_table(self.tables, table),
+            stored_spec=self._stored_spec,
+            timeouts=self._timeouts,
         )
 
 
