@@ -13,7 +13,6 @@ calls `create_item` in Python for every step.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +23,7 @@ from tf_agents.trajectories import time_step as ts
 
 from replay_service.config import Timeouts, require_int, require_number, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
+from replay_service.reverb_internals import abandon_writer
 from replay_service.sequences import (
     Masked,
     last_steps_config,
@@ -50,17 +50,6 @@ def flush_every(num_tables: int) -> int:
     """Steps between waits for a writer feeding `num_tables` tables (up to one item per table
     per step), so that no more than `FLUSH_DOWN_TO + FLUSH_EVERY` items are ever in flight."""
     return max(1, FLUSH_EVERY // max(1, num_tables))
-
-
-def abandon_writer(writer: Any) -> None:
-    """Keeps a Reverb writer alive until the process exits, so its destructor never runs.
-
-    Reverb's writer destructor waits, without a timeout, until every pending item is confirmed
-    (reverb#4, #144); when the server died (or restarted on the same port) that wait never ends
-    and whatever drops the last reference hangs. A writer that failed to flush within the write
-    timeout is therefore leaked on purpose: its pending items are lost either way.
-    """
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(writer))
 
 
 def window_config(

@@ -24,11 +24,14 @@ holds that knowledge and checks the installed version against the versions it wa
   shuts down (at the socket level) every connection to the server's port except this process's
   own client, and the listening socket: writers then get an error for anything not yet
   confirmed, and a final checkpoint taken after it holds every confirmed item.
+- Writers. A Reverb writer's destructor waits without a timeout for its pending items
+  (`abandon_writer`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import importlib.metadata
 import os
@@ -518,6 +521,20 @@ def _positions(keys: np.ndarray, sampled: np.ndarray, checkpoint_path: str) -> n
             f"checkpoint {checkpoint_path!r}: the decoded items do not match its item records"
         )
     return index
+
+
+# ----------------------------------------------------------------------- writers
+
+
+def abandon_writer(writer: Any) -> None:
+    """Keeps a Reverb writer alive until the process exits, so its destructor never runs.
+
+    Reverb's writer destructor waits, without a timeout, until every pending item is confirmed
+    (reverb#4, #144); when the server died (or restarted on the same port) that wait never ends
+    and whatever drops the last reference hangs. A writer that failed to flush within the write
+    timeout is therefore leaked on purpose: its pending items are lost either way.
+    """
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(writer))
 
 
 # --------------------------------------------------------------------- stopping confirmations

@@ -35,7 +35,8 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from replay_service.config import Timeouts
 from replay_service.errors import ManagerClosedError, SpecMismatchError
-from replay_service.observers import FLUSH_DOWN_TO, WriteTarget, abandon_writer
+from replay_service.observers import FLUSH_DOWN_TO, WriteTarget
+from replay_service.reverb_internals import abandon_writer
 from replay_service.sequences import padding_step
 from replay_service.specs import check_collect_spec, flatten_with_paths
 
