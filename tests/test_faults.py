@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -697,3 +698,346 @@ def test_items_cleared_on_a_remote_server_do_not_come_back_after_kill_9(
     after.load_replay_buffer()
     assert after.num_frames() == 0, "cleared items came back after a restart"
     after.close()
+
+
+# ------------------------------------------------------- collector subprocesses (script mode)
+
+COLLECTOR_THREADS = 3
+FLUSH_EVERY = 8
+ID_SPACING = 10_000_000
+EMBEDDED_INTERVAL_S = 1.0
+EMBEDDED_STEPS_PER_S = 150
+
+
+def _cartpole_spec() -> Any:
+    from tf_agents.environments import suite_gym
+    from tf_agents.policies import random_py_policy
+
+    from replay_service.demo import collect_data_spec
+
+    env = suite_gym.load("CartPole-v0")
+    return collect_data_spec(
+        env, random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec())
+    )
+
+
+def _collect_remote(address: str, threads: int, out: str) -> int:
+    """Writes from `threads` observers as fast as they go until the server stops confirming.
+
+    Thread k writes steps with ids (k + 1) * ID_SPACING, +1, ...; after each successful flush it
+    records the last id written as confirmed. Writes `out` (JSON) when every thread stopped.
+    """
+    manager = remote_manager(_cartpole_spec(), address)
+    manager.load_replay_buffer()
+    results: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def run(index: int) -> None:
+        _, observer = manager.get_replay_buffer_and_observer()
+        first = (index + 1) * ID_SPACING
+        counter, confirmed, error = first, first, ""
+        try:
+            while True:
+                for _ in range(FLUSH_EVERY):
+                    observer(step(counter))
+                    counter += 1
+                observer.flush()
+                confirmed = counter - 1
+        except Exception as e:  # the server stopped confirming: that is the point
+            error = f"{type(e).__name__}: {str(e)[:200]}"
+        with lock:
+            results.append(
+                {"first": first, "confirmed": confirmed, "written": counter - 1, "error": error}
+            )
+
+    workers = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(threads)]
+    for worker in workers:
+        worker.start()
+    print("collecting", flush=True)
+    for worker in workers:
+        worker.join()
+    Path(out).write_text(json.dumps(results))
+    os._exit(0)  # the observers' server is gone; do not wait on their cleanup
+
+
+def _collect_embedded(checkpoint_dir: str) -> int:
+    """An embedded manager with periodic checkpoints, collecting at a bounded rate until killed."""
+    manager = ReplayBufferManager(
+        _cartpole_spec(),
+        100_000,
+        checkpoint_dir,
+        timeouts=FAST_TIMEOUTS,
+        checkpoint_interval_s=EMBEDDED_INTERVAL_S,
+    )
+    _, observer = manager.create_replay_buffer()
+    print("collecting", flush=True)
+    counter = 0
+    while True:
+        observer(step(counter))
+        counter += 1
+        time.sleep(1.0 / EMBEDDED_STEPS_PER_S)
+
+
+def main(argv: list[str]) -> int:
+    """`collect ADDRESS THREADS OUT_JSON` or `embedded CHECKPOINT_DIR`."""
+    if argv[0] == "collect":
+        return _collect_remote(argv[1], int(argv[2]), argv[3])
+    if argv[0] == "embedded":
+        return _collect_embedded(argv[1])
+    raise SystemExit(f"unknown mode {argv[0]!r}")
+
+
+class Collector:
+    """This file run as a collector subprocess."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env=_server_env(),
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_collecting(self) -> None:
+        wait_for(
+            lambda: "collecting\n" in self.lines or self.proc.poll() is not None,
+            START_TIMEOUT_S,
+            "the collector to start",
+        )
+        assert self.proc.poll() is None, "".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture()
+def collectors() -> Iterator[Callable[..., Collector]]:
+    """Starts collector subprocesses; kills whatever still runs at teardown."""
+    started: list[Collector] = []
+
+    def start(*args: str) -> Collector:
+        collector = Collector(*args)
+        started.append(collector)
+        return collector
+
+    yield start
+    for collector in started:
+        collector.kill()
+
+
+def report(figure: str) -> None:
+    """Prints a measured figure (shown with `pytest -s`)."""
+    sys.stderr.write(f"FIGURE {figure}\n")
+
+
+# ------------------------------------------------------------------------ 3. SIGTERM under load
+
+
+def fifo_config(tmp_path: Path) -> str:
+    """The CartPole config as a queue: each item is sampled once, oldest first, then removed."""
+    text = (
+        Path(CARTPOLE_CONFIG)
+        .read_text()
+        .replace('remover = "fifo"', 'remover = "fifo"\nmax_times_sampled = 1')
+    )
+    text = text.replace('sampler = "uniform"', 'sampler = "fifo"')
+    path = tmp_path / "fifo.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def drain_ids(config: str, root: Path) -> list[int]:
+    """Restores `root` in this process and takes every item out; returns their ids."""
+    from replay_service.checkpointed_server import serve_config
+    from replay_service.config_file import load_config
+    from replay_service.connection import server_info
+
+    owner = serve_config(
+        load_config(config, server__checkpoint_dir=str(root), server__port=pick_free_port()),
+        restore=True,
+    )
+    try:
+        count = int(server_info(owner.client, 10)["uniform_table"].current_size)
+        assert owner.restored_from is not None and count == owner.restored_from.num_items
+        ids = (
+            [
+                int(sample.data[2][1])
+                for sample in owner.client.sample(
+                    "uniform_table", num_samples=count, emit_timesteps=False
+                )
+            ]
+            if count
+            else []
+        )
+        assert len(set(ids)) == count, "an item was taken twice"
+        return ids
+    finally:
+        owner.stop()
+
+
+def run_sigterm_under_load(servers, collectors, tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    root = tmp_path / f"load{seed}"
+    config = fifo_config(tmp_path)
+    server = servers(f"--config={config}", f"--checkpoint_dir={root}", "--checkpoint_interval_s=0")
+    out = tmp_path / f"collected{seed}.json"
+    collector = collectors("collect", server.address, str(COLLECTOR_THREADS), str(out))
+    collector.wait_collecting()
+    time.sleep(rng.uniform(0.5, 2.0))
+    sent = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    code = server.wait()
+    stop_s = time.monotonic() - sent
+    assert code == 0, server.output()
+    collector.proc.wait(timeout=60)
+    results = json.loads(out.read_text())
+    assert len(results) == COLLECTOR_THREADS and all(r["error"] for r in results), results
+
+    kept = set(drain_ids(config, root))
+    confirmed = lost = in_flight = 0
+    for r in results:
+        ids = range(r["first"] + 1, r["confirmed"] + 1)
+        confirmed += len(ids)
+        lost += sum(i not in kept for i in ids)
+        in_flight += r["written"] - r["confirmed"]
+    report(
+        f"SIGTERM under load (seed {seed}): {confirmed} confirmed, {lost} confirmed-then-lost, "
+        f"{in_flight} steps in flight, {len(kept)} items restored, stop took {stop_s:.2f} s"
+    )
+    assert confirmed > 0, results
+    assert lost == 0, f"{lost} confirmed items were lost: {results}"
+
+
+def test_sigterm_under_load_loses_no_confirmed_item(servers, collectors, tmp_path):
+    run_sigterm_under_load(servers, collectors, tmp_path, seed=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_sigterm_under_load_loses_no_confirmed_item_soak(servers, collectors, tmp_path, seed):
+    run_sigterm_under_load(servers, collectors, tmp_path, seed)
+
+
+# ------------------------------------------------------------------------ 4. repeated signals
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "group"),
+    [
+        (signal.SIGTERM, signal.SIGTERM, False),
+        (signal.SIGTERM, signal.SIGINT, False),
+        (signal.SIGTERM, signal.SIGTERM, True),
+    ],
+    ids=["SIGTERM twice", "SIGTERM then SIGINT", "SIGTERM twice to the process group"],
+)
+def test_repeated_signals_still_end_with_a_final_checkpoint_that_restores(
+    servers, data_spec, tmp_path, first, second, group
+):
+    root = tmp_path / "ckpt"
+    server = servers(f"--config={CARTPOLE_CONFIG}", f"--checkpoint_dir={root}")
+    manager = remote_manager(data_spec, server.address)
+    _, observer = manager.create_replay_buffer()
+    write_steps(observer, 0, 3001)
+    manager.close()
+
+    def send(sig: int) -> None:
+        if group:
+            os.killpg(server.proc.pid, sig)
+        else:
+            server.proc.send_signal(sig)
+
+    sent = time.monotonic()
+    send(first)
+    server.wait_for_line("replay-server: stopping", timeout=10)
+    send(second)
+    send(second)
+    code = server.wait(timeout=STOP_TIMEOUT_S)
+    report(
+        f"repeated signals ({'group' if group else 'pid'}): stop took "
+        f"{time.monotonic() - sent:.2f} s"
+    )
+    assert code == 0, server.output()
+    assert any(line.startswith("replay-server stopped; final checkpoint") for line in server.stdout)
+    assert restored_count(root) == 3000
+
+
+# ---------------------------------------------------------- 5. kill -9 of an embedded manager
+
+
+def _reverb_time(name: str) -> float:
+    """Parses Reverb's checkpoint name, e.g. 2026-11-22T02:53:12.168022853+00:00."""
+    from datetime import datetime
+
+    stamp, _, zone = name.partition("+")
+    seconds, _, fraction = stamp.partition(".")
+    return datetime.fromisoformat(f"{seconds}.{fraction[:6].ljust(6, '0')}+{zone}").timestamp()
+
+
+LOSS_BOUND_S = EMBEDDED_INTERVAL_S + 3.0  # one interval + one checkpoint + scheduling slack
+
+
+def run_embedded_kill_point(collectors, make_manager, tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    root = tmp_path / f"embedded{seed}"
+    collector = collectors("embedded", str(root))
+    collector.wait_collecting()
+    time.sleep(rng.uniform(1.2, 3.5))
+    caught = False
+    if seed % 2:  # kill while a checkpoint is written or verified
+        deadline = time.monotonic() + 3 * EMBEDDED_INTERVAL_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError):
+                if os.listdir(root / REVERB_DIR):
+                    caught = True
+                    break
+            time.sleep(0.0005)
+    collector.proc.send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    collector.proc.wait(timeout=30)
+
+    manager = make_manager(checkpoint_dir=str(root), capacity=100_000)
+    manager.load_replay_buffer()
+    count = manager.num_frames()
+    assert not (root / CORRUPT_DIR).exists(), "a checkpoint looked complete but did not load"
+    newest = newest_checkpoint(root)
+    assert newest is not None, "no checkpoint after several intervals"
+    info = json.loads((newest / CHECKPOINT_META_FILE).read_text())
+    assert count == info["num_items"]
+    loss_s = killed_at - _reverb_time(info["reverb_name"])
+    report(
+        f"embedded kill -9 (seed {seed}{', during a checkpoint' if caught else ''}): "
+        f"{count} items restored, loss window {loss_s:.2f} s"
+    )
+    assert loss_s < LOSS_BOUND_S
+    assert item_ids(manager, count) == list(range(1, count + 1))
+    manager.close()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kill_9_of_an_embedded_manager_restores_its_newest_checkpoint(
+    collectors, make_manager, tmp_path, seed
+):
+    run_embedded_kill_point(collectors, make_manager, tmp_path, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(100, 120))
+def test_kill_9_of_an_embedded_manager_soak(collectors, make_manager, tmp_path, seed):
+    run_embedded_kill_point(collectors, make_manager, tmp_path, seed)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(main(sys.argv[1:]))
