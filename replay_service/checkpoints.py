@@ -25,7 +25,9 @@ metadata file was synced. Reverb writes `DONE` even after a truncated file (a fu
 
 A checkpoint directory that later fails a check (damaged or missing metadata, a file whose
 digest changed, fewer items restored than recorded) is moved to `corrupt/`, never deleted, and
-the previous checkpoint is used. Retention deletes a checkpoint only when at least `keep` newer
+the previous checkpoint is used. While `checkpoints/` holds no checkpoint, those in `corrupt/`
+still count as data: a new buffer there needs overwrite, and `replay-server --restore_if_exists`
+keeps refusing to start empty. Retention deletes a checkpoint only when at least `keep` newer
 verified ones exist.
 """
 

@@ -970,6 +970,7 @@ def test_repeated_signals_still_end_with_a_final_checkpoint_that_restores(
     )
     assert code == 0, server.output()
     assert any(line.startswith("replay-server stopped; final checkpoint") for line in server.stdout)
+    assert any("already stopping" in line for line in server.stderr), "the second signal was lost"
     assert restored_count(root) == 3000
 
 
