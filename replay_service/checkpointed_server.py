@@ -209,7 +209,14 @@ class CheckpointedServer:
                     ", ".join(moved),
                 )
             return
-        aside = f"; moved aside as damaged: {', '.join(moved)}" if moved else ""
+        earlier = store.quarantined()
+        aside = (
+            f"; moved aside as damaged: {', '.join(moved)}"
+            if moved
+            else f"; checkpoints moved aside earlier as damaged: {', '.join(earlier)}"
+            if earlier
+            else ""
+        )
         raise NoCheckpointError(
             f"checkpoint_dir {store.root!r} holds no complete checkpoint that verifies and "
             f"loads{aside}; "

@@ -25,7 +25,9 @@ metadata file was synced. Reverb writes `DONE` even after a truncated file (a fu
 
 A checkpoint directory that later fails a check (damaged or missing metadata, a file whose
 digest changed, fewer items restored than recorded) is moved to `corrupt/`, never deleted, and
-the previous checkpoint is used. Retention deletes a checkpoint only when at least `keep` newer
+the previous checkpoint is used. While `checkpoints/` holds no checkpoint, those in `corrupt/`
+still count as data: a new buffer there needs overwrite, and `replay-server --restore_if_exists`
+keeps refusing to start empty. Retention deletes a checkpoint only when at least `keep` newer
 verified ones exist.
 """
 
@@ -354,7 +356,23 @@ class CheckpointStore:
         A damaged checkpoint counts: a directory that held items must never be mistaken for an
         empty one (`replay-server --restore_if_exists` then refuses instead of starting empty).
         """
-        return self.is_store() and bool(self.entries() or self.staged())
+        return self.is_store() and bool(self.entries() or self.staged() or self.quarantined())
+
+    def quarantined(self) -> list[str]:
+        """Checkpoints moved to `corrupt/`, while `checkpoints/` holds none.
+
+        They still count as data: a directory whose only checkpoints failed to restore must not
+        look empty (a new buffer there needs overwrite, which keeps `corrupt/`). Once a new
+        checkpoint exists, the new buffer was started deliberately and they no longer count.
+        """
+        if self.entries():
+            return []
+        corrupt = os.path.join(self.root, CORRUPT_DIR)
+        return [
+            os.path.join(corrupt, name)
+            for name in sorted(_listdir(corrupt))
+            if name.startswith(CHECKPOINT_PREFIX)
+        ]
 
     def staged(self) -> list[str]:
         """Complete checkpoints still in Reverb's root (e.g. from `py_client.checkpoint()`)."""
@@ -382,9 +400,15 @@ class CheckpointStore:
         if entries and not self.is_store():
             raise CheckpointError(_foreign_message(self.root, entries))
         existing = len(self.entries()) + len(self.staged()) if self.is_store() else 0
-        if existing and not overwrite:
+        damaged = self.quarantined() if self.is_store() else []
+        if (existing or damaged) and not overwrite:
+            held = (
+                f"{existing} checkpoint(s)"
+                if existing
+                else f"only checkpoints that failed to restore ({', '.join(damaged)})"
+            )
             raise CheckpointExistsError(
-                f"checkpoint_dir {self.root!r} already holds {existing} checkpoint(s). "
+                f"checkpoint_dir {self.root!r} already holds {held}. "
                 "Continue from it (load_replay_buffer(), or replay-server --restore), delete "
                 "them (create_replay_buffer(overwrite=True), or replay-server --overwrite), or "
                 "choose another checkpoint_dir."
