@@ -557,8 +557,10 @@ def close_foreign_connections(port: int, own_clients: Iterable[int] = ()) -> int
       The number of sockets shut down.
 
     Raises:
-      ServerError: If this platform does not expose its sockets under /proc (Linux only).
+      ServerError: If this platform does not expose its sockets under /proc (Linux only), or
+        the installed dm-reverb is not one this was verified on.
     """
+    require_supported_reverb()
     keep = set(own_clients)
     closed = 0
     for fd, local_port, remote_port, listening in _tcp_sockets():
