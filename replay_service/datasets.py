@@ -272,8 +272,19 @@ def guard_liveness(
         # Element 0 is the sample stream; every later one a watch round, which ends empty.
         return tf.data.Dataset.from_tensors(index).filter(keep).flat_map(lambda _: dataset)
 
-    return tf.data.Dataset.range(_ENDLESS).interleave(
-        branch, cycle_length=2, block_length=1, num_parallel_calls=2, deterministic=False
+    # The sloppy parallel interleave gives every cycle element its own thread, so a sleeping
+    # watch round never holds up the sample stream. `Dataset.interleave(num_parallel_calls=2,
+    # deterministic=False)` shares two threads between the stream and the rounds opened ahead,
+    # and cut sampling throughput by about 10x.
+    return tf.data.Dataset.range(_ENDLESS).apply(
+        tf.data.experimental.parallel_interleave(
+            branch,
+            cycle_length=2,
+            block_length=1,
+            sloppy=True,
+            buffer_output_elements=2,
+            prefetch_input_elements=1,
+        )
     )
 
 
