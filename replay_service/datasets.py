@@ -82,7 +82,9 @@ MANAGER_CLOSED_MESSAGE = "replay_service: the manager of this dataset was closed
 # Used as the grace period when Timeouts.sample and Timeouts.connect are both None.
 DEFAULT_GRACE_S = 60.0
 MAX_CHECK_INTERVAL_S = 1.0
+MIN_CHECK_INTERVAL_S = 0.05
 MAX_PACE_S = 0.1
+MIN_PACE_S = 0.01
 # Elements of the guard's input: the sample stream, then watch rounds for as long as it runs.
 _ENDLESS = 2**62
 
@@ -109,8 +111,9 @@ class LivenessRules:
     Attributes:
       grace: Seconds the server may stay unreachable before the dataset fails
         (`Timeouts.sample`; `Timeouts.connect`, else `DEFAULT_GRACE_S`, when that is None).
-      interval: Seconds between two checks: `min(1, grace / 3)`.
-      pace: Seconds a watch round waits before looking at the clock: `min(0.1, interval / 4)`.
+      interval: Seconds between two checks: `grace / 3`, within [0.05, 1].
+      pace: Seconds a watch round waits before looking at the clock: `interval / 4`, within
+        [0.01, 0.1].
       probe_timeout: Whole seconds one `server_info` check may take: the smaller of `grace`
         and `Timeouts.connect`, rounded, at least 1.
     """
@@ -125,17 +128,19 @@ class LivenessRules:
         """The rules for `Timeouts.sample` and `Timeouts.connect` (seconds, None: forever)."""
         grace = sample if sample is not None else connect if connect is not None else None
         grace = DEFAULT_GRACE_S if grace is None else float(grace)
-        interval = min(MAX_CHECK_INTERVAL_S, grace / 3)
+        interval = max(MIN_CHECK_INTERVAL_S, min(MAX_CHECK_INTERVAL_S, grace / 3))
+        pace = max(MIN_PACE_S, min(MAX_PACE_S, interval / 4))
         probe_timeout = max(1, round(min(grace, connect if connect is not None else grace)))
-        return cls(grace, interval, min(MAX_PACE_S, interval / 4), probe_timeout)
+        return cls(grace, interval, pace, probe_timeout)
 
     @property
     def bound(self) -> float:
         """The longest a guarded `next()` can block once the server is gone, in seconds.
 
-        The first failing check starts within `interval + pace` of the loss; the dataset fails
-        at the end of the first failing check `grace` after it, checks being at most
-        `interval + pace` apart and each taking at most `probe_timeout`. With
+        The watch runs while the dataset is being pulled, so this counts from the later of the
+        loss and the call. The first failing check starts within `interval + pace`; the
+        dataset fails at the end of the first failing check `grace` after it, checks being at
+        most `interval + pace` apart and each taking at most `probe_timeout`. With
         `Timeouts.sample >= 1` and `Timeouts.connect >= 1` this is at most
         `2 * Timeouts.sample + Timeouts.connect`.
         """
@@ -150,7 +155,7 @@ def liveness_bound(sample_timeout: float | None, connect_timeout: float | None) 
       connect_timeout: `Timeouts.connect`.
 
     Returns:
-      The bound, e.g. about 73.5 s for the default timeouts (sample 60 s, connect 10 s).
+      The bound, e.g. 72.2 s for the default timeouts (sample 60 s, connect 10 s).
     """
     return LivenessRules.from_timeouts(sample_timeout, connect_timeout).bound
 
