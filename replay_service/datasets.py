@@ -177,49 +177,58 @@ class _Watch:
         self._lock = threading.Lock()
         self._client: reverb.Client | None = None
         self._next_check = 0.0
+        self._checking = False
         self._down_since: float | None = None
+        self._reason = ""
 
     def round(self) -> str:
-        """One watch round: waits `pace`, checks the server when due.
+        """One watch round: starts a check when one is due, returns the verdict so far.
+
+        Never blocks: the check (`server_info`, up to `probe_timeout`) runs in its own thread,
+        so a round holds none of TensorFlow's inter-op threads.
 
         Returns:
           "" while the dataset may go on, else the message it fails with.
         """
         if self._lifeline is not None and self._lifeline.closed:
             return self._closed_message()
-        time.sleep(self._rules.pace)
-        start = time.monotonic()
+        now = time.monotonic()
         with self._lock:
-            if start < self._next_check:
-                return ""
-            self._next_check = start + self._rules.interval
-            if self._client is None:
-                self._client = reverb.Client(self._address)
-            client = self._client
-        try:
-            client.server_info(timeout=self._rules.probe_timeout)
-            reachable, reason = True, ""
-        except Exception as e:  # Reverb raises RuntimeError or DeadlineExceededError.
-            reachable, reason = False, _one_line(e)
-        end = time.monotonic()
-        if self._lifeline is not None and self._lifeline.closed:
-            return self._closed_message()
-        with self._lock:
-            if reachable:
-                self._down_since = None
-                return ""
-            if self._down_since is None:
-                self._down_since = start
-            down_for = end - self._down_since
-        if down_for < self._rules.grace:
+            due = not self._checking and now >= self._next_check
+            if due:
+                self._checking = True
+                self._next_check = now + self._rules.interval
+            down_since, reason = self._down_since, self._reason
+        if due:
+            threading.Thread(
+                target=self._check, name="replay_service:liveness", daemon=True
+            ).start()
+        if down_since is None or now - down_since < self._rules.grace:
             return ""
         return (
             f"{SERVER_LOST_MESSAGE} at {self._address} while sampling {self._what}: it has "
-            "not answered for {down_for:.1f} s (limit "
-            f"{self._rules.grace} s, Timeouts.sample; last error: {reason or 'none'}). The server "
-            "was stopped or crashed, or the network dropped: restart it (a replay-server restores "
-            "its latest checkpoint), then create a new dataset."
+            f"not answered for {now - down_since:.1f} s (limit {self._rules.grace} s, "
+            f"Timeouts.sample; last error: {reason}). The server was stopped or crashed, or the "
+            "network dropped: restart it (a replay-server restores its latest checkpoint), then "
+            "create a new dataset."
         )
+
+    def _check(self) -> None:
+        start = time.monotonic()
+        try:
+            if self._client is None:
+                self._client = reverb.Client(self._address)
+            self._client.server_info(timeout=self._rules.probe_timeout)
+            reason = ""
+        except Exception as e:  # Reverb raises RuntimeError or DeadlineExceededError.
+            reason = _one_line(e)
+        with self._lock:
+            self._checking = False
+            if not reason:
+                self._down_since = None
+            elif self._down_since is None:
+                self._down_since = start
+            self._reason = reason
 
     def _closed_message(self) -> str:
         return (
@@ -241,10 +250,11 @@ def guard_liveness(
     """Makes an endless sampling dataset fail when its server is gone instead of blocking.
 
     The result interleaves, without ordering them, `dataset` (element 0) with an endless
-    series of watch rounds that produce no element: each waits `LivenessRules.pace`, checks the
-    server when a check is due and fails with `tf.errors.InvalidArgumentError` naming the
-    server, the table and what to do when the server has been unreachable for longer than
-    `Timeouts.sample` (or at once when `lifeline` is closed). The elements of `dataset` keep
+    series of watch rounds that produce no element: each waits `LivenessRules.pace`, starts a
+    check of the server (in a Python thread) when one is due, and fails with
+    `tf.errors.InvalidArgumentError` naming the server, the table and what to do when the
+    server has been unreachable for longer than `Timeouts.sample` (or at once when `lifeline`
+    is closed). The elements of `dataset` keep
     their order and their element spec; its errors pass through. Iterating it inside a
     `tf.function` is guarded the same way (the rounds call Python through `tf.py_function`,
     so the dataset cannot be serialized, e.g. for the tf.data service).
@@ -275,12 +285,14 @@ def guard_liveness(
 
     def branch(index: tf.Tensor) -> tf.data.Dataset:
         # Element 0 is the sample stream; every later one a watch round, which ends empty.
-        return tf.data.Dataset.from_tensors(index).filter(keep).flat_map(lambda _: dataset)
+        paced = _sleeping(tf.data.Dataset.from_tensors(index), rules.pace / 2)
+        return paced.filter(keep).flat_map(lambda _: dataset)
 
-    # The sloppy parallel interleave gives every cycle element its own thread, so a sleeping
-    # watch round never holds up the sample stream. `Dataset.interleave(num_parallel_calls=2,
-    # deterministic=False)` shares two threads between the stream and the rounds opened ahead,
-    # and cut sampling throughput by about 10x.
+    # The sloppy parallel interleave gives every cycle element its own thread, on which the
+    # rounds sleep, so they hold up neither the sample stream nor TensorFlow's inter-op threads
+    # (a round sleeping in Python held one of them and cut the throughput of the maps after
+    # it about 3x). `Dataset.interleave(num_parallel_calls=2, deterministic=False)` shares two
+    # threads between the stream and the rounds opened ahead, and cut it about 10x.
     return tf.data.Dataset.range(_ENDLESS).apply(
         tf.data.experimental.parallel_interleave(
             branch,
@@ -291,6 +303,21 @@ def guard_liveness(
             prefetch_input_elements=1,
         )
     )
+
+
+def _sleeping(dataset: tf.data.Dataset, seconds: float) -> tf.data.Dataset:
+    """`dataset` whose every `next()` (its end included) first waits `seconds`.
+
+    The wait happens in the iterating thread, inside tf.data (`SleepDataset`), not in a
+    function run on an inter-op thread.
+    """
+    variant = tf.raw_ops.SleepDataset(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        sleep_microseconds=max(1, int(seconds * 1e6)),
+        output_types=[s.dtype for s in tf.nest.flatten(dataset.element_spec)],
+        output_shapes=[s.shape for s in tf.nest.flatten(dataset.element_spec)],
+    )
+    return tf.data.experimental.from_variant(variant, dataset.element_spec)
 
 
 def _tables_text(table_name: str | Sequence[str]) -> str:
