@@ -292,7 +292,8 @@ def guard_liveness(
     # rounds sleep, so they hold up neither the sample stream nor TensorFlow's inter-op threads
     # (a round sleeping in Python held one of them and cut the throughput of the maps after
     # it about 3x). `Dataset.interleave(num_parallel_calls=2, deterministic=False)` shares two
-    # threads between the stream and the rounds opened ahead, and cut it about 10x.
+    # threads between the stream and the rounds opened ahead, and cut it about 10x. TensorFlow
+    # logs once that `parallel_interleave` is deprecated; it is still in TF 2.14 and 2.15.
     return tf.data.Dataset.range(_ENDLESS).apply(
         tf.data.experimental.parallel_interleave(
             branch,
