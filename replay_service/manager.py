@@ -254,6 +254,8 @@ class ReplayBufferManager:
                 except Exception as e:  # a dead server must not prevent the rest of close()
                     _log.warning("observer close failed: %s", e)
         finally:
+            if self._replay_buffer is not None:  # its datasets and streams fail, not block
+                self._replay_buffer.stop_sampling()
             self._backend.close()
             self._client = self._replay_buffer = None
             self._observers = []
@@ -283,6 +285,14 @@ class ReplayBufferManager:
         be sampled within `timeouts.sample`, iterating raises `tf.errors.InvalidArgumentError`
         naming the table instead of blocking forever.
 
+        Bounded when the server is lost: if the server dies (SIGKILL, SIGTERM), the network
+        drops or this manager is closed, `next()` raises `tf.errors.InvalidArgumentError`
+        naming the server address, the table and what to do, within
+        `datasets.liveness_bound(timeouts.sample, timeouts.connect)` seconds (at most
+        `2 * timeouts.sample + timeouts.connect`; about `timeouts.sample + 1 s` after a kill,
+        at once after `close()`). This holds for `iter(dataset)` and for a dataset iterated
+        inside a `tf.function`, in this process.
+
         Args:
           batch_size: Items per batch.
           num_steps: Steps per sampled sequence; None or `sequence_length` returns whole items.
@@ -292,6 +302,8 @@ class ReplayBufferManager:
 
         Raises:
           ConfigError: If a size is not a positive integer or `table` is unknown.
+          tf.errors.InvalidArgumentError: When iterating, if nothing can be sampled within
+            `timeouts.sample`, the server is lost, or the manager was closed (see above).
         """
         replay_buffer = self._require_buffer()
         config = find_table(self.tables, table)
@@ -307,7 +319,9 @@ class ReplayBufferManager:
                     config.sequence_length,
                     sample_timeout=self._timeouts.sample,
                     server_address=self.server_address,
+                    connect_timeout=self._timeouts.connect,
                 )
+                replay_buffer.lifeline = self._require_buffer().lifeline
             dataset = replay_buffer.as_dataset(
                 sample_batch_size=batch_size,
                 num_steps=num_steps,
@@ -323,6 +337,8 @@ class ReplayBufferManager:
                 batch_size,
                 sample_timeout=self._timeouts.sample,
                 num_workers=1 if ordered else 2,
+                connect_timeout=self._timeouts.connect,
+                lifeline=replay_buffer.lifeline,
             )
         return dataset.prefetch(prefetch)
 
@@ -350,6 +366,7 @@ class ReplayBufferManager:
 
         Raises:
           ConfigError: If a weight, name, size or the sequence lengths are invalid.
+          tf.errors.InvalidArgumentError: When iterating, as `get_dataset`.
         """
         client = self._require_client()
         if not isinstance(prefetch, int) or prefetch < 1:
@@ -362,6 +379,8 @@ class ReplayBufferManager:
             batch_size,
             sample_timeout=self._timeouts.sample,
             seed=seed,
+            connect_timeout=self._timeouts.connect,
+            lifeline=self._require_buffer().lifeline,
         )
         return dataset.prefetch(prefetch)
 
@@ -593,15 +612,25 @@ class ReplayBufferManager:
         (`transitions=True`: states, actions, rewards, next_states, dones, truncated, hiddens).
         `table` picks the table to sample (None: the primary one).
 
+        Bounded when the server is lost: if the server dies (SIGKILL, SIGTERM) or the network
+        drops, `next()` raises `ServerUnavailableError` naming the address, the table and what
+        to do within `datasets.liveness_bound(timeouts.sample, timeouts.connect)` seconds (at
+        most `2 * timeouts.sample + timeouts.connect`); after `close()` it raises
+        `ManagerClosedError` at once.
+
         Raises:
           BufferStateError: If no buffer was created or loaded; when iterating, if nothing can
             be sampled within `Timeouts.sample`.
+          ServerUnavailableError: When iterating, if the server is lost (see above).
+          ManagerClosedError: When iterating, once this manager (or the stream) is closed.
           ConfigError: If an option is invalid or `table` is unknown.
         """
         from replay_service import torch_sampling
 
         return torch_sampling.TorchBatchStream(
-            torch_sampling.SampleSource.from_manager(self, table),
+            torch_sampling.SampleSource.from_manager(
+                self, table, lifeline=self._require_buffer().lifeline
+            ),
             batch_size,
             device=device,
             pin_memory=pin_memory,
@@ -622,7 +651,9 @@ class ReplayBufferManager:
 
         Use `dataset.data_loader(num_workers=N)`, or a `DataLoader(dataset, batch_size=None,
         num_workers=N, multiprocessing_context="forkserver")`; see `TorchReplayDataset`.
-        `table` picks the table to sample (None: the primary one).
+        `table` picks the table to sample (None: the primary one). Iterating fails like
+        `torch_batches` when the server is lost; a DataLoader worker holds a copy of the
+        manager's state, so after `close()` it fails when the (embedded) server is gone.
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
@@ -631,7 +662,9 @@ class ReplayBufferManager:
         from replay_service import torch_sampling
 
         return torch_sampling.TorchReplayDataset(
-            torch_sampling.SampleSource.from_manager(self, table),
+            torch_sampling.SampleSource.from_manager(
+                self, table, lifeline=self._require_buffer().lifeline
+            ),
             batch_size,
             transitions=transitions,
             with_info=with_info,

@@ -30,15 +30,21 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import reverb
 import tensorflow as tf
 import torch
 import tree
 from tf_agents.trajectories import time_step as ts
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from replay_service.config import to_ms
-from replay_service.datasets import sampling_timeout_message
+from replay_service.datasets import (
+    EMPTY_BUFFER_MESSAGE,
+    MANAGER_CLOSED_MESSAGE,
+    SERVER_LOST_MESSAGE,
+    Lifeline,
+    read_pipeline,
+    replay_service_message,
+    sampling_timeout_message,
+)
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
@@ -81,6 +87,9 @@ class SampleSource:
       sample_timeout: Seconds to wait for an item before failing; None waits forever.
       ordered: The table's sampler returns items in an order (FIFO, LIFO, heaps), which one
         sampling worker keeps.
+      connect_timeout: `Timeouts.connect`, the limit of one liveness check (see
+        `datasets.LivenessRules`); None: at most `sample_timeout`.
+      lifeline: Closed by the manager's `close()`; a pickled copy keeps the state it had.
     """
 
     server_address: str
@@ -89,14 +98,24 @@ class SampleSource:
     sequence_length: int
     sample_timeout: float | None
     ordered: bool = False
+    connect_timeout: float | None = None
+    lifeline: Lifeline | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_manager(cls, manager: ReplayBufferManager, table: str | None = None) -> SampleSource:
+    def from_manager(
+        cls,
+        manager: ReplayBufferManager,
+        table: str | None = None,
+        *,
+        lifeline: Lifeline | None = None,
+    ) -> SampleSource:
         """Describes a table of a manager that created or loaded a buffer (embedded or remote).
 
         Args:
           manager: The manager.
           table: One of its tables; None is the primary table.
+          lifeline: The manager's, closed by its `close()`; None: streams notice a closed
+            manager only when its server is gone.
 
         Raises:
           BufferStateError: If the manager has no buffer yet.
@@ -111,12 +130,16 @@ class SampleSource:
             sequence_length=config.sequence_length,
             sample_timeout=manager.timeouts.sample,
             ordered=config.sampling.sampler in ORDERED_SAMPLERS,
+            connect_timeout=manager.timeouts.connect,
+            lifeline=lifeline,
         )
 
     def tf_dataset(self, batch_size: int, *, num_workers: int | None = None) -> tf.data.Dataset:
         """Returns a dataset of `ReplaySample(info, data)` batches of exactly `batch_size`.
 
-        It ends (rather than blocks) when no item arrives within `sample_timeout`.
+        It is `datasets.read_pipeline`: iterating raises `tf.errors.InvalidArgumentError`
+        (rather than blocking) when no item arrives within `sample_timeout`, when the server
+        is lost, and once `lifeline` is closed; `iterate_batches` turns those into our errors.
 
         Args:
           batch_size: Items per batch.
@@ -125,17 +148,18 @@ class SampleSource:
         """
         if num_workers is None:
             num_workers = 1 if self.ordered else SAMPLING_WORKERS
-        timeout_ms = to_ms(self.sample_timeout)
-        dataset = reverb.TrajectoryDataset(
-            server_address=self.server_address,
-            table=self.table_name,
-            dtypes=tf.nest.map_structure(lambda s: s.dtype, self.signature),
-            shapes=tf.nest.map_structure(lambda s: s.shape, self.signature),
-            max_in_flight_samples_per_worker=IN_FLIGHT_BATCHES * batch_size,
-            num_workers_per_iterator=num_workers,
-            rate_limiter_timeout_ms=-1 if timeout_ms is None else timeout_ms,
+        return read_pipeline(
+            self.server_address,
+            self.table_name,
+            self.signature,
+            batch_size,
+            sample_timeout=self.sample_timeout,
+            connect_timeout=self.connect_timeout,
+            num_workers=num_workers,
+            # Every DataLoader worker holds its own window: two batches each.
+            max_in_flight=IN_FLIGHT_BATCHES * batch_size,
+            lifeline=self.lifeline,
         )
-        return dataset.batch(batch_size, drop_remainder=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,7 +299,9 @@ def iterate_batches(
 
     Raises:
       BufferStateError: If no item could be sampled within `source.sample_timeout`.
-      ServerUnavailableError: If the server cannot be reached.
+      ServerUnavailableError: If the server cannot be reached, or was lost while sampling
+        (within `datasets.liveness_bound(sample_timeout, connect_timeout)` seconds).
+      ManagerClosedError: If the manager was closed (`source.lifeline`).
     """
     convert = tensor_to_torch if place is None else (lambda t: place(tensor_to_torch(t)))
     iterator = iter(source.tf_dataset(batch_size, num_workers=num_workers))
@@ -291,6 +317,11 @@ def iterate_batches(
                 f"sampling table {source.table_name!r} from {source.server_address!r} failed: "
                 f"{e.message}"
             ) from e
+        except tf.errors.InvalidArgumentError as e:
+            ours = _sampling_error(e)
+            if ours is None:
+                raise
+            raise ours from e
         data = tree.map_structure(convert, sample.data)
         if transitions:
             data = to_transitions(data)
@@ -298,6 +329,20 @@ def iterate_batches(
             yield data, TorchSampleInfo(*(convert(t) for t in sample.info))
         else:
             yield data
+
+
+def _sampling_error(error: tf.errors.InvalidArgumentError) -> Exception | None:
+    """Our exception for an error raised by the read pipeline's bounds; None for others."""
+    message = replay_service_message(error)
+    if message is None:
+        return None
+    if message.startswith(SERVER_LOST_MESSAGE):
+        return ServerUnavailableError(message)
+    if message.startswith(MANAGER_CLOSED_MESSAGE):
+        return ManagerClosedError(message)
+    if message.startswith(EMPTY_BUFFER_MESSAGE):
+        return BufferStateError(message)
+    return None
 
 
 class TorchBatchStream:
