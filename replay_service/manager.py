@@ -628,8 +628,8 @@ class ReplayBufferManager:
         from replay_service import torch_sampling
 
         return torch_sampling.TorchBatchStream(
-            torch_sampling.SampleSource.from_manager(
-                self, table, lifeline=self._require_buffer().lifeline
+            torch_sampling.SampleSource.from_handle(
+                self.table_handle(table), lifeline=self._require_buffer().lifeline
             ),
             batch_size,
             device=device,
@@ -662,8 +662,8 @@ class ReplayBufferManager:
         from replay_service import torch_sampling
 
         return torch_sampling.TorchReplayDataset(
-            torch_sampling.SampleSource.from_manager(
-                self, table, lifeline=self._require_buffer().lifeline
+            torch_sampling.SampleSource.from_handle(
+                self.table_handle(table), lifeline=self._require_buffer().lifeline
             ),
             batch_size,
             transitions=transitions,

@@ -28,7 +28,7 @@ import queue
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 import torch
@@ -51,12 +51,8 @@ from replay_service.errors import (
     ManagerClosedError,
     ServerUnavailableError,
 )
+from replay_service.handles import TableHandle
 from replay_service.sequences import Masked
-from replay_service.specs import table_signature
-from replay_service.tables import find_table
-
-if TYPE_CHECKING:
-    from replay_service.manager import ReplayBufferManager
 
 LAST = int(ts.StepType.LAST)
 TRANSITION_SEQUENCE_LENGTH = 2
@@ -65,7 +61,6 @@ DEFAULT_PREFETCH = 2
 IN_FLIGHT_BATCHES = 2
 # Reverb sampling workers behind one iterator; samplers whose order matters get one.
 SAMPLING_WORKERS = 2
-ORDERED_SAMPLERS = ("fifo", "lifo", "max_heap", "min_heap")
 # How often a blocked producer or consumer looks at the stop flag.
 POLL_S = 0.1
 # How long close() waits for the background thread before leaving it to finish on its own.
@@ -102,35 +97,22 @@ class SampleSource:
     lifeline: Lifeline | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_manager(
-        cls,
-        manager: ReplayBufferManager,
-        table: str | None = None,
-        *,
-        lifeline: Lifeline | None = None,
-    ) -> SampleSource:
-        """Describes a table of a manager that created or loaded a buffer (embedded or remote).
+    def from_handle(cls, handle: TableHandle, *, lifeline: Lifeline | None = None) -> SampleSource:
+        """Describes the table of `handle` (e.g. `manager.table_handle(table)`).
 
         Args:
-          manager: The manager.
-          table: One of its tables; None is the primary table.
-          lifeline: The manager's, closed by its `close()`; None: streams notice a closed
-            manager only when its server is gone.
-
-        Raises:
-          BufferStateError: If the manager has no buffer yet.
-          ManagerClosedError: If it is closed.
-          ConfigError: If `table` is not one of the manager's tables.
+          handle: The table.
+          lifeline: Its manager's, closed by `close()`; None: streams notice a closed manager
+            only when its server is gone.
         """
-        config = find_table(manager.tables, table)
         return cls(
-            server_address=manager.server_address,
-            table_name=config.name,
-            signature=table_signature(manager.stored_spec, config.sequence_length),
-            sequence_length=config.sequence_length,
-            sample_timeout=manager.timeouts.sample,
-            ordered=config.sampling.sampler in ORDERED_SAMPLERS,
-            connect_timeout=manager.timeouts.connect,
+            server_address=handle.server_address,
+            table_name=handle.name,
+            signature=handle.signature,
+            sequence_length=handle.sequence_length,
+            sample_timeout=handle.timeouts.sample,
+            ordered=handle.ordered,
+            connect_timeout=handle.timeouts.connect,
             lifeline=lifeline,
         )
 
@@ -353,7 +335,7 @@ class TorchBatchStream:
     stops it. With `prefetch == 0` everything happens inside `next()`.
 
     Args:
-      source: The table to sample (`SampleSource.from_manager(manager)`).
+      source: The table to sample (`SampleSource.from_handle(manager.table_handle())`).
       batch_size: Items per batch.
       device: Where the tensors are placed ("cpu", "cuda", "cuda:1", a `torch.device`).
       pin_memory: Pin host memory before the transfer to `device`, making it asynchronous;
@@ -457,7 +439,7 @@ class TorchReplayDataset(IterableDataset):
     another's stream, and their seeds (which torch makes distinct per worker) are not involved.
 
     Args:
-      source: The table to sample (`SampleSource.from_manager(manager)`).
+      source: The table to sample (`SampleSource.from_handle(manager.table_handle())`).
       batch_size: Items per batch (the DataLoader must not batch again: `batch_size=None`).
       transitions: Yield `TransitionBatch` instead of the nested `Trajectory`.
       with_info: Yield `(batch, TorchSampleInfo)` pairs.
