@@ -10,7 +10,8 @@
                                    highest
       .reverb/                     Reverb's own checkpointer root: only Reverb writes here
       .restore/                    while a server starts: the checkpoint being restored, with
-                                   the table options configured now (see `reverb_internals.restore_view`)
+                                   the table options configured now (see
+                                   `reverb_internals.restore_view`)
       .lock                        held by the one process serving this directory
       corrupt/                     checkpoints that failed to restore, moved aside
 
@@ -275,7 +276,8 @@ class CheckpointStore:
 
     @property
     def restore_dir(self) -> str:
-        """Where the view of a checkpoint being restored is written (see `reverb_internals.restore_view`)."""
+        """Where the view of a checkpoint being restored is written (see
+        `reverb_internals.restore_view`)."""
         return os.path.join(self.root, RESTORE_DIR)
 
     @property

@@ -26,6 +26,7 @@ from replay_service.config import (
     SamplingConfig,
     TableConfig,
     Timeouts,
+    require_int,
     validate_manager_options,
 )
 from replay_service.datasets import ReplayBuffer, mixed_dataset, sample_dataset
@@ -308,8 +309,7 @@ class ReplayBufferManager:
         replay_buffer = self._require_buffer()
         config = find_table(self.tables, table)
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            require_int(name, value, 1, what="a positive integer")
         if num_steps not in (None, config.sequence_length):
             # Splitting items into shorter sequences: TF-Agents' pipeline does that.
             if config is not self._table:
@@ -369,8 +369,7 @@ class ReplayBufferManager:
           tf.errors.InvalidArgumentError: When iterating, as `get_dataset`.
         """
         client = self._require_client()
-        if not isinstance(prefetch, int) or prefetch < 1:
-            raise ConfigError(f"prefetch must be a positive integer, got {prefetch!r}")
+        require_int("prefetch", prefetch, 1, what="a positive integer")
         dataset = mixed_dataset(
             client.server_address,
             self.tables,

@@ -36,6 +36,7 @@ import tree
 from tf_agents.trajectories import time_step as ts
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from replay_service.config import require_int
 from replay_service.datasets import (
     EMPTY_BUFFER_MESSAGE,
     MANAGER_CLOSED_MESSAGE,
@@ -511,8 +512,7 @@ class TorchReplayDataset(IterableDataset):
         Raises:
           ConfigError: If `multiprocessing_context` is "fork" or `num_workers` < 0.
         """
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ConfigError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        require_int("num_workers", num_workers, 0)
         if multiprocessing_context not in ("forkserver", "spawn"):
             raise ConfigError(
                 "multiprocessing_context must be 'forkserver' or 'spawn' (gRPC and TensorFlow "

@@ -331,6 +331,19 @@ def test_bools_are_not_integers_for_observers_and_writers(make_manager, data_spe
     assert manager.num_frames() == 0
 
 
+def test_bools_are_not_sizes_for_sampling(make_manager):
+    manager = make_manager()
+    manager.create_replay_buffer()
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer, got True"):
+        manager.get_dataset(True)
+    with pytest.raises(ConfigError, match="prefetch must be a positive integer, got False"):
+        manager.get_dataset(4, prefetch=False)
+    with pytest.raises(ConfigError, match="prefetch must be a positive integer, got True"):
+        manager.mixed_dataset(4, {manager.table_name: 1.0}, prefetch=True)
+    with pytest.raises(ConfigError, match="num_workers must be an integer >= 0, got True"):
+        manager.torch_dataset(4).data_loader(num_workers=True)
+
+
 @pytest.mark.parametrize(
     ("toml", "message"),
     [
