@@ -425,6 +425,17 @@ class ReplayBufferManager:
         self._flush_writers()
         return self._backend.checkpoint()
 
+    def save_checkpoint(self) -> str:
+        """Same as `checkpoint()`: flushes writers, writes a checkpoint and returns its path.
+
+        Returns:
+          The path of the complete checkpoint.
+
+        Raises:
+          As `checkpoint()`.
+        """
+        return self.checkpoint()
+
     def train_schedule(
         self, batch_size: int, *, table: str | None = None
     ) -> rate_limit.TrainSchedule:
