@@ -1,6 +1,5 @@
 # replay_service: `make demo` and `make test` bootstrap .venv (Python 3.11) on first use.
 PYTHON ?= python3.11
-export TF_CPP_MIN_LOG_LEVEL ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

@@ -7,6 +7,11 @@ import os
 # the process opens its first gRPC channel; an explicit setting in the environment wins.
 os.environ.setdefault("GRPC_POLL_STRATEGY", "epoll1")
 
+# The command-line tools print only their own lines unless asked to be verbose; this must run
+# before TensorFlow, Reverb or gym is imported (see replay_service.cli_output).
+from replay_service import cli_output
+
+cli_output.configure()
 
 from replay_service.checkpoints import Checkpoint, CheckpointStore, StoreMetadata
 from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
@@ -48,6 +53,8 @@ from replay_service.sharding import (
 from replay_service.starter import PopulateConfig, PopulateResult, copy_buffer, populate
 from replay_service.tables import make_replay_tables, make_table
 from replay_service.writers import TransitionWriter
+
+cli_output.after_imports()
 
 __all__ = [
     "DEFAULT_TABLE_NAME",

@@ -276,8 +276,10 @@ class CheckpointStore:
 
     @property
     def restore_dir(self) -> str:
-        """Where the view of a checkpoint being restored is written (see
-        `reverb_internals.restore_view`)."""
+        """Where the view of a checkpoint being restored is written.
+
+        See `reverb_internals.restore_view`.
+        """
         return os.path.join(self.root, RESTORE_DIR)
 
     @property
@@ -714,7 +716,13 @@ def _foreign_message(root: str, entries: list[str]) -> str:
     shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
     hint = ""
     if any(os.path.isfile(os.path.join(root, e, REVERB_DONE_FILE)) for e in entries):
-        hint = " It looks like a bare Reverb checkpoint root, which carries no data spec to check."
+        hint = (
+            " It is a bare Reverb checkpoint root (as Reverb's DefaultCheckpointer writes, e.g. "
+            "an sbsim starter buffer); adopt it into a new replay_service checkpoint directory "
+            f"with `replay-populate --buffer-name {os.path.basename(root)} --output-dir "
+            f"{os.path.dirname(root)} --copy-to NEW_DIR` or "
+            f"`replay_service.copy_buffer({root!r}, NEW_DIR, data_spec=...)`, then load that."
+        )
     return (
         f"checkpoint_dir {root!r} is not a replay_service checkpoint directory (no {STORE_FILE}); "
         f"it contains: {shown}.{hint} Use an empty or new directory; files that are not "

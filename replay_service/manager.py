@@ -42,6 +42,7 @@ from replay_service.tables import check_extra_tables, find_table
 from replay_service.writers import TransitionWriter
 
 if TYPE_CHECKING:
+    from replay_service.gym_vector import GymVectorWriter
     from replay_service.torch_sampling import TorchBatchStream, TorchReplayDataset
 
 _log = logging.getLogger(__name__)
@@ -424,6 +425,17 @@ class ReplayBufferManager:
         self._flush_writers()
         return self._backend.checkpoint()
 
+    def save_checkpoint(self) -> str:
+        """Same as `checkpoint()`: flushes writers, writes a checkpoint and returns its path.
+
+        Returns:
+          The path of the complete checkpoint.
+
+        Raises:
+          As `checkpoint()`.
+        """
+        return self.checkpoint()
+
     def train_schedule(
         self, batch_size: int, *, table: str | None = None
     ) -> rate_limit.TrainSchedule:
@@ -694,6 +706,42 @@ class ReplayBufferManager:
         )
         self._observers.append(writer)  # type: ignore[arg-type]
         return writer
+
+    def gym_vector_writer(
+        self, envs: Any, *, autoreset_mode: Any = None, priority: float = 1.0
+    ) -> GymVectorWriter:
+        """Returns a writer of a gymnasium vector env's steps as they come (`GymVectorWriter`).
+
+        Use `writer.reset(obs)` after `envs.reset()` and `writer.add(actions, *envs.step(actions))`
+        after each step: NEXT_STEP reset steps are never stored, SAME_STEP final observations
+        are taken from `infos` (see `replay_service.gym_vector`).
+
+        Args:
+          envs: The vector env (its `num_envs` and `metadata["autoreset_mode"]` are read), or the
+            number of environments.
+          autoreset_mode: Overrides the env's mode; required when `envs` is a number or its
+            metadata has none (gymnasium < 1.0 envs reset in the same step).
+          priority: Initial priority of new items.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ConfigError: If the number of envs or the mode is invalid.
+        """
+        from replay_service.gym_vector import GymVectorWriter
+
+        num_envs = envs if isinstance(envs, int) else getattr(envs, "num_envs", None)
+        if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
+            raise ConfigError(f"envs must be a vector env or a number of envs >= 1, got {envs!r}")
+        if autoreset_mode is None:
+            metadata = getattr(envs, "metadata", None) or {}
+            autoreset_mode = metadata.get("autoreset_mode")
+        if autoreset_mode is None:
+            raise ConfigError(
+                f"{envs!r} does not say its autoreset_mode; pass autoreset_mode='next_step' or "
+                "'same_step'"
+            )
+        writers = [self.transition_writer(priority=priority) for _ in range(num_envs)]
+        return GymVectorWriter(writers, autoreset_mode)
 
     def export(
         self,

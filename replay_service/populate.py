@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
+import tqdm
 from absl import app, flags, logging
 
 from replay_service.checkpoints import CheckpointStore
@@ -49,9 +49,8 @@ EXIT_INTERRUPTED = 130
 HELP_ARGS = frozenset(
     {"-h", "-?", "-help", "--help", "-helpshort", "--helpshort", "-helpfull", "--helpfull"}
 )
-BAR_WIDTH = 30
 REFRESH_S = 0.1
-PLAIN_UPDATES = 10
+PLAIN_REFRESH_S = 10.0
 _FLAG_ARG = re.compile(r"(--?)([A-Za-z][\w-]*)(=.*)?", re.DOTALL)
 
 POPULATE_FLAGS = flags.FlagValues()
@@ -154,6 +153,15 @@ _COPY_TO = flags.DEFINE_string(
     flag_values=POPULATE_FLAGS,
 )
 
+_VERBOSITY = flags.DEFINE_integer(
+    "verbosity",
+    -1,
+    "Log level: -1 shows only this command's own lines; 0 (INFO) or more also shows the log "
+    "lines of TensorFlow, Reverb and gym (as does the environment variable "
+    "REPLAY_SERVICE_VERBOSE=1).",
+    flag_values=POPULATE_FLAGS,
+)
+
 _OWN_FLAGS = (
     _BUFFER_NAME,
     _OUTPUT_DIR,
@@ -168,14 +176,15 @@ _OWN_FLAGS = (
     _OVERWRITE,
     _APPEND,
     _COPY_TO,
+    _VERBOSITY,
 )
 
 
 class ProgressBar:
-    """Shows collection progress and speed on a stream.
+    """Shows collection progress and speed on a stream, as a tqdm bar.
 
-    On a terminal one line is redrawn at most every `REFRESH_S` seconds; otherwise (a log file,
-    a pipe) a plain line is written every tenth of the way.
+    On a terminal the bar is redrawn at most every `REFRESH_S` seconds; otherwise (a log file, a
+    pipe) at most every `PLAIN_REFRESH_S` seconds, and once more when the collection ends.
 
     Args:
       stream: Where to write, normally `sys.stderr`.
@@ -185,53 +194,36 @@ class ProgressBar:
     def __init__(self, stream: TextIO, label: str = "collecting") -> None:
         self._stream = stream
         self._label = label
-        self._tty = stream.isatty()
-        self._start: tuple[float, int] | None = None
-        self._last_draw = 0.0
-        self._last_tenth = 0
-        self._open_line = False
+        self._bar: tqdm.tqdm | None = None
 
     def __call__(self, done: int, total: int) -> None:
         """Reports `done` of `total` steps."""
-        now = time.monotonic()
-        if self._start is None:
-            self._start = (now, done)
-        if self._tty:
-            if done < total and now - self._last_draw < REFRESH_S:
-                return
-            self._last_draw = now
-            self._stream.write(f"\r{self._line(done, total, now)}")
-            self._open_line = done < total
-            if not self._open_line:
-                self._stream.write("\n")
-        else:
-            tenth = done * PLAIN_UPDATES // total
-            if tenth == self._last_tenth:
-                return
-            self._last_tenth = tenth
-            self._stream.write(f"{self._line(done, total, now)}\n")
-        self._stream.flush()
+        if self._bar is None:
+            tty = self._stream.isatty()
+            self._bar = tqdm.tqdm(
+                total=total,
+                desc=self._label,
+                unit="steps",
+                file=self._stream,
+                mininterval=REFRESH_S if tty else PLAIN_REFRESH_S,
+                dynamic_ncols=tty,
+                ascii=not tty,
+                leave=True,
+            )
+        self._bar.total = total
+        self._bar.update(done - self._bar.n)
 
     def close(self) -> None:
-        """Ends an unfinished terminal line, so that what follows starts on its own line."""
-        if self._open_line:
-            self._stream.write("\n")
-            self._stream.flush()
-            self._open_line = False
+        """Draws the final state and ends the bar's line."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
     def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _line(self, done: int, total: int, now: float) -> str:
-        assert self._start is not None
-        started, first = self._start
-        rate = (done - first) / (now - started) if now > started else 0.0
-        filled = BAR_WIDTH * done // total
-        bar = "#" * filled + "." * (BAR_WIDTH - filled)
-        return f"{self._label} [{bar}] {done}/{total} steps, {rate:,.0f} steps/s"
 
 
 def normalize_flag_spelling(argv: Sequence[str], flag_values: flags.FlagValues) -> list[str]:
@@ -391,7 +383,7 @@ def _fail(message: str, notes: Sequence[str] = (), code: int = EXIT_ERROR) -> No
 
 def main(argv: Sequence[str]) -> None:
     """Populates the starter buffer, or copies it with --copy-to, and prints a summary."""
-    logging.set_verbosity(logging.WARNING)
+    logging.set_verbosity(_VERBOSITY.value if _VERBOSITY.value >= 0 else logging.WARNING)
     try:
         if len(argv) > 1:
             raise ConfigError(f"unexpected arguments {list(argv[1:])!r}; see --help")

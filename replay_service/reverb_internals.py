@@ -24,6 +24,11 @@ holds that knowledge and checks the installed version against the versions it wa
   shuts down (at the socket level) every connection to the server's port except this process's
   own client, and the listening socket: writers then get an error for anything not yet
   confirmed, and a final checkpoint taken after it holds every confirmed item.
+- Bare checkpoint roots. Reverb's `DefaultCheckpointer(path)` (as used by TF-Agents and
+  sbsim) writes checkpoints into time-named subdirectories of `path`. `bare_checkpoints` lists
+  them, `read_stored_tables` reads each table's name, capacity, signature, item count and the
+  items' sequence length from the files, and `copy_with_signature` copies one with a new table
+  signature (TF-Agents stores `[None, ...]`; replay_service's tables have the sequence length).
 - Writers. A Reverb writer's destructor waits without a timeout for its pending items
   (`abandon_writer`).
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import hashlib
 import importlib.metadata
 import os
@@ -607,3 +613,140 @@ def _tcp_sockets() -> list[tuple[int, int, int, bool]]:
                     remote = int(fields[2].rsplit(":", 1)[1], 16)
                     found.append((inodes[inode], local, remote, fields[3] == "0A"))
     return found
+
+
+# ------------------------------------------------------------- bare Reverb checkpoint roots
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredTable:
+    """One table of a Reverb checkpoint, as read from its files.
+
+    Attributes:
+      name: Table name.
+      max_size: Capacity.
+      num_items: Items stored.
+      sequence_length: Steps per item, from the items' trajectories; None for an empty table.
+      signature: The decoded table signature (a nest of `tf.TensorSpec`), or None.
+    """
+
+    name: str
+    max_size: int
+    num_items: int
+    sequence_length: int | None
+    signature: Any
+
+
+def bare_checkpoints(root: str) -> list[str]:
+    """The complete Reverb checkpoints of a root written by Reverb's `DefaultCheckpointer`.
+
+    `DefaultCheckpointer(path)` writes each checkpoint into a subdirectory of `path` named by
+    its UTC time (e.g. `2024-01-31T12:00:00.000000000+00:00`) and loads the one whose name is
+    the largest; the same order is used here.
+
+    Args:
+      root: A directory.
+
+    Returns:
+      The paths of the subdirectories holding `DONE`, oldest (smallest name) first; empty if
+      `root` is not a directory.
+    """
+    if not os.path.isdir(root):
+        return []
+    found = [os.path.join(root, name) for name in sorted(os.listdir(root))]
+    return [path for path in found if os.path.isdir(path) and is_reverb_checkpoint(path)]
+
+
+def read_stored_tables(checkpoint_path: str) -> list[StoredTable]:
+    """Reads the tables of a complete Reverb checkpoint: names, sizes, signatures, item lengths.
+
+    Args:
+      checkpoint_path: A Reverb checkpoint directory (with `DONE`).
+
+    Returns:
+      One `StoredTable` per table, in the checkpoint's order.
+
+    Raises:
+      CheckpointError: If a file cannot be read, or a table's items differ in length.
+    """
+    from reverb.cc import schema_pb2
+    from reverb.cc.checkpointing import checkpoint_pb2
+    from tensorflow.python.saved_model import nested_structure_coder
+
+    require_supported_reverb()
+    tables = [
+        checkpoint_pb2.PriorityTableCheckpoint.FromString(record)
+        for record in _read_records(checkpoint_path, TABLES_FILE)
+    ]
+    counts: dict[str, int] = {}
+    lengths: dict[str, set[int]] = {}
+    for record in _read_records(checkpoint_path, ITEMS_FILE):
+        item = schema_pb2.PrioritizedItem.FromString(record)
+        counts[item.table] = counts.get(item.table, 0) + 1
+        for column in item.flat_trajectory.columns:
+            length = sum(s.length for s in column.chunk_slices)
+            lengths.setdefault(item.table, set()).add(1 if column.squeeze else length)
+    result = []
+    for table in tables:
+        found = lengths.get(table.table_name, set())
+        if len(found) > 1:
+            raise CheckpointError(
+                f"table {table.table_name!r} of {checkpoint_path!r} holds items of different "
+                f"lengths {sorted(found)}; replay_service stores items of one sequence length"
+            )
+        signature = (
+            nested_structure_coder.decode_proto(table.signature)
+            if table.HasField("signature")
+            else None
+        )
+        result.append(
+            StoredTable(
+                name=table.table_name,
+                max_size=int(table.max_size),
+                num_items=counts.get(table.table_name, 0),
+                sequence_length=next(iter(found)) if found else None,
+                signature=signature,
+            )
+        )
+    return result
+
+
+def copy_with_signature(checkpoint_path: str, table_name: str, signature: Any, dest: str) -> None:
+    """Copies a Reverb checkpoint into `dest` (created) with a new signature for one table.
+
+    Reverb restores a table's signature from the checkpoint; TF-Agents stores an unknown
+    leading dimension (`[None, ...]`), replay_service the sequence length. Items and chunks are
+    copied as they are; only `tables.tfrecord` is rewritten.
+
+    Args:
+      checkpoint_path: A complete Reverb checkpoint directory.
+      table_name: The table whose signature to replace.
+      signature: A nest of `tf.TensorSpec` (leading dimension: the sequence length).
+      dest: The directory to create.
+
+    Raises:
+      CheckpointError: If the checkpoint cannot be read or the copy written.
+    """
+    import tensorflow as tf
+    from reverb.cc.checkpointing import checkpoint_pb2
+    from tensorflow.python.saved_model import nested_structure_coder
+
+    encoded = nested_structure_coder.encode_structure(signature).SerializeToString()
+    tables = [
+        checkpoint_pb2.PriorityTableCheckpoint.FromString(record)
+        for record in _read_records(checkpoint_path, TABLES_FILE)
+    ]
+    try:
+        os.makedirs(dest)
+        for name in (CHUNKS_FILE, ITEMS_FILE):
+            shutil.copy2(os.path.join(checkpoint_path, name), os.path.join(dest, name))
+        options = tf.io.TFRecordOptions(compression_type=_COMPRESSION)
+        with tf.io.TFRecordWriter(os.path.join(dest, TABLES_FILE), options) as writer:
+            for table in tables:
+                if table.table_name == table_name:
+                    table.signature.ParseFromString(encoded)
+                writer.write(table.SerializeToString())
+        with open(os.path.join(dest, DONE_FILE), "w", encoding="utf-8"):
+            pass
+    except (OSError, tf.errors.OpError) as e:
+        raise CheckpointError(f"cannot copy {checkpoint_path!r} to {dest!r}: {e}") from e

@@ -121,6 +121,8 @@ def _status() -> int:
 
 def main(argv: list[str]) -> int:
     """Serves, or with the `status` command reports on a running server."""
+    if not flags.FLAGS["verbosity"].present:  # absl INFO lines only when asked for
+        logging.set_verbosity(logging.WARNING)
     command = argv[1:]
     if command not in ([], ["status"]):
         raise app.UsageError(f"unknown command {' '.join(command)!r}; use no command or 'status'")
@@ -131,8 +133,29 @@ def main(argv: list[str]) -> int:
         return 2
 
 
+def show_flags_in_help(program: str | None = None) -> None:
+    """Makes `--help` list this module's flags.
+
+    absl's `--help` lists the key flags of the module it takes for the main one, named by
+    `sys.argv[0]`; for the `replay-server` console script that is the script, which defines no
+    flags, so `--help` showed only a usage line. Registering this module's flags as key flags of
+    the program fixes that (under `python -m`, `sys.argv[0]` is this file and they already are).
+
+    Args:
+      program: The main module's name as absl sees it; default `sys.argv[0]`.
+    """
+    program = program or sys.argv[0]
+    main_module = sys.modules.get("__main__")
+    if main_module is not None and not main_module.__doc__:
+        main_module.__doc__ = __doc__  # the usage text absl prints
+    module = flags.FLAGS.find_module_defining_flag(_CONFIG.name)
+    for flag in flags.FLAGS.get_key_flags_for_module(module):
+        flags.FLAGS.register_key_flag_for_module(program, flag)
+
+
 def run() -> None:
     """Console-script entry point."""
+    show_flags_in_help()
     app.run(main)
 
 

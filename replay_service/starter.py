@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import secrets
@@ -49,6 +50,7 @@ from replay_service.checkpoints import (
     fsync_dir,
     remove_path,
 )
+from replay_service.checkpoints import FORMAT as CHECKPOINT_FORMAT
 from replay_service.config import Timeouts
 from replay_service.envs import (
     BUILDING_ENV_ID,
@@ -64,9 +66,23 @@ from replay_service.errors import (
     ConfigError,
     NoCheckpointError,
     ReplayServiceError,
+    SpecMismatchError,
 )
 from replay_service.manager import ReplayBufferManager
 from replay_service.policies import POLICY_CHOICES, load_policy
+from replay_service.reverb_internals import (
+    StoredTable,
+    bare_checkpoints,
+    copy_with_signature,
+    read_stored_tables,
+    verify_files,
+)
+from replay_service.specs import (
+    check_collect_spec,
+    describe_spec,
+    diff_descriptions,
+    table_signature,
+)
 
 DEFAULT_ENV = BUILDING_ENV_ID
 DEFAULT_POLICY = "schedule"
@@ -875,6 +891,7 @@ def copy_buffer(
     target_dir: str | os.PathLike[str],
     *,
     overwrite: bool = False,
+    data_spec: Any = None,
 ) -> str:
     """Copies the newest complete checkpoint of a buffer into a new checkpoint directory.
 
@@ -885,8 +902,19 @@ def copy_buffer(
     .load_replay_buffer()` then restores the copy, and collecting into it or checkpointing it
     leaves the source unchanged.
 
+    The source may also be a bare Reverb checkpoint root, as Reverb's `DefaultCheckpointer`
+    writes it (e.g. an sbsim starter buffer, `starter_buffers/default/`: subdirectories named by
+    time, each with `tables.tfrecord`, `chunks.tfrecord`, `items.tfrecord` and `DONE`). Its
+    newest checkpoint (largest name, the one Reverb would load) is read back in full and
+    validated: exactly one table, with items of one sequence length, and a signature that
+    matches `data_spec` when one is given. The copy is a normal replay_service checkpoint
+    directory recording that table's name, capacity and sequence length and the data spec
+    (`data_spec`'s, or the stored signature's), with the table's signature stored with the
+    sequence length as its leading dimension as replay_service's tables have it.
+
     Args:
-      source_dir: A replay_service checkpoint directory, e.g. a starter buffer.
+      source_dir: A replay_service checkpoint directory, e.g. a starter buffer, or a bare
+        Reverb checkpoint root.
       target_dir: The new checkpoint directory, e.g. a training run's own one. It must not
         exist or be empty, unless `overwrite` is set.
       overwrite: Replace a target that is a replay_service checkpoint directory. A target
@@ -907,6 +935,8 @@ def copy_buffer(
         raise NoCheckpointError(f"there is no buffer {source!r} to copy: it does not exist")
     _check_distinct(source, target)
     store = CheckpointStore(source)
+    if not store.is_store() and bare_checkpoints(source):
+        return _copy_bare_root(source, target, overwrite, data_spec)
     store.read_metadata()
     latest = store.latest()
     if latest is None:
@@ -925,6 +955,109 @@ def copy_buffer(
     finally:
         remove_path(staging)
     return target
+
+
+def _copy_bare_root(source: str, target: str, overwrite: bool, data_spec: Any) -> str:
+    """`copy_buffer` for a bare Reverb checkpoint root (see there)."""
+    newest = bare_checkpoints(source)[-1]
+    num_items, _ = verify_files(newest)
+    tables = read_stored_tables(newest)
+    if len(tables) != 1:
+        raise CheckpointError(
+            f"Reverb checkpoint {newest!r} holds {len(tables)} tables "
+            f"{[t.name for t in tables]}; only a checkpoint of one table can be copied"
+        )
+    table = tables[0]
+    if table.num_items != num_items or table.sequence_length is None:
+        raise CheckpointError(
+            f"table {table.name!r} of Reverb checkpoint {newest!r} holds {table.num_items} "
+            f"items of {num_items} in the checkpoint; there is nothing to copy"
+        )
+    description, signature = _bare_spec(newest, table, data_spec)
+    metadata = StoreMetadata(
+        table_name=table.name,
+        sequence_length=table.sequence_length,
+        capacity=table.max_size,
+        data_spec=description,
+    )
+    replacing = _check_copy_target(target, overwrite)
+    staging = _sibling(target, COPY_TAG)
+    try:
+        with _locked_if_store(target, replacing):
+            remove_path(staging)
+            _write_bare_copy(newest, table.name, signature, metadata, staging)
+            _install(staging, target)
+    except OSError as e:
+        raise CheckpointError(f"cannot copy {newest!r} to {target!r}: {e}") from e
+    finally:
+        remove_path(staging)
+    return target
+
+
+def _bare_spec(checkpoint: str, table: StoredTable, data_spec: Any) -> tuple[list[Any], Any]:
+    """The per-step spec description and the table signature a bare checkpoint's copy gets.
+
+    Raises:
+      SpecMismatchError: If the stored signature differs from `data_spec`, or its leading
+        dimension from the items' length.
+      CheckpointError: If the table has no signature and no `data_spec` is given.
+    """
+    length = table.sequence_length
+    assert length is not None
+    stored = None
+    if table.signature is not None:
+        leading = {f["shape"][0] if f["shape"] else None for f in describe_spec(table.signature)}
+        if not leading <= {None, length}:
+            raise SpecMismatchError(
+                f"table {table.name!r} of {checkpoint!r}: the signature's leading dimensions "
+                f"{sorted(leading, key=str)} differ from the items' sequence length {length}"
+            )
+        stored = [{**f, "shape": f["shape"][1:]} for f in describe_spec(table.signature)]
+    if data_spec is not None:
+        check_collect_spec(data_spec, "copy_buffer")
+        wanted = describe_spec(data_spec)
+        problems = diff_descriptions(wanted, stored) if stored is not None else []
+        if problems:
+            raise SpecMismatchError(
+                f"table {table.name!r} of {checkpoint!r} does not hold the given data_spec: "
+                + "; ".join(problems)
+            )
+        return wanted, table_signature(data_spec, length)
+    if table.signature is None:
+        raise CheckpointError(
+            f"table {table.name!r} of {checkpoint!r} has no signature; pass data_spec (e.g. "
+            "agent.collect_data_spec) to say what it holds"
+        )
+    signature = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([length, *s.shape[1:]], s.dtype, s.name), table.signature
+    )
+    return stored, signature
+
+
+def _write_bare_copy(
+    checkpoint: str, table_name: str, signature: Any, metadata: StoreMetadata, dest: str
+) -> None:
+    """Writes `dest` as a checkpoint directory whose first checkpoint is `checkpoint`."""
+    os.makedirs(os.path.join(dest, REVERB_DIR))
+    with open(os.path.join(dest, STORE_FILE), "w", encoding="utf-8") as f:
+        json.dump(metadata.to_json(), f, indent=2, sort_keys=True)
+    first = os.path.join(dest, CHECKPOINTS_DIR, f"{CHECKPOINT_PREFIX}{1:08d}")
+    os.makedirs(os.path.dirname(first))
+    copy_with_signature(checkpoint, table_name, signature, first)
+    num_items, files = verify_files(first)
+    info = {
+        "format": CHECKPOINT_FORMAT,
+        "sequence": 1,
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
+        "reverb_name": os.path.basename(checkpoint),
+        "num_items": num_items,
+        "files": {name: {"size": f["size"], "sha256": f["sha256"]} for name, f in files.items()},
+        "store": metadata.to_json(),
+        "copied_from": {"path": checkpoint, "reverb_checkpoint_root": os.path.dirname(checkpoint)},
+    }
+    with open(os.path.join(first, CHECKPOINT_META_FILE), "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2, sort_keys=True)
+    _fsync_tree(dest)
 
 
 def _check_distinct(source: str, target: str) -> None:

@@ -186,7 +186,8 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CliRun]:
     Each process spends seconds importing TensorFlow, so they run side by side. Scenarios in
     `PREFILLED` first get a buffer made in-process; `CliRun.before` is its tree digest.
     """
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # The script's directory comes first on sys.path: PYTHONPATH makes it import this checkout.
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
     runs = {}
     with contextlib.ExitStack() as stack:
         started = {}
@@ -218,7 +219,7 @@ def test_cli_populates_a_buffer_with_hyphenated_flags(cli):
     assert "items     59 of capacity 50000" in result.stdout
     assert "steps     60 (1 env(s) x 2 run(s) x 30 steps)" in result.stdout
     assert "reward    mean" in result.stdout and "seed 3" in result.stdout
-    assert "60/60 steps" in result.stderr and "steps/s" in result.stderr
+    assert "60/60 [" in result.stderr and "steps/s" in result.stderr  # the tqdm bar
     assert result.error_lines == []
     plot = out / ("week" + SUMMARY_PLOT_SUFFIX)
     assert str(plot) in result.stdout
@@ -544,7 +545,6 @@ def test_progress_bar_reports_steps_and_speed_without_a_terminal():
     with ProgressBar(stream) as bar:
         for done in range(1, 101):
             bar(done, 100)
-    lines = stream.getvalue().splitlines()
-    assert len(lines) == 10
-    assert lines[-1].startswith("collecting [" + "#" * 30 + "] 100/100 steps,")
-    assert lines[-1].endswith("steps/s")
+    final = stream.getvalue().replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith("collecting: 100%")
+    assert "100/100" in final and "steps/s" in final

@@ -1,0 +1,242 @@
+"""A Reverb-backed replay buffer for Stable-Baselines3's off-policy algorithms (extra `sb3`).
+
+    from stable_baselines3 import DQN
+    from replay_service.sb3 import ReverbReplayBuffer
+
+    model = DQN("MlpPolicy", env, buffer_size=50_000, replay_buffer_class=ReverbReplayBuffer,
+                replay_buffer_kwargs={"checkpoint_dir": "runs/exp1/replay"})
+    model.learn(10_000)
+    model.save_replay_buffer("buffer.pkl")       # the buffer's export files, not pickled arrays
+
+It works with DQN, SAC, TD3 (and DDPG): Box or Discrete observation and action spaces, any
+number of VecEnv environments. Each environment's transitions go through its own
+`TransitionWriter` (episodes never mix); SB3 passes the real final observation of an ended
+episode (`infos[i]["terminal_observation"]`) as `next_obs`, and `infos[i]["TimeLimit.truncated"]`
+marks a time-limit end. Samples carry SB3's `dones`: terminated only with
+`handle_timeout_termination=True` (the default), terminated or truncated otherwise.
+
+`save_replay_buffer` pickles this object: its state is this project's export (the
+`buffer_state.safetensors` and `buffer_metadata.json` bytes, see `replay_service.export`) plus
+the spaces and options, and `load_replay_buffer` imports that export into a new buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+from replay_service.config import Timeouts
+from replay_service.errors import ConfigError
+from replay_service.manager import ReplayBufferManager
+from replay_service.specs import spec_from_description
+
+_EXPORT_FILES = ("buffer_state.safetensors", "buffer_metadata.json")
+
+
+def data_spec_for_spaces(observation_space: spaces.Space, action_space: spaces.Space) -> Any:
+    """The per-step TF-Agents `Trajectory` spec SB3's transitions are stored with.
+
+    Observations keep their space's shape and dtype (Discrete: int64 `[1]`, as SB3 stores them);
+    actions are `[action_dim]` (Discrete: int64 `[1]`; Box: float32 unless the space's dtype is
+    another non-float64 one).
+
+    Raises:
+      ConfigError: For a space other than Box or Discrete (e.g. Dict observations).
+    """
+    fields = []
+    for name, space in (("observation", observation_space), ("action", action_space)):
+        if isinstance(space, spaces.Discrete):
+            fields.append({"path": name, "dtype": "int64", "shape": [1]})
+        elif isinstance(space, spaces.Box):
+            dtype = np.dtype(space.dtype)
+            if name == "action" and dtype == np.float64:
+                dtype = np.dtype(np.float32)  # as SB3's ReplayBuffer casts it
+            shape = list(space.shape) if name == "observation" else [int(np.prod(space.shape))]
+            fields.append({"path": name, "dtype": dtype.name, "shape": shape})
+        else:
+            raise ConfigError(
+                f"ReverbReplayBuffer supports Box and Discrete {name} spaces, got {space!r}"
+            )
+    return spec_from_description(fields)
+
+
+class ReverbReplayBuffer(ReplayBuffer):
+    """SB3 `ReplayBuffer` whose transitions live in a replay_service table (see module docs).
+
+    Args:
+      buffer_size: Capacity in transitions (items of 2 steps).
+      observation_space: The env's observation space (Box or Discrete).
+      action_space: The env's action space (Box or Discrete).
+      device: Where sampled tensors go.
+      n_envs: Number of environments of the VecEnv.
+      optimize_memory_usage: Must be False (each transition is stored once anyway).
+      handle_timeout_termination: Sampled `dones` exclude time-limit ends (SB3's meaning).
+      checkpoint_dir: The buffer's checkpoint directory; None: a new temporary directory.
+      timeouts: replay_service timeouts; `sample` bounds the wait for a first item.
+
+    Raises:
+      ConfigError: If a space is unsupported or `optimize_memory_usage` is set.
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: torch.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        timeouts: Timeouts | None = None,
+    ) -> None:
+        if optimize_memory_usage:
+            raise ConfigError("ReverbReplayBuffer does not take optimize_memory_usage=True")
+        # The base class of SB3's ReplayBuffer: spaces, shapes, device; no arrays.
+        super(ReplayBuffer, self).__init__(
+            buffer_size, observation_space, action_space, device, n_envs=n_envs
+        )
+        self.optimize_memory_usage = False
+        self.handle_timeout_termination = handle_timeout_termination
+        self._timeouts = timeouts
+        self._open(checkpoint_dir)
+
+    def _open(self, checkpoint_dir: str | os.PathLike[str] | None) -> None:
+        self.checkpoint_dir = os.fspath(
+            checkpoint_dir or tempfile.mkdtemp(prefix="replay_service_sb3_")
+        )
+        self.data_spec = data_spec_for_spaces(self.observation_space, self.action_space)
+        self.manager = ReplayBufferManager(
+            self.data_spec, self.buffer_size, self.checkpoint_dir, 2, timeouts=self._timeouts
+        )
+        self._writers: list[Any] = []
+        self._streams: dict[int, Any] = {}
+
+    def _start(self, import_from: str | None = None) -> None:
+        if import_from is not None:
+            self.manager.import_buffer(import_from, overwrite=True)
+        else:
+            self.manager.create_replay_buffer(overwrite=True)
+        self._writers = [self.manager.transition_writer() for _ in range(self.n_envs)]
+
+    def add(
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        infos: list[dict[str, Any]],
+    ) -> None:
+        """Stores one transition per environment (SB3's `ReplayBuffer.add` arguments).
+
+        Raises:
+          SpecMismatchError: If a value does not match the spaces (named by field).
+        """
+        if not self._writers:
+            self._start()
+        obs = np.asarray(obs).reshape((self.n_envs, *self.obs_shape))
+        next_obs = np.asarray(next_obs).reshape((self.n_envs, *self.obs_shape))
+        action = np.asarray(action).reshape((self.n_envs, self.action_dim))
+        reward = np.asarray(reward, np.float32).reshape(self.n_envs)
+        done = np.asarray(done).reshape(self.n_envs)
+        for i, writer in enumerate(self._writers):
+            timeout = bool(done[i]) and bool(infos[i].get("TimeLimit.truncated", False))
+            terminated = bool(done[i]) and not timeout
+            writer.add(obs[i], action[i], reward[i], next_obs[i], terminated, timeout)
+
+    def size(self) -> int:
+        """Transitions stored (items of the table; an env's newest one once the next arrives)."""
+        if not self._writers:
+            return 0
+        for writer in self._writers:
+            writer.flush()
+        return self.manager.num_frames()
+
+    def reset(self) -> None:
+        """Empties the buffer."""
+        if self._writers:
+            self.manager.clear()
+
+    def sample(self, batch_size: int, env: Any = None) -> ReplayBufferSamples:
+        """Samples `batch_size` transitions uniformly (with replacement).
+
+        Raises:
+          BufferStateError: If nothing can be sampled within `timeouts.sample`.
+        """
+        if not self._writers:
+            self._start()
+        stream = self._streams.get(batch_size)
+        if stream is None:
+            stream = self._streams[batch_size] = self.manager.torch_batches(
+                batch_size, transitions=True, device="cpu"
+            )
+        batch = next(stream)
+        dones = batch.dones if self.handle_timeout_termination else batch.dones | batch.truncated
+        observations = self._normalize_obs(batch.states.numpy(), env)
+        next_observations = self._normalize_obs(batch.next_states.numpy(), env)
+        rewards = self._normalize_reward(batch.rewards.numpy().reshape(-1, 1), env)
+        return ReplayBufferSamples(
+            observations=self.to_torch(observations),
+            actions=self.to_torch(batch.actions.numpy().reshape(batch_size, self.action_dim)),
+            next_observations=self.to_torch(next_observations),
+            dones=self.to_torch(dones.numpy().astype(np.float32).reshape(-1, 1)),
+            rewards=self.to_torch(rewards.astype(np.float32)),
+        )
+
+    def close(self) -> None:
+        """Stops sampling and closes the buffer's server (no checkpoint is taken)."""
+        for stream in self._streams.values():
+            stream.close()
+        self._streams = {}
+        self.manager.close()
+
+    # ------------------------------------------------------- save_replay_buffer / load
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The buffer's export files (bytes) and options: what `save_replay_buffer` pickles."""
+        files: dict[str, bytes] = {}
+        if self._writers:
+            for writer in self._writers:
+                writer.flush()
+            with tempfile.TemporaryDirectory(prefix="replay_service_sb3_export_") as tmp:
+                self.manager.export(tmp, overwrite=True)
+                for name in _EXPORT_FILES:
+                    with open(os.path.join(tmp, name), "rb") as f:
+                        files[name] = f.read()
+        return {
+            "buffer_size": self.buffer_size,
+            "observation_space": self.observation_space,
+            "action_space": self.action_space,
+            "device": str(self.device),
+            "n_envs": self.n_envs,
+            "handle_timeout_termination": self.handle_timeout_termination,
+            "timeouts": self._timeouts,
+            "export": files,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Imports the export of `__getstate__` into a new buffer in a temporary directory."""
+        ReverbReplayBuffer.__init__(
+            self,
+            state["buffer_size"],
+            state["observation_space"],
+            state["action_space"],
+            state["device"],
+            n_envs=state["n_envs"],
+            handle_timeout_termination=state["handle_timeout_termination"],
+            timeouts=state["timeouts"],
+        )
+        if state["export"]:
+            with tempfile.TemporaryDirectory(prefix="replay_service_sb3_import_") as tmp:
+                for name, data in state["export"].items():
+                    with open(os.path.join(tmp, name), "wb") as f:
+                        f.write(data)
+                self._start(import_from=tmp)

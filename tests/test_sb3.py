@@ -1,0 +1,170 @@
+"""ReverbReplayBuffer as Stable-Baselines3's replay_buffer_class."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from stable_baselines3 import DQN
+from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+
+from conftest import FAST_TIMEOUTS
+from replay_service.sb3 import ReverbReplayBuffer
+
+N_ENVS = 2
+STEPS = 80
+
+
+def _collect(buffers: list[Any], seed: int = 0) -> None:
+    """Feeds the same CartPole VecEnv transitions to every buffer, as SB3's algorithms do."""
+    env = make_vec_env(
+        "CartPole-v1", n_envs=N_ENVS, seed=seed, env_kwargs={"max_episode_steps": 15}
+    )
+    rng = np.random.default_rng(seed)
+    obs = env.reset()
+    for _ in range(STEPS):
+        actions = rng.integers(0, 2, size=N_ENVS)
+        new_obs, rewards, dones, infos = env.step(actions)
+        next_obs = new_obs.copy()
+        for i, done in enumerate(dones):
+            if done and infos[i].get("terminal_observation") is not None:
+                next_obs[i] = infos[i]["terminal_observation"]
+        for buffer in buffers:
+            buffer.add(obs, next_obs, actions.reshape(-1, 1), rewards, dones, infos)
+        obs = new_obs
+    env.close()
+
+
+def _rows(obs, actions, rewards, next_obs, dones, timeouts) -> list[tuple[Any, ...]]:
+    return sorted(
+        (o.tobytes(), a.tobytes(), float(r), n.tobytes(), float(d), float(t))
+        for o, a, r, n, d, t in zip(obs, actions, rewards, next_obs, dones, timeouts, strict=True)
+    )
+
+
+def test_same_transitions_as_sb3s_own_replay_buffer(tmp_path: Any) -> None:
+    env = gymnasium.make("CartPole-v1")
+    kwargs = dict(n_envs=N_ENVS, handle_timeout_termination=True)
+    theirs = ReplayBuffer(1000, env.observation_space, env.action_space, "cpu", **kwargs)
+    ours = ReverbReplayBuffer(
+        1000, env.observation_space, env.action_space, "cpu", **kwargs,
+        checkpoint_dir=tmp_path / "ckpt", timeouts=FAST_TIMEOUTS,
+    )  # fmt: skip
+    try:
+        _collect([theirs, ours])
+        n = theirs.pos
+        flat = {
+            name: getattr(theirs, name)[:n].swapaxes(0, 1).reshape(N_ENVS * n, -1)
+            for name in ("observations", "actions", "next_observations")
+        }
+        scalars = {
+            name: getattr(theirs, name)[:n].swapaxes(0, 1).reshape(-1)
+            for name in ("rewards", "dones", "timeouts")
+        }
+        per_env_last_done = theirs.dones[n - 1]
+        assert scalars["timeouts"].sum() > 0 and (scalars["dones"] > scalars["timeouts"]).any()
+        expected = _rows(
+            flat["observations"].astype(np.float32),
+            flat["actions"].astype(np.int64),
+            scalars["rewards"],
+            flat["next_observations"].astype(np.float32),
+            scalars["dones"],
+            scalars["timeouts"],
+        )
+        # Each env's newest transition waits for the next step unless it ended its episode.
+        assert ours.size() == N_ENVS * n - int((per_env_last_done == 0).sum())
+
+        from conftest import all_items
+
+        items = all_items(ours.manager.py_client, ours.manager.table_name, ours.size())
+        stored = []
+        for flat_item in items.values():
+            _, obs, action, next_step_type, reward, discount = flat_item
+            ended = next_step_type[0] == 2
+            terminated = float(ended and discount[0] == 0)
+            timeout = float(ended and discount[0] != 0)
+            stored.append(
+                (
+                    obs[0].tobytes(),
+                    action[0].tobytes(),
+                    float(reward[0]),
+                    obs[1].tobytes(),
+                    max(terminated, timeout),
+                    timeout,
+                )
+            )
+        assert set(stored) <= set(expected)
+        assert len(stored) == len(set(stored)) == ours.size()
+        missing = set(expected) - set(stored)
+        assert len(missing) == int((per_env_last_done == 0).sum())
+
+        batch = ours.sample(64)
+        assert batch.observations.shape == (64, 4) and batch.actions.shape == (64, 1)
+        assert batch.dones.shape == batch.rewards.shape == (64, 1)
+        assert batch.actions.dtype == torch.int64
+    finally:
+        ours.close()
+
+
+def test_save_and_load_replay_buffer_go_through_the_export(tmp_path: Any) -> None:
+    env = gymnasium.make("CartPole-v1")
+    ours = ReverbReplayBuffer(
+        1000, env.observation_space, env.action_space, "cpu", n_envs=N_ENVS,
+        checkpoint_dir=tmp_path / "ckpt", timeouts=FAST_TIMEOUTS,
+    )  # fmt: skip
+    try:
+        _collect([ours])
+        size = ours.size()
+        data = pickle.dumps(ours)
+    finally:
+        ours.close()
+    assert b"sha256" in data and b"replay_service.checkpoint" not in data  # export bytes
+    loaded = pickle.loads(data)
+    try:
+        assert loaded.size() == size
+        assert loaded.sample(8).observations.shape == (8, 4)
+    finally:
+        loaded.close()
+
+
+class RandomPolicy:
+    """A seeded uniformly random CartPole policy with SB3's `predict` signature."""
+
+    def __init__(self) -> None:
+        self._rng = np.random.default_rng(0)
+
+    def predict(self, obs: Any, *args: Any, **kwargs: Any) -> tuple[np.ndarray, None]:
+        return self._rng.integers(0, 2, size=(len(obs),)), None
+
+
+@pytest.mark.slow  # about 90 s on 2 cores: 12k steps of DQN
+@pytest.mark.timeout(300)
+def test_dqn_learns_cartpole_with_the_reverb_buffer(tmp_path: Any) -> None:
+    env = make_vec_env("CartPole-v1", n_envs=1, seed=0)
+    model = DQN(
+        "MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=20_000,
+        learning_starts=500, gamma=0.99, target_update_interval=10, train_freq=256,
+        gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
+        policy_kwargs={"net_arch": [256, 256]}, seed=0,
+        replay_buffer_class=ReverbReplayBuffer,
+        replay_buffer_kwargs={"checkpoint_dir": str(tmp_path / "ckpt"), "timeouts": FAST_TIMEOUTS},
+    )  # fmt: skip
+    eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=1)
+    random_return, _ = evaluate_policy(RandomPolicy(), eval_env, n_eval_episodes=10)
+    try:
+        model.learn(total_timesteps=12_000)
+        trained_return, _ = evaluate_policy(model, eval_env, n_eval_episodes=10)
+        path = tmp_path / "buffer.pkl"
+        model.save_replay_buffer(path)
+        model.load_replay_buffer(path)
+        assert model.replay_buffer.size() > 10_000
+    finally:
+        model.replay_buffer.close()
+    print(f"random policy return {random_return:.1f}, DQN return {trained_return:.1f}")
+    assert trained_return > 3 * random_return
