@@ -37,6 +37,7 @@ from replay_service.errors import (
 )
 from replay_service.handles import TableHandle
 from replay_service.observers import TrajectoryObserver
+from replay_service.stats import BufferStats, StatsTracker, checkpoint_stats
 from replay_service.tables import check_extra_tables, find_table
 from replay_service.writers import TransitionWriter
 
@@ -138,6 +139,7 @@ class ReplayBufferManager:
         self._client: reverb.Client | None = None
         self._replay_buffer: ReplayBuffer | None = None
         self._observers: list[TrajectoryObserver] = []
+        self._stats_tracker: StatsTracker | None = None
         self._closed = False
 
     # ------------------------------------------------------------------------ properties
@@ -425,6 +427,27 @@ class ReplayBufferManager:
         self._flush_writers()
         return self._backend.checkpoint()
 
+    def stats(self) -> BufferStats:
+        """Returns how full every table is, how fast it fills and is sampled, and the last
+        checkpoint (see `replay_service.stats`).
+
+        Rates (inserts/s, samples/s, samples per insert, time blocked by the rate limiter) are
+        measured over the last `stats.DEFAULT_WINDOW_S` seconds of readings, the first window
+        starting when the buffer was created or loaded. The checkpoint (time, duration, bytes,
+        items) is known in embedded mode; a remote server reports its own
+        (`replay-server status --json`).
+
+        Returns:
+          The stats of every table of the server.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ServerUnavailableError: If the server does not answer within `timeouts.connect`.
+        """
+        self._require_client()
+        assert self._stats_tracker is not None
+        return self._stats_tracker.read(checkpoint_stats(*self._backend.last_checkpoint()))
+
     def train_schedule(
         self, batch_size: int, *, table: str | None = None
     ) -> rate_limit.TrainSchedule:
@@ -462,6 +485,8 @@ class ReplayBufferManager:
     def _hand_out(self, client: reverb.Client) -> tuple[ReplayBuffer, Any]:
         self._check_server_table(client)
         self._client = client
+        self._stats_tracker = StatsTracker(client, timeout=self._timeouts.connect)
+        self._stats_tracker.read(wait_for_rates=False)  # the start of the first rate window
         self._replay_buffer = ReplayBuffer(
             self._stored_spec,
             self.table_name,

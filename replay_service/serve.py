@@ -51,6 +51,16 @@ _OVERWRITE = flags.DEFINE_boolean(
 )
 _ADDRESS = flags.DEFINE_string("address", None, "status: host:port of the server to inspect.")
 _TIMEOUT = flags.DEFINE_float("timeout", 10.0, "status: seconds to wait for the server.")
+# Stats: `status --json`.
+_JSON = flags.DEFINE_boolean(
+    "json",
+    False,
+    "status: print stats as JSON (sizes, inserts/s, samples/s, rate limiter blocking, last "
+    "checkpoint) instead of text.",
+)
+_RATE_SPAN = flags.DEFINE_float(
+    "rate_span_s", 1.0, "status --json: seconds between the two readings that give the rates."
+)
 # How often the main thread looks at the stop flag.
 _POLL_S = 0.2
 
@@ -114,8 +124,24 @@ def _status() -> int:
 
     if not _ADDRESS.value:
         raise app.UsageError("status needs --address=host:port")
+    if _JSON.value:
+        return _status_json(_ADDRESS.value)
     tables = server_status(_ADDRESS.value, _TIMEOUT.value)
     print(format_status(_ADDRESS.value, tables, _CHECKPOINT_DIR.value))
+    return 0
+
+
+def _status_json(address: str) -> int:
+    import json
+
+    from replay_service.checkpoints import CheckpointStore
+    from replay_service.stats import checkpoint_stats, server_stats
+
+    checkpoint = None
+    if _CHECKPOINT_DIR.value:
+        checkpoint = checkpoint_stats(CheckpointStore(_CHECKPOINT_DIR.value).latest())
+    stats = server_stats(address, _TIMEOUT.value, span_s=_RATE_SPAN.value, checkpoint=checkpoint)
+    print(json.dumps(stats.to_json(), indent=2, sort_keys=True))
     return 0
 
 
