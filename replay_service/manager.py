@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from replay_service import export as export_lib
 from replay_service import priorities as priorities_lib
-from replay_service import rate_limit, sequences, specs
+from replay_service import rate_limit, sequences, specs, summaries
 from replay_service.backends import EmbeddedBackend, RemoteBackend, check_table_exists
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore
 from replay_service.config import (
@@ -76,6 +76,10 @@ class ReplayBufferManager:
       checkpoint_interval_s: Embedded mode: take a checkpoint every this many seconds in a
         background thread (failures are logged and retried); None: only on `checkpoint()`.
         After a crash at most one interval plus one checkpoint's duration is lost.
+      summary_dir: Write `stats()` as TensorBoard scalars into this directory every
+        `summary_interval_s` seconds from a background thread, from the time the buffer is
+        created or loaded until `close()` (see `replay_service.summaries`); None: no summaries.
+      summary_interval_s: Seconds between summary writes.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
@@ -101,6 +105,8 @@ class ReplayBufferManager:
         extra_tables: Sequence[TableConfig] = (),
         pad_end_of_episode: bool = False,
         checkpoint_interval_s: float | None = None,
+        summary_dir: str | os.PathLike[str] | None = None,
+        summary_interval_s: float = 30.0,
     ) -> None:
         self._table = TableConfig(
             name=table_name,
@@ -140,6 +146,9 @@ class ReplayBufferManager:
         self._replay_buffer: ReplayBuffer | None = None
         self._observers: list[TrajectoryObserver] = []
         self._stats_tracker: StatsTracker | None = None
+        self._summary_dir = None if summary_dir is None else os.fspath(summary_dir)
+        self._summary_interval_s = summaries.check_interval(summary_interval_s)
+        self._summary_writer: summaries.StatsSummaryWriter | None = None
         self._closed = False
 
     # ------------------------------------------------------------------------ properties
@@ -256,6 +265,8 @@ class ReplayBufferManager:
                 except Exception as e:  # a dead server must not prevent the rest of close()
                     _log.warning("observer close failed: %s", e)
         finally:
+            if self._summary_writer is not None:
+                self._summary_writer.close()
             if self._replay_buffer is not None:  # its datasets and streams fail, not block
                 self._replay_buffer.stop_sampling()
             self._backend.close()
@@ -487,6 +498,11 @@ class ReplayBufferManager:
         self._client = client
         self._stats_tracker = StatsTracker(client, timeout=self._timeouts.connect)
         self._stats_tracker.read(wait_for_rates=False)  # the start of the first rate window
+        if self._summary_dir is not None:
+            self._summary_writer = summaries.StatsSummaryWriter(
+                self.stats, self._summary_dir, interval_s=self._summary_interval_s
+            )
+            self._summary_writer.start()
         self._replay_buffer = ReplayBuffer(
             self._stored_spec,
             self.table_name,

@@ -61,6 +61,15 @@ _JSON = flags.DEFINE_boolean(
 _RATE_SPAN = flags.DEFINE_float(
     "rate_span_s", 1.0, "status --json: seconds between the two readings that give the rates."
 )
+# Stats: TensorBoard scalars and Prometheus metrics of the running server.
+_TENSORBOARD_DIR = flags.DEFINE_string(
+    "tensorboard_dir",
+    None,
+    "Write the server's stats as TensorBoard scalars into this directory (see README, Stats).",
+)
+_SUMMARY_INTERVAL = flags.DEFINE_float(
+    "summary_interval_s", 30.0, "Seconds between TensorBoard stats writes."
+)
 # How often the main thread looks at the stop flag.
 _POLL_S = 0.2
 
@@ -106,9 +115,12 @@ def _serve() -> int:
         config.server.checkpoint_dir,
         f"restored {restored.path}" if restored else "started empty",
     )
+    exporters = _start_exporters(server)
     print(f"replay-server listening on port {server.port}", flush=True)
     while not stop.signals:
         time.sleep(_POLL_S)
+    for close in reversed(exporters):
+        close()
     print("replay-server: stopping: no more writes are confirmed; final checkpoint", flush=True)
     try:
         final = server.stop(final_checkpoint=True)
@@ -117,6 +129,36 @@ def _serve() -> int:
         return 1
     print(f"replay-server stopped; final checkpoint {final.path if final else 'none'}", flush=True)
     return 0
+
+
+def _start_exporters(server: Any) -> list[Any]:
+    """Starts the stats exporters the flags ask for; returns their close functions."""
+    from replay_service.stats import StatsTracker, checkpoint_stats
+
+    tracker = StatsTracker(server.client, timeout=_TIMEOUT.value)
+    tracker.read(wait_for_rates=False)  # the start of the first rate window
+
+    def read_stats() -> Any:
+        return tracker.read(
+            checkpoint_stats(server.last_checkpoint, server.last_checkpoint_duration_s)
+        )
+
+    closers: list[Any] = []
+    try:
+        if _TENSORBOARD_DIR.value:
+            from replay_service.summaries import StatsSummaryWriter
+
+            writer = StatsSummaryWriter(
+                read_stats, _TENSORBOARD_DIR.value, interval_s=_SUMMARY_INTERVAL.value
+            )
+            writer.start()
+            closers.append(writer.close)
+    except BaseException:
+        for close in reversed(closers):
+            close()
+        server.stop()
+        raise
+    return closers
 
 
 def _status() -> int:

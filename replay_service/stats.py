@@ -38,6 +38,8 @@ DEFAULT_MIN_SPAN_S = 1.0
 # Readings closer together than this are not kept (they add noise, not information).
 _KEEP_EVERY_S = 0.25
 _MAX_READINGS = 4096
+# Rate limiter bounds at least this large are Reverb's "no bound" (it uses +-DBL_MAX).
+_UNBOUNDED = 1e300
 
 
 class InfoSource(Protocol):
@@ -60,7 +62,8 @@ class RateLimiterStats:
     Attributes:
       samples_per_insert: Configured samples per insert (1.0 for a `MinSize` limiter).
       min_diff: Lower bound of `inserts * samples_per_insert - samples`; samples wait below it.
-      max_diff: Upper bound of that difference; inserts wait above it.
+        None when unbounded (Reverb's `MinSize` limiter uses the largest double).
+      max_diff: Upper bound of that difference; inserts wait above it; None when unbounded.
       min_size_to_sample: Items needed before the first sample.
       diff: `inserts * samples_per_insert - samples` now.
       insert_blocked_ms: Milliseconds, since the server started, that the table had inserts
@@ -72,8 +75,8 @@ class RateLimiterStats:
     """
 
     samples_per_insert: float
-    min_diff: float
-    max_diff: float
+    min_diff: float | None
+    max_diff: float | None
     min_size_to_sample: int
     diff: float
     insert_blocked_ms: int
@@ -317,8 +320,8 @@ def _table_stats(
         ),
         rate_limiter=RateLimiterStats(
             samples_per_insert=float(limiter.samples_per_insert),
-            min_diff=float(limiter.min_diff),
-            max_diff=float(limiter.max_diff),
+            min_diff=_bound(limiter.min_diff),
+            max_diff=_bound(limiter.max_diff),
             min_size_to_sample=int(limiter.min_size_to_sample),
             diff=inserts * float(limiter.samples_per_insert) - samples,
             insert_blocked_ms=insert_ms,
@@ -327,6 +330,10 @@ def _table_stats(
             sample_blocked_fraction=_fraction(sample_ms - before[3], window_ms),
         ),
     )
+
+
+def _bound(value: float) -> float | None:
+    return None if abs(value) >= _UNBOUNDED else float(value)
 
 
 def _fraction(blocked_ms: int, window_ms: float | None) -> float | None:
