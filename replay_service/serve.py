@@ -70,6 +70,16 @@ _TENSORBOARD_DIR = flags.DEFINE_string(
 _SUMMARY_INTERVAL = flags.DEFINE_float(
     "summary_interval_s", 30.0, "Seconds between TensorBoard stats writes."
 )
+_METRICS_PORT = flags.DEFINE_integer(
+    "metrics_port",
+    None,
+    "Serve Prometheus metrics of the server's stats on this port (needs the 'metrics' extra).",
+)
+_METRICS_ADDRESS = flags.DEFINE_string(
+    "metrics_address",
+    "127.0.0.1",
+    "Interface the metrics endpoint binds; it has no authentication (0.0.0.0: every interface).",
+)
 # How often the main thread looks at the stop flag.
 _POLL_S = 0.2
 
@@ -153,6 +163,16 @@ def _start_exporters(server: Any) -> list[Any]:
             )
             writer.start()
             closers.append(writer.close)
+        if _METRICS_PORT.value is not None:
+            from replay_service.metrics import start_metrics_server
+
+            metrics = start_metrics_server(read_stats, _METRICS_PORT.value, _METRICS_ADDRESS.value)
+            closers.append(metrics.close)
+            print(
+                f"replay-server metrics on http://{_METRICS_ADDRESS.value}:{_METRICS_PORT.value}"
+                "/metrics",
+                flush=True,
+            )
     except BaseException:
         for close in reversed(closers):
             close()
