@@ -2,6 +2,8 @@
 #   docker build -t replay-service .
 #   docker run -d --name replay -p 127.0.0.1:8000:8000 -v replay-data:/data replay-service
 # The buffer's checkpoints live in the /data volume; restarts restore the newest one.
+# Kubernetes: configs/kubernetes/ runs this image as a StatefulSet (see README, "Running on a
+# cluster"); keep its args, ports (8000 Reverb, 9100 metrics) and /data mount in step with this file.
 # Reverb's gRPC has no authentication: publish the port on loopback or a private network only.
 FROM python:3.11-slim
 
@@ -21,8 +23,9 @@ WORKDIR /app
 # torch comes from the CPU index: the default index serves a multi-GB CUDA build.
 COPY pyproject.toml README.md ./
 COPY replay_service/__init__.py replay_service/__init__.py
+# The "metrics" extra (prometheus-client) serves --metrics_port.
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0" \
-    && pip install .
+    && pip install ".[metrics]"
 COPY replay_service replay_service
 COPY configs configs
 RUN pip install --no-deps --force-reinstall .
@@ -32,7 +35,8 @@ RUN useradd --create-home --uid 1000 replay \
     && chown replay:replay /data
 USER replay
 VOLUME ["/data"]
-EXPOSE 8000
+# 8000: Reverb gRPC; 9100: Prometheus metrics when started with --metrics_port=9100.
+EXPOSE 8000 9100
 
 # SIGTERM (docker stop) takes a final checkpoint before exiting: give it time with
 # `docker stop -t 120` for large buffers.

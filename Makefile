@@ -22,6 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
 test-slow: $(STAMP)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,ray]'
 	$(BIN)/python -m pytest -q -m slow
 
 benchmark: $(STAMP)

@@ -45,12 +45,14 @@ from replay_service.sharding import (
     ShardedCheckpoint,
     ShardedConfig,
     ShardedReplayBuffer,
+    ShardedStats,
     ShardedStatus,
     format_sharded_status,
     load_sharded_config,
     sharded_status,
 )
 from replay_service.starter import PopulateConfig, PopulateResult, copy_buffer, populate
+from replay_service.stats import BufferStats, CheckpointStats, TableStats
 from replay_service.tables import make_replay_tables, make_table
 from replay_service.writers import TransitionWriter
 
@@ -60,9 +62,11 @@ __all__ = [
     "DEFAULT_TABLE_NAME",
     "BetaSchedule",
     "BufferStateError",
+    "BufferStats",
     "Checkpoint",
     "CheckpointError",
     "CheckpointExistsError",
+    "CheckpointStats",
     "CheckpointStore",
     "ConfigError",
     "LimiterState",
@@ -85,10 +89,12 @@ __all__ = [
     "ShardedCheckpoint",
     "ShardedConfig",
     "ShardedReplayBuffer",
+    "ShardedStats",
     "ShardedStatus",
     "SpecMismatchError",
     "StoreMetadata",
     "TableConfig",
+    "TableStats",
     "Timeouts",
     "TorchBatchStream",
     "TorchReplayDataset",

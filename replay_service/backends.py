@@ -16,7 +16,7 @@ from typing import Any
 import reverb
 
 from replay_service.checkpointed_server import CheckpointedServer
-from replay_service.checkpoints import CheckpointStore
+from replay_service.checkpoints import Checkpoint, CheckpointStore
 from replay_service.config import TableConfig, Timeouts
 from replay_service.connection import call_with_timeout, connect, server_info
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
@@ -108,6 +108,12 @@ class EmbeddedBackend:
         """Checkpoints the emptied tables, so a later load does not bring old items back."""
         self.checkpoint()
 
+    def last_checkpoint(self) -> tuple[Checkpoint | None, float | None]:
+        """The last checkpoint taken or adopted, and the seconds it took (None if unknown)."""
+        if self._owner is None:
+            return None, None
+        return self._owner.last_checkpoint, self._owner.last_checkpoint_duration_s
+
     def close(self) -> None:
         """Stops the server (no checkpoint) and releases the directory."""
         if self._owner is not None:
@@ -193,6 +199,10 @@ class RemoteBackend:
                 f"the tables were emptied, but the server could not checkpoint that: {e}; "
                 "a restart of the server may bring the old items back"
             ) from e
+
+    def last_checkpoint(self) -> tuple[Checkpoint | None, float | None]:
+        """Unknown here: the server owns its checkpoints (`replay-server status --json`)."""
+        return None, None
 
     def close(self) -> None:
         """Nothing to release: the server runs on."""

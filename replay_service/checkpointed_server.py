@@ -93,6 +93,8 @@ class CheckpointedServer:
         self._dropped = 0
         self.restored_from: Checkpoint | None = None
         self.last_checkpoint: Checkpoint | None = None
+        # Seconds `last_checkpoint` took (None for an adopted client checkpoint).
+        self.last_checkpoint_duration_s: float | None = None
         self.last_error: str | None = None
 
     # ------------------------------------------------------------------------------ start
@@ -322,6 +324,7 @@ class CheckpointedServer:
         client = self.client
         store = self._store
         with self._lock:
+            started = time.monotonic()
             store.ensure_intact(self.metadata)
             store.clean_staging(self.metadata)
             try:
@@ -339,6 +342,7 @@ class CheckpointedServer:
                     f"{e}; the checkpoint was discarded and the buffer still holds its items"
                 ) from e
             self.last_checkpoint = checkpoint
+            self.last_checkpoint_duration_s = time.monotonic() - started
             self.last_error = None
         _log.info("checkpoint %s (%s items)", checkpoint.path, checkpoint.num_items)
         return checkpoint
@@ -349,6 +353,7 @@ class CheckpointedServer:
             adopted = self._store.adopt_staged(self.metadata)
             for checkpoint in adopted:
                 self.last_checkpoint = checkpoint
+                self.last_checkpoint_duration_s = None
                 _log.info("adopted client checkpoint %s", checkpoint.path)
         return adopted
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from replay_service import export as export_lib
 from replay_service import priorities as priorities_lib
-from replay_service import rate_limit, sequences, specs
+from replay_service import rate_limit, sequences, specs, summaries
 from replay_service.backends import EmbeddedBackend, RemoteBackend, check_table_exists
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore
 from replay_service.config import (
@@ -38,6 +38,7 @@ from replay_service.errors import (
 )
 from replay_service.handles import TableHandle
 from replay_service.observers import TrajectoryObserver
+from replay_service.stats import BufferStats, StatsTracker, checkpoint_stats
 from replay_service.tables import check_extra_tables, find_table
 from replay_service.writers import TransitionWriter
 
@@ -77,6 +78,10 @@ class ReplayBufferManager:
       checkpoint_interval_s: Embedded mode: take a checkpoint every this many seconds in a
         background thread (failures are logged and retried); None: only on `checkpoint()`.
         After a crash at most one interval plus one checkpoint's duration is lost.
+      summary_dir: Write `stats()` as TensorBoard scalars into this directory every
+        `summary_interval_s` seconds from a background thread, from the time the buffer is
+        created or loaded until `close()` (see `replay_service.summaries`); None: no summaries.
+      summary_interval_s: Seconds between summary writes.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
@@ -102,6 +107,8 @@ class ReplayBufferManager:
         extra_tables: Sequence[TableConfig] = (),
         pad_end_of_episode: bool = False,
         checkpoint_interval_s: float | None = None,
+        summary_dir: str | os.PathLike[str] | None = None,
+        summary_interval_s: float = 30.0,
     ) -> None:
         self._table = TableConfig(
             name=table_name,
@@ -140,6 +147,10 @@ class ReplayBufferManager:
         self._client: reverb.Client | None = None
         self._replay_buffer: ReplayBuffer | None = None
         self._observers: list[TrajectoryObserver] = []
+        self._stats_tracker: StatsTracker | None = None
+        self._summary_dir = None if summary_dir is None else os.fspath(summary_dir)
+        self._summary_interval_s = summaries.check_interval(summary_interval_s)
+        self._summary_writer: summaries.StatsSummaryWriter | None = None
         self._closed = False
 
     # ------------------------------------------------------------------------ properties
@@ -256,6 +267,8 @@ class ReplayBufferManager:
                 except Exception as e:  # a dead server must not prevent the rest of close()
                     _log.warning("observer close failed: %s", e)
         finally:
+            if self._summary_writer is not None:
+                self._summary_writer.close()
             if self._replay_buffer is not None:  # its datasets and streams fail, not block
                 self._replay_buffer.stop_sampling()
             self._backend.close()
@@ -436,6 +449,27 @@ class ReplayBufferManager:
         """
         return self.checkpoint()
 
+    def stats(self) -> BufferStats:
+        """Returns how full every table is, how fast it fills and is sampled, and the last
+        checkpoint (see `replay_service.stats`).
+
+        Rates (inserts/s, samples/s, samples per insert, time blocked by the rate limiter) are
+        measured over the last `stats.DEFAULT_WINDOW_S` seconds of readings, the first window
+        starting when the buffer was created or loaded. The checkpoint (time, duration, bytes,
+        items) is known in embedded mode; a remote server reports its own
+        (`replay-server status --json`).
+
+        Returns:
+          The stats of every table of the server.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ServerUnavailableError: If the server does not answer within `timeouts.connect`.
+        """
+        self._require_client()
+        assert self._stats_tracker is not None
+        return self._stats_tracker.read(checkpoint_stats(*self._backend.last_checkpoint()))
+
     def train_schedule(
         self, batch_size: int, *, table: str | None = None
     ) -> rate_limit.TrainSchedule:
@@ -473,6 +507,13 @@ class ReplayBufferManager:
     def _hand_out(self, client: reverb.Client) -> tuple[ReplayBuffer, Any]:
         self._check_server_table(client)
         self._client = client
+        self._stats_tracker = StatsTracker(client, timeout=self._timeouts.connect)
+        self._stats_tracker.read(wait_for_rates=False)  # the start of the first rate window
+        if self._summary_dir is not None:
+            self._summary_writer = summaries.StatsSummaryWriter(
+                self.stats, self._summary_dir, interval_s=self._summary_interval_s
+            )
+            self._summary_writer.start()
         self._replay_buffer = ReplayBuffer(
             self._stored_spec,
             self.table_name,

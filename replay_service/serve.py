@@ -51,6 +51,35 @@ _OVERWRITE = flags.DEFINE_boolean(
 )
 _ADDRESS = flags.DEFINE_string("address", None, "status: host:port of the server to inspect.")
 _TIMEOUT = flags.DEFINE_float("timeout", 10.0, "status: seconds to wait for the server.")
+# Stats: `status --json`.
+_JSON = flags.DEFINE_boolean(
+    "json",
+    False,
+    "status: print stats as JSON (sizes, inserts/s, samples/s, rate limiter blocking, last "
+    "checkpoint) instead of text.",
+)
+_RATE_SPAN = flags.DEFINE_float(
+    "rate_span_s", 1.0, "status --json: seconds between the two readings that give the rates."
+)
+# Stats: TensorBoard scalars and Prometheus metrics of the running server.
+_TENSORBOARD_DIR = flags.DEFINE_string(
+    "tensorboard_dir",
+    None,
+    "Write the server's stats as TensorBoard scalars into this directory (see README, Stats).",
+)
+_SUMMARY_INTERVAL = flags.DEFINE_float(
+    "summary_interval_s", 30.0, "Seconds between TensorBoard stats writes."
+)
+_METRICS_PORT = flags.DEFINE_integer(
+    "metrics_port",
+    None,
+    "Serve Prometheus metrics of the server's stats on this port (needs the 'metrics' extra).",
+)
+_METRICS_ADDRESS = flags.DEFINE_string(
+    "metrics_address",
+    "127.0.0.1",
+    "Interface the metrics endpoint binds; it has no authentication (0.0.0.0: every interface).",
+)
 # How often the main thread looks at the stop flag.
 _POLL_S = 0.2
 
@@ -96,9 +125,12 @@ def _serve() -> int:
         config.server.checkpoint_dir,
         f"restored {restored.path}" if restored else "started empty",
     )
+    exporters = _start_exporters(server)
     print(f"replay-server listening on port {server.port}", flush=True)
     while not stop.signals:
         time.sleep(_POLL_S)
+    for close in reversed(exporters):
+        close()
     print("replay-server: stopping: no more writes are confirmed; final checkpoint", flush=True)
     try:
         final = server.stop(final_checkpoint=True)
@@ -109,13 +141,69 @@ def _serve() -> int:
     return 0
 
 
+def _start_exporters(server: Any) -> list[Any]:
+    """Starts the stats exporters the flags ask for; returns their close functions."""
+    from replay_service.stats import StatsTracker, checkpoint_stats
+
+    tracker = StatsTracker(server.client, timeout=_TIMEOUT.value)
+    tracker.read(wait_for_rates=False)  # the start of the first rate window
+
+    def read_stats() -> Any:
+        return tracker.read(
+            checkpoint_stats(server.last_checkpoint, server.last_checkpoint_duration_s)
+        )
+
+    closers: list[Any] = []
+    try:
+        if _TENSORBOARD_DIR.value:
+            from replay_service.summaries import StatsSummaryWriter
+
+            writer = StatsSummaryWriter(
+                read_stats, _TENSORBOARD_DIR.value, interval_s=_SUMMARY_INTERVAL.value
+            )
+            writer.start()
+            closers.append(writer.close)
+        if _METRICS_PORT.value is not None:
+            from replay_service.metrics import start_metrics_server
+
+            metrics = start_metrics_server(read_stats, _METRICS_PORT.value, _METRICS_ADDRESS.value)
+            closers.append(metrics.close)
+            print(
+                f"replay-server metrics on http://{_METRICS_ADDRESS.value}:{_METRICS_PORT.value}"
+                "/metrics",
+                flush=True,
+            )
+    except BaseException:
+        for close in reversed(closers):
+            close()
+        server.stop()
+        raise
+    return closers
+
+
 def _status() -> int:
     from replay_service.status import format_status, server_status
 
     if not _ADDRESS.value:
         raise app.UsageError("status needs --address=host:port")
+    if _JSON.value:
+        return _status_json(_ADDRESS.value)
     tables = server_status(_ADDRESS.value, _TIMEOUT.value)
     print(format_status(_ADDRESS.value, tables, _CHECKPOINT_DIR.value))
+    return 0
+
+
+def _status_json(address: str) -> int:
+    import json
+
+    from replay_service.checkpoints import CheckpointStore
+    from replay_service.stats import checkpoint_stats, server_stats
+
+    checkpoint = None
+    if _CHECKPOINT_DIR.value:
+        checkpoint = checkpoint_stats(CheckpointStore(_CHECKPOINT_DIR.value).latest())
+    stats = server_stats(address, _TIMEOUT.value, span_s=_RATE_SPAN.value, checkpoint=checkpoint)
+    print(json.dumps(stats.to_json(), indent=2, sort_keys=True))
     return 0
 
 

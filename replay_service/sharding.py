@@ -49,6 +49,7 @@ from replay_service.errors import (
 )
 from replay_service.manager import ReplayBufferManager
 from replay_service.observers import TrajectoryObserver
+from replay_service.stats import BufferStats, TableStats, total_table
 from replay_service.status import TableStatus, server_status
 
 _T = TypeVar("_T")
@@ -292,6 +293,25 @@ def format_sharded_status(status: ShardedStatus) -> str:
         lines.append(f"  shard {index} {shard.address}")
         lines.extend(f"    {_table_line(t)}" for t in shard.tables)
     return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedStats:
+    """Fill level and traffic of every shard, and of the sharded table in total.
+
+    Attributes:
+      table_name: The sharded table.
+      shards: Each shard's `BufferStats` (every table of that server), in shard order.
+      total: The sharded table summed over shards (`stats.total_table`).
+    """
+
+    table_name: str
+    shards: tuple[BufferStats, ...]
+    total: TableStats
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns a JSON-serializable dict of every field."""
+        return dataclasses.asdict(self)
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -581,6 +601,23 @@ class ShardedReplayBuffer:
         self._require_open()
         return sharded_status(self.addresses, self.table_name, self._timeouts.connect)
 
+    def stats(self) -> ShardedStats:
+        """Returns every shard's stats (read in parallel) and the table's totals.
+
+        Rates are measured per shard as in `ReplayBufferManager.stats()` and summed.
+
+        Raises:
+          ServerUnavailableError: If a shard does not answer within `timeouts.connect`.
+        """
+        self._require_open()
+        shards = tuple(_on_every_shard(list(self._managers), lambda _, m: m.stats()))
+        name = self.table_name
+        return ShardedStats(
+            table_name=name,
+            shards=shards,
+            total=total_table(name, [shard.table(name) for shard in shards]),
+        )
+
     def checkpoint(self, checkpoint_id: str | None = None) -> ShardedCheckpoint:
         """Flushes observers and checkpoints every shard (in parallel) under one id.
 
@@ -717,6 +754,7 @@ __all__ = [
     "ShardedCheckpoint",
     "ShardedConfig",
     "ShardedReplayBuffer",
+    "ShardedStats",
     "ShardedStatus",
     "find_adopted_checkpoint",
     "format_sharded_status",
