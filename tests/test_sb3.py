@@ -3,40 +3,59 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
-from stable_baselines3 import DQN
+from stable_baselines3 import DQN, SAC, TD3
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.noise import NormalActionNoise
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
-from conftest import FAST_TIMEOUTS
+from conftest import FAST_TIMEOUTS, all_items
 from replay_service.sb3 import ReverbReplayBuffer
 
 N_ENVS = 2
 STEPS = 80
 
 
-def _collect(buffers: list[Any], seed: int = 0) -> None:
-    """Feeds the same CartPole VecEnv transitions to every buffer, as SB3's algorithms do."""
+def _discrete_actions(rng: np.random.Generator) -> np.ndarray:
+    """Random CartPole actions: int `[n_envs]`, as SB3's DQN steps the env with."""
+    return rng.integers(0, 2, size=N_ENVS)
+
+
+def _box_actions(rng: np.random.Generator) -> np.ndarray:
+    """Random Pendulum actions as float64 `[n_envs, 1]` (TD3's noisy actions are float64)."""
+    return rng.uniform(-2.0, 2.0, size=(N_ENVS, 1))
+
+
+def _collect(
+    buffers: list[Any],
+    seed: int = 0,
+    env_id: str = "CartPole-v1",
+    sample_actions: Callable[[np.random.Generator], np.ndarray] = _discrete_actions,
+    max_episode_steps: int = 15,
+) -> None:
+    """Feeds the same VecEnv transitions to every buffer, as SB3's algorithms do."""
     env = make_vec_env(
-        "CartPole-v1", n_envs=N_ENVS, seed=seed, env_kwargs={"max_episode_steps": 15}
+        env_id, n_envs=N_ENVS, seed=seed, env_kwargs={"max_episode_steps": max_episode_steps}
     )
     rng = np.random.default_rng(seed)
     obs = env.reset()
     for _ in range(STEPS):
-        actions = rng.integers(0, 2, size=N_ENVS)
+        actions = sample_actions(rng)
         new_obs, rewards, dones, infos = env.step(actions)
         next_obs = new_obs.copy()
         for i, done in enumerate(dones):
             if done and infos[i].get("terminal_observation") is not None:
                 next_obs[i] = infos[i]["terminal_observation"]
         for buffer in buffers:
-            buffer.add(obs, next_obs, actions.reshape(-1, 1), rewards, dones, infos)
+            buffer.add(obs, next_obs, actions.reshape(N_ENVS, -1), rewards, dones, infos)
         obs = new_obs
     env.close()
 
@@ -46,6 +65,66 @@ def _rows(obs, actions, rewards, next_obs, dones, timeouts) -> list[tuple[Any, .
         (o.tobytes(), a.tobytes(), float(r), n.tobytes(), float(d), float(t))
         for o, a, r, n, d, t in zip(obs, actions, rewards, next_obs, dones, timeouts, strict=True)
     )
+
+
+def _stored_rows(buffer: ReverbReplayBuffer) -> list[tuple[Any, ...]]:
+    """Every transition of `buffer`'s table as a `_rows` row (`dones`: terminated or truncated)."""
+    items = all_items(buffer.manager.py_client, buffer.manager.table_name, buffer.size())
+    stored = []
+    for flat_item in items.values():
+        _, obs, action, next_step_type, reward, discount = flat_item
+        ended = next_step_type[0] == 2
+        terminated = float(ended and discount[0] == 0)
+        timeout = float(ended and discount[0] != 0)
+        stored.append(
+            (
+                obs[0].tobytes(),
+                action[0].tobytes(),
+                float(reward[0]),
+                obs[1].tobytes(),
+                max(terminated, timeout),
+                timeout,
+            )
+        )
+    return stored
+
+
+def _assert_same_transitions(
+    theirs: ReplayBuffer,
+    ours: ReverbReplayBuffer,
+    obs_dtype: type,
+    action_dtype: type,
+    expect_terminations: bool = True,
+) -> None:
+    """`ours` holds exactly SB3's transitions, less each env's newest one if it did not end."""
+    n = theirs.pos
+    flat = {
+        name: getattr(theirs, name)[:n].swapaxes(0, 1).reshape(N_ENVS * n, -1)
+        for name in ("observations", "actions", "next_observations")
+    }
+    scalars = {
+        name: getattr(theirs, name)[:n].swapaxes(0, 1).reshape(-1)
+        for name in ("rewards", "dones", "timeouts")
+    }
+    per_env_last_done = theirs.dones[n - 1]
+    assert scalars["timeouts"].sum() > 0
+    if expect_terminations:
+        assert (scalars["dones"] > scalars["timeouts"]).any()
+    expected = _rows(
+        flat["observations"].astype(obs_dtype),
+        flat["actions"].astype(action_dtype),
+        scalars["rewards"],
+        flat["next_observations"].astype(obs_dtype),
+        scalars["dones"],
+        scalars["timeouts"],
+    )
+    # Each env's newest transition waits for the next step unless it ended its episode.
+    assert ours.size() == N_ENVS * n - int((per_env_last_done == 0).sum())
+    stored = _stored_rows(ours)
+    assert set(stored) <= set(expected)
+    assert len(stored) == len(set(stored)) == ours.size()
+    missing = set(expected) - set(stored)
+    assert len(missing) == int((per_env_last_done == 0).sum())
 
 
 def test_same_transitions_as_sb3s_own_replay_buffer(tmp_path: Any) -> None:
@@ -58,56 +137,36 @@ def test_same_transitions_as_sb3s_own_replay_buffer(tmp_path: Any) -> None:
     )  # fmt: skip
     try:
         _collect([theirs, ours])
-        n = theirs.pos
-        flat = {
-            name: getattr(theirs, name)[:n].swapaxes(0, 1).reshape(N_ENVS * n, -1)
-            for name in ("observations", "actions", "next_observations")
-        }
-        scalars = {
-            name: getattr(theirs, name)[:n].swapaxes(0, 1).reshape(-1)
-            for name in ("rewards", "dones", "timeouts")
-        }
-        per_env_last_done = theirs.dones[n - 1]
-        assert scalars["timeouts"].sum() > 0 and (scalars["dones"] > scalars["timeouts"]).any()
-        expected = _rows(
-            flat["observations"].astype(np.float32),
-            flat["actions"].astype(np.int64),
-            scalars["rewards"],
-            flat["next_observations"].astype(np.float32),
-            scalars["dones"],
-            scalars["timeouts"],
-        )
-        # Each env's newest transition waits for the next step unless it ended its episode.
-        assert ours.size() == N_ENVS * n - int((per_env_last_done == 0).sum())
-
-        from conftest import all_items
-
-        items = all_items(ours.manager.py_client, ours.manager.table_name, ours.size())
-        stored = []
-        for flat_item in items.values():
-            _, obs, action, next_step_type, reward, discount = flat_item
-            ended = next_step_type[0] == 2
-            terminated = float(ended and discount[0] == 0)
-            timeout = float(ended and discount[0] != 0)
-            stored.append(
-                (
-                    obs[0].tobytes(),
-                    action[0].tobytes(),
-                    float(reward[0]),
-                    obs[1].tobytes(),
-                    max(terminated, timeout),
-                    timeout,
-                )
-            )
-        assert set(stored) <= set(expected)
-        assert len(stored) == len(set(stored)) == ours.size()
-        missing = set(expected) - set(stored)
-        assert len(missing) == int((per_env_last_done == 0).sum())
-
+        _assert_same_transitions(theirs, ours, np.float32, np.int64)
         batch = ours.sample(64)
         assert batch.observations.shape == (64, 4) and batch.actions.shape == (64, 1)
         assert batch.dones.shape == batch.rewards.shape == (64, 1)
         assert batch.actions.dtype == torch.int64
+    finally:
+        ours.close()
+
+
+def test_same_box_action_transitions_as_sb3s_own_replay_buffer(tmp_path: Any) -> None:
+    env = gymnasium.make("Pendulum-v1")
+    kwargs = dict(n_envs=N_ENVS, handle_timeout_termination=True)
+    theirs = ReplayBuffer(1000, env.observation_space, env.action_space, "cpu", **kwargs)
+    ours = ReverbReplayBuffer(
+        1000, env.observation_space, env.action_space, "cpu", **kwargs,
+        checkpoint_dir=tmp_path / "ckpt", timeouts=FAST_TIMEOUTS,
+    )  # fmt: skip
+    try:
+        # Pendulum never terminates: every episode ends by its time limit.
+        _collect(
+            [theirs, ours], env_id="Pendulum-v1", sample_actions=_box_actions, max_episode_steps=25
+        )
+        assert theirs.actions.dtype == np.float32
+        _assert_same_transitions(theirs, ours, np.float32, np.float32, expect_terminations=False)
+        batch = ours.sample(64)
+        assert batch.observations.shape == (64, 3) and batch.actions.shape == (64, 1)
+        assert batch.observations.dtype == batch.actions.dtype == torch.float32
+        assert batch.dones.shape == batch.rewards.shape == (64, 1)
+        assert float(batch.dones.sum()) == 0.0  # time-limit ends are not terminations
+        assert float(batch.actions.abs().max()) <= 2.0
     finally:
         ours.close()
 
