@@ -192,6 +192,63 @@ def test_save_and_load_replay_buffer_go_through_the_export(tmp_path: Any) -> Non
         loaded.close()
 
 
+LEARN_STEPS = 240  # 120 steps per env, episodes of 50: two time-limit ends, one episode open
+
+
+def _pendulum_model(algo: type[OffPolicyAlgorithm], checkpoint_dir: Any) -> OffPolicyAlgorithm:
+    """A small SAC or TD3 on 2 Pendulum envs with 50-step episodes, over a ReverbReplayBuffer."""
+    extra: dict[str, Any] = {}
+    if algo is TD3:  # float64 noisy actions reach the buffer
+        extra["action_noise"] = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
+    env = make_vec_env("Pendulum-v1", n_envs=N_ENVS, seed=0, env_kwargs={"max_episode_steps": 50})
+    return algo(
+        "MlpPolicy", env, buffer_size=1000, learning_starts=100, batch_size=32,
+        train_freq=1, gradient_steps=1, policy_kwargs={"net_arch": [16, 16]}, seed=0,
+        replay_buffer_class=ReverbReplayBuffer,
+        replay_buffer_kwargs={"checkpoint_dir": str(checkpoint_dir), "timeouts": FAST_TIMEOUTS},
+        **extra,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", [SAC, TD3], ids=["SAC", "TD3"])
+def test_sac_and_td3_learn_and_round_trip_their_reverb_buffer(
+    algo: type[OffPolicyAlgorithm], tmp_path: Any
+) -> None:
+    model = _pendulum_model(algo, tmp_path / "ckpt")
+    fresh = None
+    try:
+        model.learn(total_timesteps=LEARN_STEPS)
+        buffer = model.replay_buffer
+        assert isinstance(buffer, ReverbReplayBuffer)
+        assert model.num_timesteps == LEARN_STEPS
+        # Each env's newest transition waits for the next step (its episode is still open).
+        assert buffer.size() == LEARN_STEPS - N_ENVS
+        rows = _stored_rows(buffer)
+        assert sum(timeout for *_, timeout in rows) == 2 * N_ENVS
+        assert sum(done for *_, done, _ in rows) == 2 * N_ENVS  # no terminations
+        batch = buffer.sample(16)
+        assert batch.actions.shape == (16, 1) and batch.actions.dtype == torch.float32
+        assert float(batch.actions.abs().max()) <= 1.0  # SB3 stores actions scaled to [-1, 1]
+
+        path = tmp_path / "buffer.pkl"
+        model.save_replay_buffer(path)
+        fresh = _pendulum_model(algo, tmp_path / "fresh_ckpt")
+        unused = fresh.replay_buffer
+        fresh.load_replay_buffer(path)
+        unused.close()
+        loaded = fresh.replay_buffer
+        assert isinstance(loaded, ReverbReplayBuffer) and loaded is not unused
+        assert loaded.checkpoint_dir != buffer.checkpoint_dir
+        assert loaded.size() == buffer.size()
+        assert sorted(_stored_rows(loaded)) == sorted(rows)
+        fresh.learn(total_timesteps=20, reset_num_timesteps=False)  # samples the loaded buffer
+        assert loaded.size() == buffer.size() + 20 - N_ENVS  # the new episodes are open
+    finally:
+        model.replay_buffer.close()
+        if fresh is not None:
+            fresh.replay_buffer.close()
+
+
 class RandomPolicy:
     """A seeded uniformly random CartPole policy with SB3's `predict` signature."""
 
