@@ -35,36 +35,11 @@ from stable_baselines3.common.type_aliases import ReplayBufferSamples
 from replay_service.config import Timeouts
 from replay_service.errors import ConfigError
 from replay_service.manager import ReplayBufferManager
-from replay_service.specs import spec_from_description
+from replay_service.specs import data_spec_for_spaces
 
 _EXPORT_FILES = ("buffer_state.safetensors", "buffer_metadata.json")
 
-
-def data_spec_for_spaces(observation_space: spaces.Space, action_space: spaces.Space) -> Any:
-    """The per-step TF-Agents `Trajectory` spec SB3's transitions are stored with.
-
-    Observations keep their space's shape and dtype (Discrete: int64 `[1]`, as SB3 stores them);
-    actions are `[action_dim]` (Discrete: int64 `[1]`; Box: float32 unless the space's dtype is
-    another non-float64 one).
-
-    Raises:
-      ConfigError: For a space other than Box or Discrete (e.g. Dict observations).
-    """
-    fields = []
-    for name, space in (("observation", observation_space), ("action", action_space)):
-        if isinstance(space, spaces.Discrete):
-            fields.append({"path": name, "dtype": "int64", "shape": [1]})
-        elif isinstance(space, spaces.Box):
-            dtype = np.dtype(space.dtype)
-            if name == "action" and dtype == np.float64:
-                dtype = np.dtype(np.float32)  # as SB3's ReplayBuffer casts it
-            shape = list(space.shape) if name == "observation" else [int(np.prod(space.shape))]
-            fields.append({"path": name, "dtype": dtype.name, "shape": shape})
-        else:
-            raise ConfigError(
-                f"ReverbReplayBuffer supports Box and Discrete {name} spaces, got {space!r}"
-            )
-    return spec_from_description(fields)
+__all__ = ["ReverbReplayBuffer", "data_spec_for_spaces"]
 
 
 class ReverbReplayBuffer(ReplayBuffer):

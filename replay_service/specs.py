@@ -15,7 +15,7 @@ import tensorflow as tf
 import tree
 from tf_agents.specs import array_spec, tensor_spec
 
-from replay_service.errors import SpecMismatchError
+from replay_service.errors import ConfigError, SpecMismatchError
 
 FieldDescription = dict[str, Any]
 
@@ -226,6 +226,46 @@ def spec_from_description(fields: list[FieldDescription], structure: str = "traj
             f"{trajectory.Trajectory._fields}; got fields {sorted(root)}"
         )
     return trajectory.Trajectory(**root)
+
+
+def data_spec_for_spaces(observation_space: Any, action_space: Any) -> Any:
+    """The per-step TF-Agents `Trajectory` spec for a gymnasium env's spaces.
+
+    What `replay_service.sb3.ReverbReplayBuffer` stores SB3's transitions with, and a ready data
+    spec for `ReplayBufferManager` with `transition_writer()` or `gym_vector_writer(envs)`.
+
+    Observations keep their space's shape and dtype (Discrete: int64 `[1]`, as SB3 stores them);
+    actions are `[action_dim]` (Discrete: int64 `[1]`; Box: float32 unless the space's dtype is
+    another non-float64 one).
+
+    Args:
+      observation_space: A gymnasium Box or Discrete space (a vector env's
+        `single_observation_space`).
+      action_space: A gymnasium Box or Discrete space (`single_action_space`).
+
+    Returns:
+      A `Trajectory` of `tf.TensorSpec`.
+
+    Raises:
+      ConfigError: For a space other than Box or Discrete (e.g. Dict observations).
+    """
+    from gymnasium import spaces
+
+    fields = []
+    for name, space in (("observation", observation_space), ("action", action_space)):
+        if isinstance(space, spaces.Discrete):
+            fields.append({"path": name, "dtype": "int64", "shape": [1]})
+        elif isinstance(space, spaces.Box):
+            dtype = np.dtype(space.dtype)
+            if name == "action" and dtype == np.float64:
+                dtype = np.dtype(np.float32)  # as SB3's ReplayBuffer casts it
+            shape = list(space.shape) if name == "observation" else [int(np.prod(space.shape))]
+            fields.append({"path": name, "dtype": dtype.name, "shape": shape})
+        else:
+            raise ConfigError(
+                f"data_spec_for_spaces supports Box and Discrete {name} spaces, got {space!r}"
+            )
+    return spec_from_description(fields)
 
 
 def trajectory_spec(env: Any, policy_info_spec: Any = ()) -> Any:
