@@ -559,14 +559,6 @@ class CheckpointStore:
         self.prune()
         return Checkpoint(path=target, sequence=sequence, info=info)
 
-    def quarantine(self, checkpoint: Checkpoint) -> str:
-        """Moves a checkpoint that failed to restore into `corrupt/`; returns its new path.
-
-        Raises:
-          CheckpointError: If it cannot be moved.
-        """
-        return self.quarantine_path(checkpoint.path)
-
     def quarantine_path(self, path: str) -> str:
         """Moves the checkpoint directory `path` into `corrupt/`; returns its new path.
 

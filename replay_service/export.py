@@ -37,7 +37,6 @@ exported items had never been sampled, and otherwise differs only in "times_samp
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.metadata
 import json
 import math
@@ -74,7 +73,6 @@ TIMES_SAMPLED = "times_sampled"
 ITEM_ORDER = "insertion order, oldest first"
 VERSIONED_PACKAGES = ("replay_service", "dm-reverb", "tf-agents", "tensorflow")
 CHECKSUMS = "sha256"
-HASH_BLOCK = 8 << 20
 # Reverb's MinSize limiter: a samples/inserts difference that never limits.
 _UNSIGNED_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -293,19 +291,6 @@ def read_metadata(path: str) -> dict[str, Any]:
     return data
 
 
-def file_sha256(path: str) -> str:
-    """Returns the hex sha256 digest of a file, read in blocks of `HASH_BLOCK` bytes.
-
-    Raises:
-      OSError: If the file cannot be read.
-    """
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_state(state_path: str, metadata: dict[str, Any], metadata_path: str) -> None:
     """Checks the state file against the sha256 recorded in the export's metadata.
 
@@ -341,7 +326,7 @@ def verify_state(state_path: str, metadata: dict[str, Any], metadata_path: str) 
             f'{{"{STATE_SUFFIX}": "<64 hex digits>"}}'
         )
     try:
-        actual = file_sha256(state_path)
+        actual = reverb_internals.file_sha256(state_path)
     except FileNotFoundError as e:
         raise CheckpointError(f"export state {state_path!r} does not exist") from e
     except OSError as e:
@@ -402,7 +387,7 @@ def _write_files(
         state_tmp, metadata_tmp = f"{state_path}.tmp", f"{metadata_path}.tmp"
         save_file(tensors, state_tmp, metadata={"format": FORMAT})
         # One read of the file just written (from the page cache) gives its digest.
-        metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: file_sha256(state_tmp)}}
+        metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: reverb_internals.file_sha256(state_tmp)}}
         with open(metadata_tmp, "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
             f.write("\n")

@@ -129,21 +129,26 @@ def check_recorded_files(path: str, recorded: dict[str, dict[str, Any]]) -> None
                 f"{file_path!r} has {size} bytes, but {want.get('size')} were recorded when the "
                 "checkpoint was taken"
             )
-        digest = _sha256(file_path)
+        try:
+            digest = file_sha256(file_path)
+        except OSError as e:
+            raise CheckpointError(f"cannot read {file_path!r}: {e}") from e
         if digest != want.get("sha256"):
             raise CheckpointError(
                 f"{file_path!r} is damaged: SHA-256 {digest}, recorded {want.get('sha256')}"
             )
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
+    """Returns the hex SHA-256 digest of a file, read in blocks.
+
+    Raises:
+      OSError: If the file cannot be read.
+    """
     digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(_READ_BLOCK):
-                digest.update(block)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path!r}: {e}") from e
+    with open(path, "rb") as f:
+        while block := f.read(_READ_BLOCK):
+            digest.update(block)
     return digest.hexdigest()
 
 
