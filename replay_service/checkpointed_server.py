@@ -41,7 +41,6 @@ from replay_service.connection import (
 )
 from replay_service.errors import (
     CheckpointError,
-    NoCheckpointError,
     ReplayServiceError,
     ServerError,
     SpecMismatchError,
@@ -177,54 +176,19 @@ class CheckpointedServer:
         return owner
 
     def _start_from_latest(self) -> None:
-        store = self._store
         reverb_internals.require_supported_reverb()
-        moved: list[str] = []
-        for sequence, path in reversed(store.entries()):
-            try:
-                checkpoint = store.read_checkpoint(sequence, path)
-                self._check_stored(checkpoint.metadata, checkpoint.path)
-                self._verify(checkpoint)
-                self._start(checkpoint)
-                self._check_restored_count(checkpoint)
-            except SpecMismatchError:
-                raise
-            except CheckpointError as e:
-                if self._server is not None:
-                    self._server.stop()
-                    self._server = self._client = None
-                target = store.quarantine_path(path)
-                moved.append(target)
-                _log.warning(
-                    "checkpoint %s cannot be restored (%s); moved it to %s and trying the "
-                    "previous checkpoint",
-                    path,
-                    e,
-                    target,
-                )
-                continue
-            self.restored_from = checkpoint
-            if moved:
-                _log.warning(
-                    "restored %s instead of the newer checkpoint(s) moved to %s",
-                    checkpoint.path,
-                    ", ".join(moved),
-                )
-            return
-        earlier = store.quarantined()
-        aside = (
-            f"; moved aside as damaged: {', '.join(moved)}"
-            if moved
-            else f"; checkpoints moved aside earlier as damaged: {', '.join(earlier)}"
-            if earlier
-            else ""
-        )
-        raise NoCheckpointError(
-            f"checkpoint_dir {store.root!r} holds no complete checkpoint that verifies and "
-            f"loads{aside}; "
-            "start a new buffer (create_replay_buffer(overwrite=True), or replay-server "
-            "--overwrite) only if that data may be lost"
-        )
+        self.restored_from = self._store.restore_newest(self._load, self._discard)
+
+    def _load(self, checkpoint: Checkpoint) -> None:
+        self._check_stored(checkpoint.metadata, checkpoint.path)
+        self._verify(checkpoint)
+        self._start(checkpoint)
+        self._check_restored_count(checkpoint)
+
+    def _discard(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = self._client = None
 
     def _verify(self, checkpoint: Checkpoint) -> None:
         if checkpoint.files is not None:

@@ -43,7 +43,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from replay_service.errors import (
@@ -51,6 +51,7 @@ from replay_service.errors import (
     CheckpointExistsError,
     ConfigError,
     NoCheckpointError,
+    SpecMismatchError,
 )
 from replay_service.reverb_internals import DONE_FILE, is_reverb_checkpoint, verify_files
 from replay_service.specs import FieldDescription, describe_spec, diff_descriptions
@@ -530,7 +531,7 @@ class CheckpointStore:
           CheckpointError: If `reverb_path` is incomplete or damaged (left where it is), or it
             cannot be moved (e.g. the disk is full); the message names the path.
         """
-        num_items, files = verify_files(reverb_path)
+        num_items, files = verify_checkpoint_files(reverb_path)
         sequence = self.next_sequence()
         info = {
             "format": FORMAT,
@@ -558,6 +559,65 @@ class CheckpointStore:
             ) from e
         self.prune()
         return Checkpoint(path=target, sequence=sequence, info=info)
+
+    def restore_newest(
+        self, load: Callable[[Checkpoint], None], discard: Callable[[], None]
+    ) -> Checkpoint:
+        """Loads the newest checkpoint that `load` accepts, moving each one it refuses aside.
+
+        Newest first: `load(checkpoint)` verifies and loads one; a `CheckpointError` from it
+        (damage) calls `discard()` to drop what was half loaded, moves that checkpoint to
+        `corrupt/` with a warning naming it and the one tried next, and tries the previous one.
+        A `SpecMismatchError` (a configuration mistake, not damage) stops the search.
+
+        Returns:
+          The checkpoint loaded.
+
+        Raises:
+          NoCheckpointError: If none is left that loads (naming those moved aside).
+          SpecMismatchError: From `load`.
+          CheckpointError: If a damaged checkpoint cannot be moved aside.
+        """
+        moved: list[str] = []
+        for sequence, path in reversed(self.entries()):
+            try:
+                checkpoint = self.read_checkpoint(sequence, path)
+                load(checkpoint)
+            except SpecMismatchError:
+                raise
+            except CheckpointError as e:
+                discard()
+                target = self.quarantine_path(path)
+                moved.append(target)
+                _log.warning(
+                    "checkpoint %s cannot be restored (%s); moved it to %s and trying the "
+                    "previous checkpoint",
+                    path,
+                    e,
+                    target,
+                )
+                continue
+            if moved:
+                _log.warning(
+                    "restored %s instead of the newer checkpoint(s) moved to %s",
+                    checkpoint.path,
+                    ", ".join(moved),
+                )
+            return checkpoint
+        earlier = self.quarantined()
+        aside = (
+            f"; moved aside as damaged: {', '.join(moved)}"
+            if moved
+            else f"; checkpoints moved aside earlier as damaged: {', '.join(earlier)}"
+            if earlier
+            else ""
+        )
+        raise NoCheckpointError(
+            f"checkpoint_dir {self.root!r} holds no complete checkpoint that verifies and "
+            f"loads{aside}; "
+            "start a new buffer (create_replay_buffer(overwrite=True), or replay-server "
+            "--overwrite) only if that data may be lost"
+        )
 
     def quarantine_path(self, path: str) -> str:
         """Moves the checkpoint directory `path` into `corrupt/`; returns its new path.
@@ -767,3 +827,20 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def verify_checkpoint_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Reads a finished checkpoint back: a local-backend one (`local_checkpoint.verify`) or a
+    Reverb one (`reverb_internals.verify_files`).
+
+    Returns:
+      `(num_items, files)`: items of every table, and per file its size and SHA-256.
+
+    Raises:
+      CheckpointError: If it is incomplete or damaged; the message names the file.
+    """
+    from replay_service import local_checkpoint
+
+    if local_checkpoint.is_local_checkpoint(path):
+        return local_checkpoint.verify(path)
+    return verify_files(path)

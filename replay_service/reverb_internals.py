@@ -109,13 +109,20 @@ def verify_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
     return files[ITEMS_FILE]["records"], files
 
 
-def check_recorded_files(path: str, recorded: dict[str, dict[str, Any]]) -> None:
+def check_recorded_files(
+    path: str, recorded: dict[str, dict[str, Any]], names: Sequence[str] = DATA_FILES
+) -> None:
     """Checks the data files of `path` against the sizes and digests recorded at checkpoint.
+
+    Args:
+      path: The checkpoint directory.
+      recorded: Per file name, its recorded "size" and "sha256".
+      names: The files that must be there (Reverb's data files by default).
 
     Raises:
       CheckpointError: If a file is missing, or its size or SHA-256 differs; names the file.
     """
-    for name in DATA_FILES:
+    for name in names:
         file_path = os.path.join(path, name)
         want = recorded.get(name)
         if not isinstance(want, dict):

@@ -1,0 +1,147 @@
+"""The checkpoint files of the local backend: one safetensors export per table.
+
+A local checkpoint is a directory written into the store's staging root and adopted into
+`checkpoints/` exactly like a Reverb checkpoint (`CheckpointStore.adopt`: verified, digests
+recorded, renamed into place, retention applied):
+
+    local_checkpoint.json           format tag and the tables, in order
+    table<i>.state.safetensors      table i's items in the export format (`replay_service.export`)
+    table<i>.metadata.json          its export metadata (data spec, counts, sha256 of the state)
+    DONE                            written last: the directory is complete
+
+Because each table is an export, the same files import into a Reverb-backed buffer
+(`import_buffer`) and back, item for item.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from replay_service import export as export_lib
+from replay_service.config import TableConfig
+from replay_service.errors import CheckpointError
+from replay_service.reverb_internals import DONE_FILE, file_sha256
+
+FORMAT = "replay_service.local_checkpoint/1"
+INDEX_FILE = "local_checkpoint.json"
+
+
+def is_local_checkpoint(path: str) -> bool:
+    """Whether `path` holds a local-backend checkpoint (its index file)."""
+    return os.path.isfile(os.path.join(path, INDEX_FILE))
+
+
+def table_prefix(index: int) -> str:
+    """File name prefix of the `index`-th table's export inside a checkpoint."""
+    return f"table{index}."
+
+
+def write(
+    path: str,
+    tables: Sequence[tuple[TableConfig, Any, export_lib.ExportedItems]],
+) -> None:
+    """Writes a complete local checkpoint into the new directory `path`.
+
+    Args:
+      path: Directory to create (must not exist).
+      tables: `(config, stored_spec, items)` per table, the primary table first.
+
+    Raises:
+      CheckpointError: If a file cannot be written (a full disk, permissions); the message
+        names the path. A partial directory is left for the caller to discard.
+    """
+    try:
+        os.makedirs(path)
+    except OSError as e:
+        raise CheckpointError(f"cannot create checkpoint directory {path!r}: {e}") from e
+    for index, (config, stored_spec, items) in enumerate(tables):
+        export_lib.write_export(path, table_prefix(index), config, stored_spec, items)
+    index_data = {"format": FORMAT, "tables": [config.name for config, _, _ in tables]}
+    try:
+        _write_synced(os.path.join(path, INDEX_FILE), json.dumps(index_data, indent=2) + "\n")
+        _write_synced(os.path.join(path, DONE_FILE), "")
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint {path!r}: {e}") from e
+
+
+def read_index(path: str) -> list[str]:
+    """The table names of the local checkpoint at `path`, in order.
+
+    Raises:
+      CheckpointError: If the index is missing, unreadable or not this format.
+    """
+    index_path = os.path.join(path, INDEX_FILE)
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint index {index_path!r} cannot be read: {e}") from e
+    tables = data.get("tables") if isinstance(data, dict) else None
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != FORMAT
+        or not isinstance(tables, list)
+        or not all(isinstance(t, str) for t in tables)
+    ):
+        raise CheckpointError(f"{index_path!r} is not a {FORMAT} index: {data!r}")
+    return tables
+
+
+def verify(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Reads every file of a local checkpoint back and checks each table's digest.
+
+    Returns:
+      `(num_items, files)`: items of every table, and per file its size and SHA-256.
+
+    Raises:
+      CheckpointError: If `DONE`, the index or a table's files are missing or damaged.
+    """
+    if not os.path.isfile(os.path.join(path, DONE_FILE)):
+        raise CheckpointError(f"local checkpoint {path!r} is incomplete (no {DONE_FILE} file)")
+    tables = read_index(path)
+    num_items = 0
+    for index in range(len(tables)):
+        state_path, metadata_path = export_lib.export_paths(path, table_prefix(index))
+        metadata = export_lib.read_metadata(metadata_path)
+        export_lib.verify_state(state_path, metadata, metadata_path)
+        num_items += int(metadata["num_items"])
+    files = {}
+    for name in recorded_names(path):
+        file_path = os.path.join(path, name)
+        try:
+            files[name] = {"size": os.path.getsize(file_path), "sha256": file_sha256(file_path)}
+        except OSError as e:
+            raise CheckpointError(f"cannot read {file_path!r}: {e}") from e
+    return num_items, files
+
+
+def recorded_names(path: str) -> list[str]:
+    """The files of a local checkpoint whose digests are recorded (all but `DONE`)."""
+    names = [INDEX_FILE]
+    for index in range(len(read_index(path))):
+        state_path, metadata_path = export_lib.export_paths(path, table_prefix(index))
+        names += [os.path.basename(state_path), os.path.basename(metadata_path)]
+    return names
+
+
+def read_table(path: str, index: int, config: TableConfig, stored_spec: Any) -> Any:
+    """Reads the `index`-th table of a local checkpoint (checked like an import).
+
+    Returns:
+      Its `ExportedItems`, oldest first.
+
+    Raises:
+      CheckpointError: If a file is missing or damaged.
+      SpecMismatchError: If its data spec or sequence length differ from `config`'s.
+    """
+    return export_lib.read_export(config, stored_spec, path, table_prefix(index))
+
+
+def _write_synced(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())

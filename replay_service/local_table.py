@@ -1,0 +1,441 @@
+"""`LocalTable`: one table of the in-process backend, items held in a TorchRL storage.
+
+A table holds up to `capacity` items, each a window of `sequence_length` steps: one tensor per
+field of the stored spec, shaped `[sequence_length, *field_shape]`, kept in a TorchRL
+`LazyTensorStorage` (RAM) or `LazyMemmapStorage` (memory-mapped files, for buffers larger than
+RAM). Items are evicted oldest first once the table is full (Reverb's FIFO remover) and removed
+after `max_times_sampled` samples when that is set.
+
+Samplers (as Reverb's selectors of the same name):
+- "uniform": every item equally likely;
+- "prioritized": probability proportional to `priority ** priority_exponent`, kept in a sum
+  tree (`SumTree`); TorchRL's `PrioritizedSampler` needs its C++ extension, which does not load
+  with the pinned torch 2.13 (undefined symbol), so the tree is numpy;
+- "fifo": the oldest item, every time (a queue with `max_times_sampled=1`).
+
+Sampling waits until the table holds `min_size_to_sample` items, at most `timeout` seconds.
+Every item has a key that is unique for the life of the table (`update_priorities` takes it).
+The table is thread-safe: one lock guards it, so a sampling thread and a collecting thread can
+share it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from replay_service.config import TableConfig
+from replay_service.errors import BufferStateError, ConfigError, SpecMismatchError
+
+LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
+LOCAL_REMOVERS = ("fifo",)
+STORAGES = ("memory", "memmap")
+
+# Reverb's item keys are uint64; these start above 0 so that a key is never 0.
+_FIRST_KEY = 1
+
+
+def check_local_table(config: TableConfig) -> None:
+    """Refuses what the local backend cannot do, naming the option and the way out.
+
+    Raises:
+      ConfigError: For a sampler, remover or rate limiter that only Reverb has.
+    """
+    sampling = config.sampling
+    if sampling.sampler not in LOCAL_SAMPLERS:
+        raise ConfigError(
+            f"table {config.name!r}: sampler {sampling.sampler!r} needs backend='reverb'; the "
+            f"local backend has {LOCAL_SAMPLERS}"
+        )
+    if sampling.remover not in LOCAL_REMOVERS:
+        raise ConfigError(
+            f"table {config.name!r}: remover {sampling.remover!r} needs backend='reverb'; the "
+            f"local backend evicts the oldest item (remover='fifo')"
+        )
+    if sampling.samples_per_insert is not None:
+        raise ConfigError(
+            f"table {config.name!r}: samples_per_insert={sampling.samples_per_insert!r} (a rate "
+            "limiter that blocks inserts) needs backend='reverb'; in one process, train every "
+            "k collected steps instead"
+        )
+
+
+class SumTree:
+    """Sums of non-negative weights over `capacity` slots; samples slots by weight.
+
+    Updates and samples are vectorized over slots (`O(k log capacity)` numpy work per call).
+
+    Args:
+      capacity: Number of slots.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._leaves = 1 << max(0, math.ceil(math.log2(max(1, capacity))))
+        self._tree = np.zeros(2 * self._leaves, dtype=np.float64)
+
+    @property
+    def total(self) -> float:
+        """The sum of all weights."""
+        return float(self._tree[1])
+
+    def get(self, slots: np.ndarray) -> np.ndarray:
+        """The weights of `slots`."""
+        return self._tree[np.asarray(slots, dtype=np.int64) + self._leaves]
+
+    def set(self, slots: np.ndarray, weights: np.ndarray) -> None:
+        """Sets the weights of `slots` (later duplicates win)."""
+        index = np.asarray(slots, dtype=np.int64) + self._leaves
+        self._tree[index] = weights
+        index = np.unique(index >> 1)
+        while index[0] >= 1:
+            self._tree[index] = self._tree[2 * index] + self._tree[2 * index + 1]
+            if index[0] == 1:
+                break
+            index = np.unique(index >> 1)
+
+    def find(self, targets: np.ndarray) -> np.ndarray:
+        """The slot holding each prefix sum in `targets` (each in `[0, total)`)."""
+        index = np.ones(len(targets), dtype=np.int64)
+        remaining = np.array(targets, dtype=np.float64)
+        while index[0] < self._leaves:
+            left = self._tree[2 * index]
+            right = remaining >= left
+            remaining -= left * right
+            index = 2 * index + right
+        return index - self._leaves
+
+
+class LocalTable:
+    """One table of the local backend (see module docstring).
+
+    Args:
+      config: The table's name, capacity, sequence length and sampling.
+      fields: `specs.describe_spec(stored_spec)`: path, dtype and per-step shape of each field.
+      storage: "memory" (TorchRL `LazyTensorStorage`) or "memmap" (`LazyMemmapStorage`).
+      scratch_dir: Directory of the memory-mapped files ("memmap"); None: a temporary one.
+      seed: Seed of the sampler; None draws one.
+
+    Raises:
+      ConfigError: If the sampling is Reverb-only (`check_local_table`) or `storage` unknown.
+    """
+
+    def __init__(
+        self,
+        config: TableConfig,
+        fields: Sequence[dict[str, Any]],
+        *,
+        storage: str = "memory",
+        scratch_dir: str | None = None,
+        seed: int | None = None,
+    ) -> None:
+        check_local_table(config)
+        if storage not in STORAGES:
+            raise ConfigError(f"storage must be one of {STORAGES}, got {storage!r}")
+        self.config = config
+        self.fields = [dict(f) for f in fields]
+        self._names = [str(i) for i in range(len(self.fields))]
+        self._shapes = [
+            (config.sequence_length, *(int(d) for d in f["shape"])) for f in self.fields
+        ]
+        self._dtypes = [np.dtype(f["dtype"]) for f in self.fields]
+        self._storage_kind = storage
+        self._scratch_dir = scratch_dir
+        self._storage: Any = None
+        capacity = config.capacity
+        self._slot_key = np.zeros(capacity, dtype=np.uint64)
+        self._slot_seq = np.zeros(capacity, dtype=np.int64)
+        self._priority = np.zeros(capacity, dtype=np.float64)
+        self._times_sampled = np.zeros(capacity, dtype=np.int32)
+        # The occupied slots, densely: `_dense[:size]`; `_where[slot]` is the slot's position.
+        self._dense = np.arange(capacity, dtype=np.int64)
+        self._where = np.arange(capacity, dtype=np.int64)
+        self._size = 0
+        self._order: dict[int, int] = {}  # insertion sequence -> slot, oldest first
+        self._key_slot: dict[int, int] = {}
+        self._keys = itertools.count(_FIRST_KEY)
+        self._sequence = itertools.count()
+        self._tree = SumTree(capacity) if config.sampling.sampler == "prioritized" else None
+        self._rng = np.random.default_rng(seed)
+        self._changed = threading.Condition()
+        self._closed = False
+        self.inserts = 0
+        self.samples = 0
+        self.deletes = 0
+
+    # ------------------------------------------------------------------------------ state
+
+    @property
+    def name(self) -> str:
+        """The table name."""
+        return self.config.name
+
+    @property
+    def size(self) -> int:
+        """Items held."""
+        return self._size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of item data the storage holds (allocated for `capacity` once written)."""
+        if self._storage is None:
+            return 0
+        per_item = sum(
+            int(np.prod(s)) * d.itemsize for s, d in zip(self._shapes, self._dtypes, strict=True)
+        )
+        return per_item * self.config.capacity
+
+    def close(self) -> None:
+        """Wakes and fails every waiting sampler; the items stay readable for a checkpoint."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    # ---------------------------------------------------------------------------- writing
+
+    def insert(self, data: Sequence[np.ndarray], priorities: np.ndarray) -> np.ndarray:
+        """Inserts items, evicting the oldest ones when the table is full.
+
+        Args:
+          data: One array per field, `[n, sequence_length, *field_shape]`, the field's dtype.
+          priorities: `[n]` finite priorities >= 0.
+
+        Returns:
+          The new items' keys, `uint64 [n]`.
+
+        Raises:
+          SpecMismatchError: If a field's shape or dtype differs from the table's.
+        """
+        count = len(priorities)
+        self._check_data(data, count)
+        capacity = self.config.capacity
+        if count > capacity:  # only the newest `capacity` would survive
+            data = [a[count - capacity :] for a in data]
+            priorities = priorities[count - capacity :]
+            self.deletes += count - capacity
+            self.inserts += count - capacity
+            count = capacity
+        with self._changed:
+            self._require_open()
+            self._make_room(count)
+            slots = self._dense[self._size : self._size + count].copy()
+            self._size += count
+            keys = np.fromiter(itertools.islice(self._keys, count), np.uint64, count)
+            self._write_slots(slots, data)
+            for slot, key in zip(slots.tolist(), keys.tolist(), strict=True):
+                sequence = next(self._sequence)
+                self._order[sequence] = slot
+                self._slot_seq[slot] = sequence
+                self._key_slot[key] = slot
+            self._slot_key[slots] = keys
+            self._times_sampled[slots] = 0
+            self._set_priorities(slots, np.asarray(priorities, dtype=np.float64))
+            self.inserts += count
+            self._changed.notify_all()
+        return keys
+
+    def update_priorities(self, updates: dict[int, float]) -> int:
+        """Sets the priorities of items by key; keys no longer held are ignored.
+
+        Returns:
+          How many items were updated.
+        """
+        with self._changed:
+            pairs = [(self._key_slot[k], p) for k, p in updates.items() if k in self._key_slot]
+            if pairs:
+                slots, values = zip(*pairs, strict=True)
+                self._set_priorities(np.array(slots), np.array(values, dtype=np.float64))
+            return len(pairs)
+
+    def reset(self) -> None:
+        """Removes every item (keys are not reused)."""
+        with self._changed:
+            self.deletes += self._size
+            self._size = 0
+            self._order.clear()
+            self._key_slot.clear()
+            self._dense = np.arange(self.config.capacity, dtype=np.int64)
+            self._where = np.arange(self.config.capacity, dtype=np.int64)
+            if self._tree is not None:
+                self._tree = SumTree(self.config.capacity)
+
+    # --------------------------------------------------------------------------- sampling
+
+    def sample(
+        self, batch_size: int, timeout: float | None
+    ) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+        """Samples `batch_size` items with the table's sampler.
+
+        Args:
+          batch_size: Items to sample.
+          timeout: Seconds to wait for `min_size_to_sample` items; None waits forever.
+
+        Returns:
+          `(data, info)`: one tensor per field, `[batch, sequence_length, *field_shape]`, and
+          `info` with numpy arrays "key" (uint64), "probability" (float64), "table_size"
+          (int64), "priority" (float64) and "times_sampled" (int32, this sample included).
+
+        Raises:
+          BufferStateError: If the table does not hold `min_size_to_sample` items within
+            `timeout`, or the table was closed.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        need = self.config.sampling.min_size_to_sample
+        with self._changed:
+            while self._size < max(need, 1) or self._closed:
+                self._require_open()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise BufferStateError(
+                        f"no item could be sampled from table {self.name!r} within {timeout} s: "
+                        f"it holds {self._size} items and sampling starts at "
+                        f"min_size_to_sample={need}; collect more first"
+                    )
+                self._changed.wait(remaining)
+            slots, probability = self._select(batch_size)
+            table_size = np.full(batch_size, self._size, dtype=np.int64)
+            np.add.at(self._times_sampled, slots, 1)
+            info = {
+                "key": self._slot_key[slots].copy(),
+                "probability": probability,
+                "table_size": table_size,
+                "priority": self._priority[slots].copy(),
+                "times_sampled": self._times_sampled[slots].copy(),
+            }
+            data = self._read_slots(slots)
+            self.samples += batch_size
+            limit = self.config.sampling.max_times_sampled
+            if limit:
+                done = np.unique(slots[self._times_sampled[slots] >= limit])
+                self._remove(done)
+        return data, info
+
+    def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        sampler = self.config.sampling.sampler
+        size = self._size
+        if sampler == "fifo":
+            slot = self._order[next(iter(self._order))]
+            return np.full(batch_size, slot, dtype=np.int64), np.ones(batch_size)
+        if sampler == "prioritized" and self._tree is not None and self._tree.total > 0:
+            total = self._tree.total
+            targets = self._rng.random(batch_size) * total
+            slots = self._tree.find(np.minimum(targets, np.nextafter(total, 0)))
+            weights = self._tree.get(slots)
+            bad = weights <= 0  # rounding at a boundary: take the slot's left neighbour's mass
+            if bad.any():
+                slots[bad] = self._dense[self._rng.integers(0, size, int(bad.sum()))]
+                weights = self._tree.get(slots)
+            return slots, weights / total
+        positions = self._rng.integers(0, size, batch_size)
+        return self._dense[positions], np.full(batch_size, 1.0 / size)
+
+    # ------------------------------------------------------------------------ checkpoints
+
+    def items(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        """Every item, oldest first: `(data, priorities, times_sampled)`, data one array per
+        field `[size, sequence_length, *field_shape]` (the export layout)."""
+        with self._changed:
+            slots = np.fromiter(self._order.values(), np.int64, len(self._order))
+            if len(slots) == 0:
+                data = [
+                    np.zeros((0, *s), d) for s, d in zip(self._shapes, self._dtypes, strict=True)
+                ]
+            else:
+                data = [t.numpy().copy() for t in self._read_slots(slots)]
+            return data, self._priority[slots].copy(), self._times_sampled[slots].copy()
+
+    def restore(
+        self, data: Sequence[np.ndarray], priorities: np.ndarray, times_sampled: np.ndarray
+    ) -> None:
+        """Refills an empty table with `items()` of a checkpoint (oldest first).
+
+        Raises:
+          BufferStateError: If the table is not empty.
+          SpecMismatchError: If a field's shape or dtype differs.
+        """
+        if self._size:
+            raise BufferStateError(f"table {self.name!r} is not empty; restore needs an empty one")
+        if len(priorities) == 0:
+            return
+        self.insert(data, np.asarray(priorities, dtype=np.float64))
+        with self._changed:
+            slots = np.fromiter(self._order.values(), np.int64, len(self._order))
+            self._times_sampled[slots] = np.asarray(times_sampled, dtype=np.int32)[-len(slots) :]
+            self.inserts -= len(slots)  # restored, not inserted
+
+    # ---------------------------------------------------------------------------- helpers
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise BufferStateError(f"table {self.name!r} was closed with its buffer")
+
+    def _check_data(self, data: Sequence[np.ndarray], count: int) -> None:
+        if len(data) != len(self.fields):
+            raise SpecMismatchError(
+                f"table {self.name!r} stores {len(self.fields)} fields, got {len(data)}"
+            )
+        for field, shape, dtype, array in zip(
+            self.fields, self._shapes, self._dtypes, data, strict=True
+        ):
+            if tuple(array.shape) != (count, *shape) or array.dtype != dtype:
+                raise SpecMismatchError(
+                    f"table {self.name!r} field {field['path']!r}: expected {dtype.name} "
+                    f"{[count, *shape]}, got {array.dtype} {list(array.shape)}"
+                )
+
+    def _make_room(self, count: int) -> None:
+        excess = self._size + count - self.config.capacity
+        if excess > 0:
+            oldest = list(itertools.islice(self._order.values(), excess))
+            self._remove(np.array(oldest, dtype=np.int64))
+
+    def _remove(self, slots: np.ndarray) -> None:
+        for slot in slots.tolist():
+            del self._order[int(self._slot_seq[slot])]
+            self._key_slot.pop(int(self._slot_key[slot]), None)
+            position = int(self._where[slot])
+            last = self._size - 1
+            moved = int(self._dense[last])
+            self._dense[position], self._dense[last] = moved, slot
+            self._where[moved], self._where[slot] = position, last
+            self._size -= 1
+        if len(slots) and self._tree is not None:
+            self._tree.set(slots, np.zeros(len(slots)))
+        self.deletes += len(slots)
+
+    def _set_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        self._priority[slots] = priorities
+        if self._tree is not None:
+            self._tree.set(slots, priorities**self.config.sampling.priority_exponent)
+
+    def _write_slots(self, slots: np.ndarray, data: Sequence[np.ndarray]) -> None:
+        from tensordict import TensorDict
+
+        batch = TensorDict(
+            {
+                name: torch.from_numpy(np.ascontiguousarray(a))
+                for name, a in zip(self._names, data, strict=True)
+            },
+            batch_size=[len(slots)],
+        )
+        if self._storage is None:
+            self._storage = self._new_storage()
+        self._storage.set(torch.from_numpy(slots), batch)
+
+    def _read_slots(self, slots: np.ndarray) -> list[torch.Tensor]:
+        batch = self._storage.get(torch.from_numpy(np.ascontiguousarray(slots)))
+        return [batch[name].contiguous() for name in self._names]
+
+    def _new_storage(self) -> Any:
+        from torchrl.data import LazyMemmapStorage, LazyTensorStorage
+
+        capacity = self.config.capacity
+        if self._storage_kind == "memmap":
+            return LazyMemmapStorage(capacity, scratch_dir=self._scratch_dir)
+        return LazyTensorStorage(capacity)
