@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import types
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -173,6 +174,11 @@ class LocalClient:
     def reset(self, table: str) -> None:
         """Removes every item of `table`."""
         self.table(table).reset()
+
+    def server_info(self, timeout: int | None = None) -> dict[str, Any]:
+        """Per table, the fields of Reverb's `TableInfo` that `stats` and `num_frames` read."""
+        del timeout
+        return {name: _table_info(table) for name, table in self.tables.items()}
 
     def mutate_priorities(
         self, table: str, updates: dict[int, float] | None = None, deletes: Any = None
@@ -409,3 +415,23 @@ class LocalBackend:
                 self.checkpoint()
             except Exception as e:  # the schedule must survive any failure and retry
                 _log.error("periodic checkpoint failed (will retry): %s: %s", type(e).__name__, e)
+
+
+def _table_info(table: LocalTable) -> Any:
+    """A `TableInfo`-shaped view of a local table (no rate limiter beyond its minimum size)."""
+    ns = types.SimpleNamespace
+    return ns(
+        name=table.name,
+        max_size=table.config.capacity,
+        current_size=table.size,
+        signature=None,
+        rate_limiter_info=ns(
+            samples_per_insert=1.0,
+            min_diff=-float("inf"),
+            max_diff=float("inf"),
+            min_size_to_sample=table.config.sampling.min_size_to_sample,
+            insert_stats=ns(completed=table.inserts),
+            sample_stats=ns(completed=table.samples),
+        ),
+        table_worker_time=ns(waiting_for_sampling_ms=0, waiting_for_inserts_ms=0),
+    )

@@ -13,13 +13,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import reverb
-import tensorflow as tf
-
 from replay_service import export as export_lib
 from replay_service import priorities as priorities_lib
-from replay_service import rate_limit, sequences, specs, summaries
-from replay_service.backends import EmbeddedBackend, RemoteBackend, check_table_exists
+from replay_service import rate_limit, sequences, specs
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore
 from replay_service.config import (
     DEFAULT_TABLE_NAME,
@@ -29,7 +25,6 @@ from replay_service.config import (
     require_int,
     validate_manager_options,
 )
-from replay_service.datasets import ReplayBuffer, mixed_dataset, sample_dataset
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
@@ -43,18 +38,33 @@ from replay_service.tables import check_extra_tables, find_table
 from replay_service.writers import TransitionWriter
 
 if TYPE_CHECKING:
+    import reverb
+    import tensorflow as tf
+
+    from replay_service import summaries
+    from replay_service.backends import EmbeddedBackend, RemoteBackend
+    from replay_service.datasets import ReplayBuffer
     from replay_service.gym_vector import GymVectorWriter
+    from replay_service.local_backend import LocalBackend
     from replay_service.torch_sampling import TorchBatchStream, TorchReplayDataset
+
+BACKENDS = ("auto", "reverb", "local")
+# What `backend="auto"` chose in this process, said once.
+_announced: set[str] = set()
 
 _log = logging.getLogger(__name__)
 
 
 class ReplayBufferManager:
-    """Creates, restores, samples and checkpoints one Reverb-backed replay buffer.
+    """Creates, restores, samples and checkpoints one replay buffer.
 
     Embedded mode (the default) runs a Reverb server in this process, checkpointing into
     `checkpoint_dir`. Remote mode (`server_address="host:port"`) uses a running server (see
-    `replay-server`), which owns its checkpoints.
+    `replay-server`), which owns its checkpoints. The local backend (`backend="local"`, or
+    `"auto"` where dm-reverb does not import: macOS, Windows, ARM, Python 3.12+) keeps the
+    tables in this process without Reverb, with the same API and checkpoint directory protocol
+    (see `replay_service.local_backend`); remote mode, sharding, `mixed_dataset`,
+    `train_schedule` and `replay-server` are Reverb-only.
 
     Args:
       data_spec: Per-step spec of what is stored, e.g. `agent.collect_data_spec`.
@@ -82,6 +92,10 @@ class ReplayBufferManager:
         `summary_interval_s` seconds from a background thread, from the time the buffer is
         created or loaded until `close()` (see `replay_service.summaries`); None: no summaries.
       summary_interval_s: Seconds between summary writes.
+      backend: "reverb" (a Reverb server), "local" (in this process, no Reverb) or "auto"
+        (Reverb when dm-reverb and TensorFlow import, else local; logged once per process).
+      storage: Local backend: "memory" (TorchRL `LazyTensorStorage`) or "memmap"
+        (`LazyMemmapStorage` under `<checkpoint_dir>/.memmap`, for buffers larger than RAM).
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
@@ -109,6 +123,8 @@ class ReplayBufferManager:
         checkpoint_interval_s: float | None = None,
         summary_dir: str | os.PathLike[str] | None = None,
         summary_interval_s: float = 30.0,
+        backend: str = "auto",
+        storage: str = "memory",
     ) -> None:
         self._table = TableConfig(
             name=table_name,
@@ -132,10 +148,34 @@ class ReplayBufferManager:
         _check_interval(checkpoint_interval_s, server_address)
         self._stride_length = stride_length
         self._timeouts = timeouts or Timeouts()
-        self._backend: EmbeddedBackend | RemoteBackend = (
-            RemoteBackend(server_address, self.tables, self._timeouts)
-            if server_address is not None
-            else EmbeddedBackend(
+        self.backend = choose_backend(backend, server_address)
+        if storage not in ("memory", "memmap"):
+            raise ConfigError(f"storage must be 'memory' or 'memmap', got {storage!r}")
+        if storage != "memory" and self.backend != "local":
+            raise ConfigError(f"storage={storage!r} applies only to backend='local'")
+        self._backend: EmbeddedBackend | RemoteBackend | LocalBackend
+        if self.backend == "local":
+            from replay_service.local_backend import LocalBackend
+
+            if port is not None:
+                raise ConfigError(f"port={port!r} applies only to a Reverb server, not local")
+            self._backend = LocalBackend(
+                CheckpointStore(checkpoint_dir, keep=keep_checkpoints),  # type: ignore[arg-type]
+                self.tables,
+                data_spec,
+                self._stored_spec,
+                self._timeouts,
+                checkpoint_interval_s,
+                storage,
+            )
+        elif server_address is not None:
+            from replay_service.backends import RemoteBackend
+
+            self._backend = RemoteBackend(server_address, self.tables, self._timeouts)
+        else:
+            from replay_service.backends import EmbeddedBackend
+
+            self._backend = EmbeddedBackend(
                 CheckpointStore(checkpoint_dir, keep=keep_checkpoints),  # type: ignore[arg-type]
                 self.tables,
                 data_spec,
@@ -143,15 +183,54 @@ class ReplayBufferManager:
                 self._timeouts,
                 checkpoint_interval_s,
             )
-        )
-        self._client: reverb.Client | None = None
-        self._replay_buffer: ReplayBuffer | None = None
+        self._client: Any = None
+        self._replay_buffer: Any = None
         self._observers: list[TrajectoryObserver] = []
         self._stats_tracker: StatsTracker | None = None
         self._summary_dir = None if summary_dir is None else os.fspath(summary_dir)
         self._summary_interval_s = summaries.check_interval(summary_interval_s)
         self._summary_writer: summaries.StatsSummaryWriter | None = None
         self._closed = False
+
+    @classmethod
+    def from_spaces(
+        cls,
+        observation_space: Any,
+        action_space: Any,
+        *,
+        capacity: int,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        sequence_length: int = 2,
+        backend: str = "auto",
+        **options: Any,
+    ) -> ReplayBufferManager:
+        """A manager whose data spec is built from gymnasium spaces (no spec written by hand).
+
+        Args:
+          observation_space: A gymnasium space (Box, Discrete, MultiDiscrete, MultiBinary, or
+            Dict/Tuple nests of them), e.g. a vector env's `single_observation_space`.
+          action_space: The action space, likewise.
+          capacity: Maximum number of items.
+          checkpoint_dir: The checkpoint directory.
+          sequence_length: Steps per item (2: transitions).
+          backend: "auto", "reverb" or "local".
+          **options: Any other `ReplayBufferManager` argument.
+
+        Returns:
+          The manager (call `create_replay_buffer()` or `load_replay_buffer()` next).
+
+        Raises:
+          ConfigError: For an unsupported space or option (see `ReplayBufferManager`).
+        """
+        data_spec = specs.data_spec_for_spaces(observation_space, action_space)
+        return cls(
+            data_spec,
+            capacity,
+            checkpoint_dir,
+            sequence_length,
+            backend=backend,
+            **options,
+        )
 
     # ------------------------------------------------------------------------ properties
 
@@ -186,7 +265,8 @@ class ReplayBufferManager:
 
     @property
     def py_client(self) -> reverb.Client:
-        """The Reverb client of the server in use."""
+        """The Reverb client of the server in use (local backend: its `LocalClient`, with the
+        `reset`, `mutate_priorities` and `server_info` calls)."""
         return self._require_client()
 
     # ------------------------------------------------------------------------- lifecycle
@@ -324,6 +404,18 @@ class ReplayBufferManager:
         config = find_table(self.tables, table)
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
             require_int(name, value, 1, what="a positive integer")
+        if self.backend == "local":
+            from replay_service import local_sampling
+
+            if num_steps not in (None, config.sequence_length):
+                raise ConfigError(
+                    f"num_steps={num_steps!r}: the local backend samples whole items "
+                    f"(num_steps None or {config.sequence_length}); splitting them needs "
+                    "backend='reverb'"
+                )
+            return local_sampling.tf_dataset(self._local_source(config.name), batch_size, prefetch)
+        from replay_service.datasets import ReplayBuffer, sample_dataset
+
         if num_steps not in (None, config.sequence_length):
             # Splitting items into shorter sequences: TF-Agents' pipeline does that.
             if config is not self._table:
@@ -383,7 +475,10 @@ class ReplayBufferManager:
           tf.errors.InvalidArgumentError: When iterating, as `get_dataset`.
         """
         client = self._require_client()
+        self._require_reverb("mixed_dataset")
         require_int("prefetch", prefetch, 1, what="a positive integer")
+        from replay_service.datasets import mixed_dataset
+
         dataset = mixed_dataset(
             client.server_address,
             self.tables,
@@ -407,7 +502,10 @@ class ReplayBufferManager:
           ConfigError: If `table` is not one of this buffer's tables.
         """
         name = find_table(self.tables, table).name
-        return int(self._table_info(self._require_client(), name).current_size)
+        client = self._require_client()
+        if self.backend == "local":
+            return client.table(name).size
+        return int(self._table_info(client, name).current_size)
 
     def clear(self) -> None:
         """Empties every table in place; every object handed out stays valid.
@@ -490,6 +588,7 @@ class ReplayBufferManager:
           BufferStateError: If no buffer was created or loaded.
         """
         client = self._require_client()
+        self._require_reverb("train_schedule (a samples_per_insert rate limiter)")
         name = find_table(self.tables, table).name
         return rate_limit.TrainSchedule(
             lambda: rate_limit.LimiterState.from_info(self._table_info(client, name)),
@@ -504,24 +603,54 @@ class ReplayBufferManager:
         for observer in self._observers:
             observer.flush()
 
-    def _hand_out(self, client: reverb.Client) -> tuple[ReplayBuffer, Any]:
-        self._check_server_table(client)
+    def _hand_out(self, client: Any) -> tuple[Any, Any]:
+        if self.backend != "local":
+            self._check_server_table(client)
         self._client = client
         self._stats_tracker = StatsTracker(client, timeout=self._timeouts.connect)
         self._stats_tracker.read(wait_for_rates=False)  # the start of the first rate window
         if self._summary_dir is not None:
+            from replay_service import summaries
+
             self._summary_writer = summaries.StatsSummaryWriter(
                 self.stats, self._summary_dir, interval_s=self._summary_interval_s
             )
             self._summary_writer.start()
+        if self.backend == "local":
+            from replay_service import local_sampling
+
+            self._lifeline = local_sampling.Lifeline()
+            self._replay_buffer = local_sampling.LocalReplayBuffer(
+                self._local_source(self.table_name), self.clear
+            )
+            return self._replay_buffer, self._new_observer()
+        from replay_service.datasets import ReplayBuffer
+
         self._replay_buffer = ReplayBuffer(
             self._stored_spec,
             self.table_name,
             self.sequence_length,
             sample_timeout=self._timeouts.sample,
-            **self._backend.replay_buffer_kwargs(),
+            **self._backend.replay_buffer_kwargs(),  # type: ignore[union-attr]
         )
         return self._replay_buffer, self._new_observer()
+
+    def _local_source(self, table: str) -> Any:
+        from replay_service import local_sampling
+
+        return local_sampling.LocalSampleSource(
+            self._client.table(table),
+            self._stored_spec,
+            self._timeouts.sample,
+            self._lifeline,
+        )
+
+    def _require_reverb(self, what: str) -> None:
+        if self.backend == "local":
+            raise ConfigError(
+                f"{what} needs backend='reverb' (dm-reverb, Linux x86_64, Python <= 3.11); "
+                "this buffer uses the local backend"
+            )
 
     def _extra_windows(self) -> list[tuple[str, int]]:
         return [(t.name, t.sequence_length) for t in self._extra_tables]
@@ -540,10 +669,12 @@ class ReplayBufferManager:
         self._observers.append(observer)
         return observer
 
-    def _table_info(self, client: reverb.Client, name: str | None = None) -> Any:
+    def _table_info(self, client: Any, name: str | None = None) -> Any:
+        from replay_service.backends import check_table_exists
+
         return check_table_exists(client, name or self.table_name, self._timeouts.connect)
 
-    def _check_server_table(self, client: reverb.Client) -> None:
+    def _check_server_table(self, client: Any) -> None:
         for table in self.tables:
             info = self._table_info(client, table.name)
             signature = specs.table_signature(self._stored_spec, table.sequence_length)
@@ -576,7 +707,7 @@ class ReplayBufferManager:
                 "clear() to empty it, or close() and a new manager to start another"
             )
 
-    def _require_client(self) -> reverb.Client:
+    def _require_client(self) -> Any:
         self._require_open()
         if self._client is None:
             raise BufferStateError(
@@ -584,7 +715,7 @@ class ReplayBufferManager:
             )
         return self._client
 
-    def _require_buffer(self) -> ReplayBuffer:
+    def _require_buffer(self) -> Any:
         self._require_client()
         assert self._replay_buffer is not None
         return self._replay_buffer
@@ -653,7 +784,7 @@ class ReplayBufferManager:
         *,
         device: str | Any = "cpu",
         pin_memory: bool = False,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         transitions: bool = False,
         with_info: bool = False,
         table: str | None = None,
@@ -679,10 +810,10 @@ class ReplayBufferManager:
         """
         from replay_service import torch_sampling
 
+        if prefetch is None:  # a local table is sampled fastest in the calling thread
+            prefetch = 0 if self.backend == "local" else torch_sampling.DEFAULT_PREFETCH
         return torch_sampling.TorchBatchStream(
-            torch_sampling.SampleSource.from_handle(
-                self.table_handle(table), lifeline=self._require_buffer().lifeline
-            ),
+            self._torch_source(table),
             batch_size,
             device=device,
             pin_memory=pin_memory,
@@ -714,12 +845,20 @@ class ReplayBufferManager:
         from replay_service import torch_sampling
 
         return torch_sampling.TorchReplayDataset(
-            torch_sampling.SampleSource.from_handle(
-                self.table_handle(table), lifeline=self._require_buffer().lifeline
-            ),
+            self._torch_source(table),
             batch_size,
             transitions=transitions,
             with_info=with_info,
+        )
+
+    def _torch_source(self, table: str | None) -> Any:
+        if self.backend == "local":
+            self._require_client()
+            return self._local_source(find_table(self.tables, table).name)
+        from replay_service import torch_sampling
+
+        return torch_sampling.SampleSource.from_handle(
+            self.table_handle(table), lifeline=self._require_buffer().lifeline
         )
 
     def transition_writer(
@@ -805,6 +944,14 @@ class ReplayBufferManager:
         """
         export_lib.require_one_table(self.tables, "export")
         export_lib.check_target(os.fspath(dirpath), overwrite)
+        if self.backend == "local":
+            data, priorities, times_sampled = self._require_client().table(self.table_name).items()
+            items = export_lib.ExportedItems(
+                data=data, priorities=priorities, times_sampled=times_sampled
+            )
+            return export_lib.write_export(
+                dirpath, prefix, self._table, self._stored_spec, items, overwrite=overwrite
+            )
         handle = self.table_handle()
         return export_lib.export_buffer(
             handle, self.checkpoint(), dirpath, prefix, overwrite=overwrite
@@ -839,6 +986,9 @@ class ReplayBufferManager:
             self._table, self._stored_spec, dirpath, prefix, drop_oldest=drop_oldest
         )
         replay_buffer, observer = self.create_replay_buffer(overwrite=overwrite)
+        if self.backend == "local":
+            self._client.table(self.table_name).insert(items.data, items.priorities)
+            return replay_buffer, observer
         export_lib.insert_items(
             self.py_client, self.table_name, self.sequence_length, items, self._timeouts
         )
@@ -852,8 +1002,10 @@ class ReplayBufferManager:
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
-          ConfigError: If `table` is not one of this buffer's tables.
+          ConfigError: If `table` is not one of this buffer's tables, or the buffer uses the
+            local backend (a handle describes a table of a Reverb server).
         """
+        self._require_reverb("table_handle (a table of a Reverb server)")
         return TableHandle(
             server_address=self.server_address,
             table=find_table(self.tables, table),
@@ -880,3 +1032,58 @@ def _check_interval(interval: float | None, server_address: str | None) -> None:
             f"checkpoint_interval_s must be a finite number of seconds > 0 or None, got "
             f"{interval!r}"
         )
+
+
+def reverb_importable() -> tuple[bool, str]:
+    """Whether dm-reverb, TensorFlow and TF-Agents import here; else why not.
+
+    Returns:
+      `(True, "")`, or `(False, the import error)`.
+    """
+    try:
+        import reverb  # noqa: F401
+        import tensorflow  # noqa: F401
+        import tf_agents  # noqa: F401
+    except ImportError as e:
+        return False, f"{type(e).__name__}: {e}"
+    return True, ""
+
+
+def choose_backend(backend: str, server_address: str | None = None) -> str:
+    """Resolves `backend` ("auto", "reverb" or "local") to "reverb" or "local".
+
+    "auto" is Reverb when dm-reverb, TensorFlow and TF-Agents import, else local; the choice is
+    logged once per process.
+
+    Raises:
+      ConfigError: If `backend` is unknown, "reverb" is asked for where it does not import, or
+        `server_address` (remote mode, Reverb-only) is given with the local backend.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "local":
+        if server_address is not None:
+            raise ConfigError(
+                f"server_address={server_address!r}: remote mode needs backend='reverb'; the "
+                "local backend keeps its tables in this process"
+            )
+        return "local"
+    ok, why = reverb_importable()
+    if backend == "reverb" or server_address is not None:
+        if not ok:
+            raise ConfigError(
+                "backend='reverb' (and remote mode) need dm-reverb 0.13, TensorFlow 2.14 and "
+                f"TF-Agents 0.18, which do not import here ({why}); dm-reverb has wheels only "
+                "for Linux x86_64 and Python <= 3.11. Use backend='local' elsewhere"
+            )
+        return "reverb"
+    chosen = "reverb" if ok else "local"
+    if chosen not in _announced:
+        _announced.add(chosen)
+        if ok:
+            _log.info("backend='auto': using Reverb")
+        else:
+            _log.warning(
+                "backend='auto': dm-reverb does not import (%s); using the local backend", why
+            )
+    return chosen

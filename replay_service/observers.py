@@ -14,12 +14,9 @@ calls `create_item` in Python for every step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
-
-import reverb
-from reverb import structured_writer as sw
-from tf_agents.trajectories import time_step as ts
 
 from replay_service.config import Timeouts, require_int, require_number, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
@@ -43,7 +40,7 @@ MAX_IN_FLIGHT_ITEMS = 32
 FLUSH_EVERY = 16
 FLUSH_DOWN_TO = 32
 
-LAST = int(ts.StepType.LAST)
+LAST = 2  # TF-Agents' StepType.LAST
 
 
 def flush_every(num_tables: int) -> int:
@@ -57,6 +54,8 @@ def window_config(
 ) -> Any:
     """The `StructuredWriter` config that inserts the last `sequence_length` steps of an episode
     into `table_name` every `stride_length` steps."""
+    from reverb import structured_writer as sw
+
     return last_steps_config(
         normalize_spec(data_spec),
         table_name,
@@ -87,24 +86,28 @@ def window_configs(
 @dataclasses.dataclass(frozen=True)
 class WriteTarget:
     """What a collector writes to, shared by `TrajectoryObserver` and `TransitionWriter`: the
-    tables' `StructuredWriter` configs, how often to wait for the server, and padding.
+    tables' windows, how often to wait for the server, and padding.
 
     Attributes:
-      client: Client of the server holding the tables.
+      client: Client of the server holding the tables: a `reverb.Client`, or the local
+        backend's `LocalClient` (which has `window_writer`).
       table_name: The primary table (named in errors).
       sequence_length: Steps per item.
       stride_length: A new item every `stride_length` steps.
-      configs: One `StructuredWriter` config per table (`window_configs`).
+      windows: Per table `(name, sequence_length, stride_length, priority, padded)`, the
+        primary table first.
+      data_spec: The per-step data spec (the Reverb configs are built from it).
       flush_every: Steps between waits for the server (`flush_every`).
       timeout_ms: Bound on every wait, in milliseconds (None: forever).
       pad_end_of_episode: Whether steps are `Masked` and episode ends padded.
     """
 
-    client: reverb.Client
+    client: Any
     table_name: str
     sequence_length: int
     stride_length: int
-    configs: list[Any]
+    windows: list[tuple[str, int, int, float, bool]]
+    data_spec: Any
     flush_every: int
     timeout_ms: int | None
     pad_end_of_episode: bool
@@ -112,7 +115,7 @@ class WriteTarget:
     @classmethod
     def build(
         cls,
-        client: reverb.Client,
+        client: Any,
         table_name: str,
         sequence_length: int,
         data_spec: Any,
@@ -123,7 +126,7 @@ class WriteTarget:
         extra_tables: Sequence[tuple[str, int]],
         pad_end_of_episode: bool,
     ) -> WriteTarget:
-        """Validates the lengths and builds the configs (arguments as `TrajectoryObserver`'s).
+        """Validates the lengths and describes the windows (arguments as `TrajectoryObserver`'s).
 
         Raises:
           ConfigError: If `sequence_length` or `stride_length` is not an integer in
@@ -132,25 +135,43 @@ class WriteTarget:
         require_int("sequence_length", sequence_length, 1)
         require_int("stride_length", stride_length, 1)
         require_number("priority", priority, 0)
-        configs = window_configs(
-            data_spec,
-            table_name,
-            sequence_length,
-            stride_length,
-            float(priority),
-            extra_tables,
-            pad_end_of_episode,
-        )
+        windows = [
+            (name, length, stride_length, float(priority), pad_end_of_episode)
+            for name, length in [(table_name, sequence_length), *extra_tables]
+        ]
         return cls(
             client=client,
             table_name=table_name,
             sequence_length=sequence_length,
             stride_length=stride_length,
-            configs=configs,
-            flush_every=flush_every(len(configs)),
+            windows=windows,
+            data_spec=data_spec,
+            flush_every=flush_every(len(windows)),
             timeout_ms=to_ms((timeouts or Timeouts()).write),
             pad_end_of_episode=pad_end_of_episode,
         )
+
+    @functools.cached_property
+    def configs(self) -> list[Any]:
+        """One Reverb `StructuredWriter` config per table (`window_configs`)."""
+        name, length, stride, priority, padded = self.windows[0]
+        return window_configs(
+            self.data_spec,
+            name,
+            length,
+            stride,
+            priority,
+            [(w[0], w[1]) for w in self.windows[1:]],
+            padded,
+        )
+
+    def open_writer(self) -> Any:
+        """A new writer of these windows: Reverb's `StructuredWriter`, or the local backend's
+        `LocalWindowWriter`."""
+        local = getattr(self.client, "window_writer", None)
+        if local is not None:
+            return local(self.windows)
+        return self.client.structured_writer(self.configs)
 
     def padding(self, num_steps: int) -> int:
         """Padding steps that end an episode of `num_steps` steps (0 unless padded)."""
@@ -166,7 +187,7 @@ class WriteTarget:
         """
         try:
             call()
-        except reverb.errors.DeadlineExceededError as e:
+        except _deadline_errors() as e:
             raise WriteTimeoutError(
                 f"table {self.table_name!r}: written items were not confirmed within "
                 f"{self.timeout_ms} ms; the server at {self.client.server_address!r} is down "
@@ -200,7 +221,7 @@ class TrajectoryObserver:
 
     def __init__(
         self,
-        client: reverb.Client,
+        client: Any,
         table_name: str,
         sequence_length: int,
         data_spec: Any,
@@ -234,7 +255,7 @@ class TrajectoryObserver:
         self._closed = False
 
     @property
-    def py_client(self) -> reverb.Client:
+    def py_client(self) -> Any:
         """The Reverb client written through (TF-Agents observers expose the same)."""
         return self._target.client
 
@@ -325,7 +346,7 @@ class TrajectoryObserver:
             raise ManagerClosedError("this observer is closed; get a new one from the manager")
         if not self._checked:
             self._check(trajectory)
-        self._writer = self._target.client.structured_writer(self._target.configs)
+        self._writer = self._target.open_writer()
         return self._writer
 
     def _end_episode(self) -> None:
@@ -352,3 +373,13 @@ class TrajectoryObserver:
             f"trajectory does not match the data spec of table {self._target.table_name!r} "
             "(the observer takes one unbatched step at a time): " + "; ".join(problems)
         )
+
+
+def _deadline_errors() -> tuple[type[BaseException], ...]:
+    """Reverb's write-timeout error, if Reverb is installed (the local backend never times
+    out a write)."""
+    try:
+        import reverb
+    except ImportError:
+        return ()
+    return (reverb.errors.DeadlineExceededError,)

@@ -27,11 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import reverb
-import tensorflow as tf
 import tree
-from tf_agents.trajectories import time_step as ts
-from tf_agents.trajectories import trajectory as trajectory_lib
 
 from replay_service.config import Timeouts
 from replay_service.errors import ManagerClosedError, SpecMismatchError
@@ -40,9 +36,10 @@ from replay_service.reverb_internals import abandon_writer
 from replay_service.sequences import padding_step
 from replay_service.specs import check_collect_spec, flatten_with_paths
 
-FIRST = int(ts.StepType.FIRST)
-MID = int(ts.StepType.MID)
-LAST = int(ts.StepType.LAST)
+# TF-Agents' `StepType` values.
+FIRST = 0
+MID = 1
+LAST = 2
 TERMINAL_DISCOUNT = 0.0
 CONTINUING_DISCOUNT = 1.0
 
@@ -101,7 +98,7 @@ class TransitionWriter:
 
     def __init__(
         self,
-        client: reverb.Client,
+        client: Any,
         table_name: str,
         sequence_length: int,
         data_spec: Any,
@@ -147,7 +144,7 @@ class TransitionWriter:
         return None if self._batched is None else len(self._writers)
 
     @property
-    def py_client(self) -> reverb.Client:
+    def py_client(self) -> Any:
         """The Reverb client written through."""
         return self._target.client
 
@@ -564,7 +561,7 @@ class TransitionWriter:
     def _append_raw(self, index: int, step: Sequence[Any]) -> None:
         writer = self._writers[index]
         if writer is None:
-            writer = self._target.client.structured_writer(self._target.configs)
+            writer = self._target.open_writer()
             self._writers[index] = writer
         writer.append(step)
         self._steps[index] += 1
@@ -643,8 +640,8 @@ class _Part:
 
     def __init__(self, spec: Any) -> None:
         self.spec = spec
-        self.nested = tf.nest.is_nested(spec)
-        self.leaves = [_Leaf(leaf) for leaf in tf.nest.flatten(spec)]
+        self.nested = tree.is_nested(spec)
+        self.leaves = [_Leaf(leaf) for leaf in tree.flatten(spec)]
         self._single = None if self.nested else self.leaves[0]
         # Flattens and converts a value of this field: one array per leaf, or None if the value
         # needs the full validation (see `_Leaf.convert`).
@@ -655,11 +652,11 @@ class _Part:
     def _convert_nest(self, value: Any, size: int | None = None) -> list[Any] | None:
         """`convert` for a nested field."""
         try:
-            tf.nest.assert_same_structure(self.spec, value, check_types=False)
+            tree.assert_same_structure(self.spec, value, check_types=False)
         except (ValueError, TypeError):
             return None
         out: list[Any] = []
-        for leaf, item in zip(self.leaves, tf.nest.flatten(value), strict=True):
+        for leaf, item in zip(self.leaves, tree.flatten(value), strict=True):
             array = leaf.convert(item, size)
             if array is None:
                 return None
@@ -704,7 +701,7 @@ class _Plan:
       spec: The normalized per-step Trajectory spec.
     """
 
-    def __init__(self, spec: trajectory_lib.Trajectory) -> None:
+    def __init__(self, spec: Any) -> None:
         self.observation = _Part(spec.observation)
         self.action = _Part(spec.action)
         self.reward = _Part(spec.reward)
@@ -836,23 +833,23 @@ class _Batch:
 
 def _leaves(name: str, value: Any, spec: Any) -> list[tuple[str, np.ndarray, Any]]:
     """Pairs each leaf of `value` with its spec; a non-nested spec takes `value` whole."""
-    if not tf.nest.is_nested(spec):
+    if not tree.is_nested(spec):
         return [(name, _to_numpy(value), spec)]
     try:
-        tf.nest.assert_same_structure(spec, value, check_types=False)
+        tree.assert_same_structure(spec, value, check_types=False)
     except (ValueError, TypeError) as e:
         raise SpecMismatchError(f"{name!r}: structure differs from the data spec: {e}") from e
     return [
         (f"{name}/{path}", _to_numpy(leaf), leaf_spec)
         for (path, leaf_spec), leaf in zip(
-            flatten_with_paths(spec), tf.nest.flatten(value), strict=True
+            flatten_with_paths(spec), tree.flatten(value), strict=True
         )
     ]
 
 
 def _hidden_leaves(label: str, value: Any, spec: Any) -> list[tuple[str, np.ndarray, Any]]:
-    if not tf.nest.flatten(spec):
-        if value is not None and tf.nest.flatten(value):
+    if not tree.flatten(spec):
+        if value is not None and tree.flatten(value):
             raise SpecMismatchError(
                 f"{label!r} was given, but the data spec's policy_info is empty"
             )
@@ -957,4 +954,5 @@ def _to_numpy(value: Any) -> np.ndarray:
 
 
 def _np_dtype(spec: Any) -> Any:
-    return spec.dtype.as_numpy_dtype
+    dtype = spec.dtype
+    return getattr(dtype, "as_numpy_dtype", dtype)  # a tf.DType, or a numpy dtype

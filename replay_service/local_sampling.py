@@ -1,0 +1,228 @@
+"""Sampling streams of the local backend: torch batches, tf.data datasets, a replay buffer.
+
+Every stream samples a `LocalTable` in the calling thread (no server, no prefetch needed) and
+gives what the Reverb streams give: torch batches through `torch_sampling` (the source below
+has the `torch_samples` call it needs), and tf.data batches of `(trajectory, SampleInfo)` with
+leading dimensions `[batch, sequence_length]`, the info broadcast along the sequence, as
+`get_dataset` and TF-Agents' `as_dataset` do.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import tree
+
+from replay_service.errors import ConfigError, ManagerClosedError
+from replay_service.local_table import LocalTable
+
+# Reverb's `SampleInfo` fields, in its order.
+SampleInfo = collections.namedtuple(
+    "SampleInfo", ["key", "probability", "table_size", "priority", "times_sampled"]
+)
+_INFO_DTYPES = ("uint64", "float64", "int64", "float64", "int32")
+
+
+class Lifeline:
+    """Closed by the manager's `close()`: every stream holding it fails at its next call."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        """Makes every stream holding this lifeline fail."""
+        self.closed = True
+
+
+class LocalSampleSource:
+    """One local table as a source of torch batches (see `torch_sampling.iterate_batches`).
+
+    Args:
+      table: The table.
+      stored_spec: Per-step stored spec (its structure shapes every batch).
+      sample_timeout: Seconds to wait for `min_size_to_sample` items; None: forever.
+      lifeline: Closed by the manager's `close()`.
+    """
+
+    server_address = "local"
+
+    def __init__(
+        self,
+        table: LocalTable,
+        stored_spec: Any,
+        sample_timeout: float | None,
+        lifeline: Lifeline | None = None,
+    ) -> None:
+        self.table = table
+        self.table_name = table.name
+        self.sequence_length = table.config.sequence_length
+        self.sample_timeout = sample_timeout
+        self.ordered = table.config.sampling.sampler == "fifo"
+        self.lifeline = lifeline
+        self._structure = stored_spec
+
+    def sample(self, batch_size: int) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+        """One batch: flat field tensors `[batch, sequence_length, ...]` and numpy info.
+
+        Raises:
+          ManagerClosedError: If the manager was closed.
+          BufferStateError: If nothing can be sampled within `sample_timeout`.
+        """
+        if self.lifeline is not None and self.lifeline.closed:
+            raise ManagerClosedError(
+                f"the buffer of table {self.table_name!r} was closed; create or load a new one"
+            )
+        return self.table.sample(batch_size, self.sample_timeout)
+
+    def torch_samples(
+        self,
+        batch_size: int,
+        *,
+        num_workers: int | None = None,
+        convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...]]]:
+        """Samples batches forever as `(data nest, info tuple)` of torch tensors.
+
+        Args:
+          batch_size: Items per batch.
+          num_workers: Ignored (sampling runs in the calling thread).
+          convert: Applied to every tensor (pinning, device transfer).
+
+        Raises:
+          ManagerClosedError, BufferStateError: As `sample`.
+        """
+        del num_workers
+        place = convert or (lambda t: t)
+        while True:
+            data, info = self.sample(batch_size)
+            nest = tree.unflatten_as(self._structure, [place(t) for t in data])
+            yield nest, tuple(place(_info_tensor(info[name])) for name in SampleInfo._fields)
+
+
+def _info_tensor(array: np.ndarray) -> torch.Tensor:
+    if array.dtype == np.uint64:
+        return torch.from_numpy(array.view(np.int64)).view(torch.uint64)
+    return torch.from_numpy(array)
+
+
+def tf_dataset(source: LocalSampleSource, batch_size: int, prefetch: int = 0) -> Any:
+    """A tf.data dataset of `(trajectory, SampleInfo)` batches of one local table.
+
+    Leading dimensions are `[batch_size, sequence_length]` (info broadcast along the
+    sequence), as `ReplayBufferManager.get_dataset` gives on Reverb. It never ends: when nothing
+    can be sampled within the source's timeout, or the manager was closed, iterating raises a
+    `tf.errors.OpError` whose message is ours.
+
+    Raises:
+      ConfigError: If TensorFlow is not installed.
+    """
+    tf = require_tensorflow("get_dataset")
+    from replay_service.specs import table_signature
+
+    length = source.sequence_length
+    signature = table_signature(source._structure, length)
+    flat = tree.flatten(signature)
+    output_signature = (
+        tuple(tf.TensorSpec([batch_size, *s.shape], s.dtype) for s in flat),
+        tuple(tf.TensorSpec([batch_size], tf.as_dtype(d)) for d in _INFO_DTYPES),
+    )
+
+    def generate() -> Iterator[Any]:
+        while True:
+            data, info = source.sample(batch_size)
+            yield tuple(t.numpy() for t in data), tuple(info[name] for name in SampleInfo._fields)
+
+    def structure(data: Any, info: Any) -> Any:
+        broadcast = [tf.repeat(x[:, None], length, axis=1) for x in info]
+        return tf.nest.pack_sequence_as(signature, list(data)), SampleInfo(*broadcast)
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=output_signature)
+    dataset = dataset.map(structure)
+    return dataset.prefetch(prefetch) if prefetch else dataset
+
+
+def require_tensorflow(call: str) -> Any:
+    """Imports TensorFlow for `call`, or says what to install.
+
+    Raises:
+      ConfigError: If TensorFlow does not import.
+    """
+    try:
+        import tensorflow as tf
+    except ImportError as e:
+        raise ConfigError(
+            f"{call} returns a tf.data dataset and needs TensorFlow, which is not installed "
+            f"({e}); use torch_batches()/torch_dataset(), or install tensorflow==2.14.1 "
+            "(Python 3.11)"
+        ) from e
+    return tf
+
+
+class LocalReplayBuffer:
+    """What `create_replay_buffer()` returns on the local backend, in place of TF-Agents'
+    `ReverbReplayBuffer`: `as_dataset`, `num_frames` and `clear` of the primary table.
+
+    Args:
+      source: The primary table's sample source.
+      client_reset: Empties the tables (the manager's `clear`).
+    """
+
+    def __init__(self, source: LocalSampleSource, client_reset: Callable[[], None]) -> None:
+        self._source = source
+        self._reset = client_reset
+        self.lifeline = source.lifeline
+
+    @property
+    def data_spec(self) -> Any:
+        """The per-step stored spec."""
+        return self._source._structure
+
+    def num_frames(self) -> int:
+        """Items in the primary table."""
+        return self._source.table.size
+
+    def as_dataset(
+        self,
+        sample_batch_size: int | None = None,
+        num_steps: int | None = None,
+        num_parallel_calls: int | None = None,
+        sequence_preprocess_fn: Any = None,
+        single_deterministic_pass: bool = False,
+    ) -> Any:
+        """TF-Agents' `as_dataset` on the local table: `(trajectory, info)` batches.
+
+        Args:
+          sample_batch_size: Items per batch (required).
+          num_steps: Must be None or the table's sequence length.
+          num_parallel_calls: Ignored.
+          sequence_preprocess_fn: Must be None.
+          single_deterministic_pass: Must be False.
+
+        Raises:
+          ConfigError: For options the local backend does not have, or without TensorFlow.
+        """
+        del num_parallel_calls
+        length = self._source.sequence_length
+        if sample_batch_size is None or num_steps not in (None, length):
+            raise ConfigError(
+                f"the local backend's as_dataset needs sample_batch_size and num_steps None or "
+                f"{length} (got {sample_batch_size!r}, {num_steps!r})"
+            )
+        if sequence_preprocess_fn is not None or single_deterministic_pass:
+            raise ConfigError(
+                "sequence_preprocess_fn and single_deterministic_pass need backend='reverb'"
+            )
+        return tf_dataset(self._source, sample_batch_size)
+
+    def clear(self) -> None:
+        """Empties the tables."""
+        self._reset()
+
+    def stop_sampling(self) -> None:
+        """Makes every stream of this buffer fail at its next call."""
+        if self.lifeline is not None:
+            self.lifeline.close()
