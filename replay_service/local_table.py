@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +34,10 @@ import torch
 
 from replay_service.config import TableConfig
 from replay_service.errors import BufferStateError, ConfigError, SpecMismatchError
+
+# TorchRL logs every storage it allocates at INFO through its own handler; an explicit
+# setting in the environment wins.
+os.environ.setdefault("RL_LOGGING_LEVEL", "WARNING")
 
 LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
 LOCAL_REMOVERS = ("fifo",)

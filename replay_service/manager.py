@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay_service import export as export_lib
 from replay_service import priorities as priorities_lib
-from replay_service import rate_limit, sequences, specs
+from replay_service import rate_limit, sequences, specs, summaries
 from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore
 from replay_service.config import (
     DEFAULT_TABLE_NAME,
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     import reverb
     import tensorflow as tf
 
-    from replay_service import summaries
     from replay_service.backends import EmbeddedBackend, RemoteBackend
     from replay_service.datasets import ReplayBuffer
     from replay_service.gym_vector import GymVectorWriter
@@ -610,8 +609,6 @@ class ReplayBufferManager:
         self._stats_tracker = StatsTracker(client, timeout=self._timeouts.connect)
         self._stats_tracker.read(wait_for_rates=False)  # the start of the first rate window
         if self._summary_dir is not None:
-            from replay_service import summaries
-
             self._summary_writer = summaries.StatsSummaryWriter(
                 self.stats, self._summary_dir, interval_s=self._summary_interval_s
             )

@@ -19,8 +19,6 @@ import math
 import os
 import threading
 
-import tensorflow as tf
-
 from replay_service.errors import ConfigError
 from replay_service.stats import StatsReader, scalars
 
@@ -82,6 +80,9 @@ class StatsSummaryWriter:
             raise ConfigError(f"cannot create summary directory {self._logdir!r}: {e}") from e
         self._read_stats = read_stats
         self._join_timeout_s = join_timeout_s
+        from replay_service.local_sampling import require_tensorflow
+
+        self._tf = tf = require_tensorflow("summary_dir (TensorBoard summaries)")
         self._writer = tf.summary.create_file_writer(self._logdir)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -124,7 +125,7 @@ class StatsSummaryWriter:
                 return
             with self._writer.as_default():
                 for tag, value in values.items():
-                    tf.summary.scalar(tag, value, step=self._step)
+                    self._tf.summary.scalar(tag, value, step=self._step)
             self._writer.flush()
             self._step += 1
 
