@@ -170,6 +170,38 @@ def export_buffer(
     return state_path, metadata_path
 
 
+def write_export(
+    dirpath: str | os.PathLike[str],
+    prefix: str,
+    table: TableConfig,
+    stored_spec: Any,
+    items: ExportedItems,
+    *,
+    overwrite: bool = False,
+) -> tuple[str, str]:
+    """Writes `items` of `table` as an export (the one writer of the format).
+
+    Returns:
+      `(state_path, metadata_path)`.
+
+    Raises:
+      CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
+      CheckpointError: If the files cannot be written.
+    """
+    state_path, metadata_path = export_paths(dirpath, prefix)
+    if overwrite is not None:
+        check_target(os.fspath(dirpath), overwrite) if not os.path.isdir(dirpath) else None
+    signature = specs.table_signature(stored_spec, table.sequence_length)
+    metadata = build_metadata(
+        table.name, table.sequence_length, table.capacity, stored_spec, items.num_items
+    )
+    tensors = {name: array for name, array in zip(_data_names(signature), items.data, strict=True)}
+    tensors[PRIORITIES] = items.priorities
+    tensors[TIMES_SAMPLED] = items.times_sampled
+    _write_files(state_path, metadata_path, tensors, metadata)
+    return state_path, metadata_path
+
+
 def require_one_table(tables: Sequence[TableConfig], what: str) -> None:
     """Refuses a buffer with extra tables: an export holds one table.
 

@@ -63,6 +63,8 @@ class LocalSampleSource:
         self.sample_timeout = sample_timeout
         self.ordered = table.config.sampling.sampler == "fifo"
         self.lifeline = lifeline
+        # The per-step stored spec (`Masked` for padded tables), read by `torch_sampling`.
+        self.signature = stored_spec
         self._structure = stored_spec
 
     def sample(self, batch_size: int) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:

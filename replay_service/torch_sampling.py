@@ -286,6 +286,12 @@ def iterate_batches(
         (within `datasets.liveness_bound(sample_timeout, connect_timeout)` seconds).
       ManagerClosedError: If the manager was closed (`source.lifeline`).
     """
+    local = getattr(source, "torch_samples", None)
+    if local is not None:
+        for data, info in local(batch_size, num_workers=num_workers, convert=place):
+            if transitions:
+                data = to_transitions(data)
+            yield (data, TorchSampleInfo(*info)) if with_info else data
     convert = tensor_to_torch if place is None else (lambda t: place(tensor_to_torch(t)))
     iterator = iter(source.tf_dataset(batch_size, num_workers=num_workers))
     while True:
