@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 import types
@@ -33,6 +34,8 @@ from replay_service.specs import describe_spec
 _log = logging.getLogger(__name__)
 
 LOCAL_ADDRESS = "local"
+# Memory-mapped item files of `storage="memmap"` tables, inside the checkpoint directory.
+MEMMAP_DIR = ".memmap"
 
 
 class Window:
@@ -337,6 +340,8 @@ class LocalBackend:
             self._thread.join(timeout=self._timeouts.checkpoint)
         for table in self._tables.values():
             table.close()
+        if self._storage == "memmap":  # scratch files; the checkpoints hold the data
+            shutil.rmtree(os.path.join(self._store.root, MEMMAP_DIR), ignore_errors=True)
         self._store.unlock()
 
     # ---------------------------------------------------------------------------- helpers
@@ -344,7 +349,7 @@ class LocalBackend:
     def _new_table(self, config: TableConfig) -> LocalTable:
         scratch = None
         if self._storage == "memmap":
-            scratch = os.path.join(self._store.root, ".memmap", config.name)
+            scratch = os.path.join(self._store.root, MEMMAP_DIR, config.name)
         return LocalTable(config, self._fields, storage=self._storage, scratch_dir=scratch)
 
     def _start(self) -> None:

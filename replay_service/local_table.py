@@ -1,17 +1,22 @@
-"""`LocalTable`: one table of the in-process backend, items held in a TorchRL storage.
+"""`LocalTable`: one table of the in-process backend.
 
-A table holds up to `capacity` items, each a window of `sequence_length` steps: one tensor per
-field of the stored spec, shaped `[sequence_length, *field_shape]`, kept in a TorchRL
-`LazyTensorStorage` (RAM) or `LazyMemmapStorage` (memory-mapped files, for buffers larger than
-RAM). Items are evicted oldest first once the table is full (Reverb's FIFO remover) and removed
-after `max_times_sampled` samples when that is set.
+A table holds up to `capacity` items, each a window of `sequence_length` steps: per field of
+the stored spec one tensor `[capacity, sequence_length, *field_shape]`, allocated at the first
+insert, in RAM (`torch.empty`, committed as it fills) or as tensordict `MemoryMappedTensor`
+files ("memmap", for buffers larger than RAM). Inserts and samples index those tensors through
+numpy views: one copy per field, no per-call container. Items are evicted oldest first once the
+table is full (Reverb's FIFO remover) and removed after `max_times_sampled` samples when set.
 
 Samplers (as Reverb's selectors of the same name):
 - "uniform": every item equally likely;
 - "prioritized": probability proportional to `priority ** priority_exponent`, kept in a sum
-  tree (`SumTree`); TorchRL's `PrioritizedSampler` needs its C++ extension, which does not load
-  with the pinned torch 2.13 (undefined symbol), so the tree is numpy;
+  tree (`SumTree`, numpy);
 - "fifo": the oldest item, every time (a queue with `max_times_sampled=1`).
+
+Why not TorchRL's replay buffer parts, with torchrl 0.14.1 and the pinned torch 2.13: its
+`PrioritizedSampler` needs TorchRL's C++ extension, which does not load with that torch
+(undefined symbol, on Python 3.11 and 3.12 alike), and its storages build a `TensorDict` per
+`set`/`get` (about 100 us per insert here, 5x slower sampling than indexing the tensors).
 
 Sampling waits until the table holds `min_size_to_sample` items, at most `timeout` seconds.
 Every item has a key that is unique for the life of the table (`update_priorities` takes it).
@@ -24,6 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -34,10 +40,6 @@ import torch
 
 from replay_service.config import TableConfig
 from replay_service.errors import BufferStateError, ConfigError, SpecMismatchError
-
-# TorchRL logs every storage it allocates at INFO through its own handler; an explicit
-# setting in the environment wins.
-os.environ.setdefault("RL_LOGGING_LEVEL", "WARNING")
 
 LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
 LOCAL_REMOVERS = ("fifo",)
@@ -123,7 +125,7 @@ class LocalTable:
     Args:
       config: The table's name, capacity, sequence length and sampling.
       fields: `specs.describe_spec(stored_spec)`: path, dtype and per-step shape of each field.
-      storage: "memory" (TorchRL `LazyTensorStorage`) or "memmap" (`LazyMemmapStorage`).
+      storage: "memory" or "memmap" (memory-mapped files under `scratch_dir`).
       scratch_dir: Directory of the memory-mapped files ("memmap"); None: a temporary one.
       seed: Seed of the sampler; None draws one.
 
@@ -152,7 +154,7 @@ class LocalTable:
         self._dtypes = [np.dtype(f["dtype"]) for f in self.fields]
         self._storage_kind = storage
         self._scratch_dir = scratch_dir
-        self._storage: Any = None
+        self._columns: list[np.ndarray] | None = None
         capacity = config.capacity
         self._slot_key = np.zeros(capacity, dtype=np.uint64)
         self._slot_seq = np.zeros(capacity, dtype=np.int64)
@@ -189,7 +191,7 @@ class LocalTable:
     @property
     def nbytes(self) -> int:
         """Bytes of item data the storage holds (allocated for `capacity` once written)."""
-        if self._storage is None:
+        if self._columns is None:
             return 0
         per_item = sum(
             int(np.prod(s)) * d.itemsize for s, d in zip(self._shapes, self._dtypes, strict=True)
@@ -420,27 +422,37 @@ class LocalTable:
             self._tree.set(slots, priorities**self.config.sampling.priority_exponent)
 
     def _write_slots(self, slots: np.ndarray, data: Sequence[np.ndarray]) -> None:
-        from tensordict import TensorDict
-
-        batch = TensorDict(
-            {
-                name: torch.from_numpy(np.ascontiguousarray(a))
-                for name, a in zip(self._names, data, strict=True)
-            },
-            batch_size=[len(slots)],
-        )
-        if self._storage is None:
-            self._storage = self._new_storage()
-        self._storage.set(torch.from_numpy(slots), batch)
+        if self._columns is None:
+            self._columns = self._allocate()
+        for column, array in zip(self._columns, data, strict=True):
+            column[slots] = array
 
     def _read_slots(self, slots: np.ndarray) -> list[torch.Tensor]:
-        batch = self._storage.get(torch.from_numpy(np.ascontiguousarray(slots)))
-        return [batch[name].contiguous() for name in self._names]
+        assert self._columns is not None
+        return [torch.from_numpy(column.take(slots, axis=0)) for column in self._columns]
 
-    def _new_storage(self) -> Any:
-        from torchrl.data import LazyMemmapStorage, LazyTensorStorage
+    def _allocate(self) -> list[np.ndarray]:
+        """One tensor per field, `[capacity, sequence_length, *field_shape]`, as numpy views.
 
+        RAM: `torch.empty` (pages are committed as items are written). "memmap": tensordict's
+        `MemoryMappedTensor` files under `scratch_dir`, so the buffer can exceed RAM.
+        """
         capacity = self.config.capacity
-        if self._storage_kind == "memmap":
-            return LazyMemmapStorage(capacity, scratch_dir=self._scratch_dir)
-        return LazyTensorStorage(capacity)
+        columns = []
+        for index, (shape, dtype) in enumerate(zip(self._shapes, self._dtypes, strict=True)):
+            torch_dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
+            if self._storage_kind == "memmap":
+                from tensordict import MemoryMappedTensor
+
+                directory = self._scratch_dir or tempfile.mkdtemp(prefix="replay_memmap_")
+                os.makedirs(directory, exist_ok=True)
+                tensor = MemoryMappedTensor.empty(
+                    (capacity, *shape),
+                    dtype=torch_dtype,
+                    filename=os.path.join(directory, f"field{index}.memmap"),
+                )
+            else:
+                tensor = torch.empty((capacity, *shape), dtype=torch_dtype)
+            columns.append(tensor.numpy())
+        self._tensors = columns
+        return columns

@@ -93,8 +93,8 @@ class ReplayBufferManager:
       summary_interval_s: Seconds between summary writes.
       backend: "reverb" (a Reverb server), "local" (in this process, no Reverb) or "auto"
         (Reverb when dm-reverb and TensorFlow import, else local; logged once per process).
-      storage: Local backend: "memory" (TorchRL `LazyTensorStorage`) or "memmap"
-        (`LazyMemmapStorage` under `<checkpoint_dir>/.memmap`, for buffers larger than RAM).
+      storage: Local backend: "memory" or "memmap" (memory-mapped files under
+        `<checkpoint_dir>/.memmap`, deleted by `close()`, for buffers larger than RAM).
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,

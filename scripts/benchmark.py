@@ -13,8 +13,12 @@ For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it me
   ckpt     checkpoint save and restore MB/s, against a plain sequential file write (with fsync)
            of the same number of bytes on the same disk
   memory   resident memory per stored step of the embedded server
-and prints every figure with its ratio ours/anchor. Timings are wall-clock on this machine now:
-compare ratios, not absolute numbers, across machines.
+  local    the in-process backend (`backend="local"`): observer and `add` inserts, torch and tf
+           sampling (against TorchRL's ReplayBuffer used directly), checkpoint save/restore
+           (against the plain write), resident memory per stored item (against its raw bytes)
+and prints every figure with its ratio ours/anchor: the median of `--repeats` runs of every
+row, each run measuring ours and its anchors side by side. Timings are wall-clock on this
+machine now: compare ratios, not absolute numbers, across machines.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ _STEPS = flags.DEFINE_integer("steps", 20_000, "Steps inserted per writer (cartp
 _IMAGE_STEPS = flags.DEFINE_integer("image_steps", 2_000, "Steps inserted per writer (image).")
 _BATCHES = flags.DEFINE_integer("batches", 60, "Batches of 256 timed per sampler.")
 _JSON = flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Runs of every workload; the median is printed.")
+_BACKENDS = flags.DEFINE_list("backends", ["reverb", "local"], "reverb and/or local rows.")
 
 BATCH = 256
 SEQUENCE_LENGTH = 2
@@ -370,14 +376,138 @@ def disk_write_seconds(size: int, directory: str) -> float:
     return seconds * size / max(1 << 20, (size >> 20) << 20)
 
 
+# ------------------------------------------------------------------------------ local backend
+
+
+def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) -> list[Row]:
+    """The in-process backend: inserts, memory, sampling and checkpoints."""
+    name = workload.name
+    spec = workload.spec()
+    capacity = 2 * workload.steps
+    directory = os.path.join(root, "local")
+    rows: list[Row] = []
+    manager = ReplayBufferManager(
+        spec, capacity, directory, SEQUENCE_LENGTH, timeouts=Timeouts(sample=120), backend="local"
+    )
+    manager.create_replay_buffer()
+    before = rss_bytes()
+    rows.append(
+        Row(
+            name,
+            "local",
+            "local observer",
+            len(steps) / insert_ours(manager, steps),
+            "steps/s",
+            "tf-agents observer",
+        )
+    )
+    items = manager.num_frames()
+    item_bytes = SEQUENCE_LENGTH * step_bytes(spec)
+    rows.append(Row(name, "local", "raw item bytes", float(item_bytes), "B"))
+    rows.append(
+        Row(
+            name,
+            "local",
+            "local RSS per stored item",
+            (rss_bytes() - before) / items,
+            "B",
+            "raw item bytes",
+        )
+    )
+    manager.clear()
+    rows.append(
+        Row(
+            name,
+            "local",
+            "local TransitionWriter.add",
+            len(steps) / insert_transition_writer(manager, steps),
+            "steps/s",
+            "tf-agents observer",
+        )
+    )
+    torchrl = torchrl_rate(manager, batches)
+    if torchrl is not None:
+        rows.append(Row(name, "local", "torchrl ReplayBuffer", torchrl, "items/s"))
+    stream = manager.torch_batches(BATCH)
+    rows.append(
+        Row(
+            name,
+            "local",
+            "local torch",
+            rate(iter(stream), batches),
+            "items/s",
+            "torchrl ReplayBuffer" if torchrl is not None else None,
+        )
+    )
+    stream.close()
+    rows.append(
+        Row(
+            name,
+            "local",
+            "local tf",
+            rate(iter(manager.get_dataset(BATCH)), batches),
+            "items/s",
+            "local torch",
+        )
+    )
+    saved_s = timed(manager.checkpoint)
+    size = dir_bytes(CheckpointStore(directory).latest().path)
+    manager.close()
+
+    def restore() -> None:
+        with ReplayBufferManager(
+            spec, capacity, directory, SEQUENCE_LENGTH, backend="local"
+        ) as restored:
+            restored.load_replay_buffer()
+
+    restore_s = timed(restore)
+    mb = size / 1e6
+    rows += [
+        Row(
+            name,
+            "local",
+            "plain file write+fsync",
+            mb / disk_write_seconds(size, directory),
+            "MB/s",
+        ),
+        Row(name, "local", "local ckpt save", mb / saved_s, "MB/s", "plain file write+fsync"),
+        Row(name, "local", "local ckpt restore", mb / restore_s, "MB/s", "plain file write+fsync"),
+    ]
+    return rows
+
+
+def step_bytes(spec: Any) -> int:
+    return sum(int(np.prod(s.shape)) * s.dtype.size for s in tf.nest.flatten(spec))
+
+
 # ---------------------------------------------------------------------------------------- run
 
 
-def run_workload(workload: Workload, batches: int) -> list[Row]:
-    spec = workload.spec()
+def run_workload(workload: Workload, batches: int, backends: list[str]) -> list[Row]:
     steps = workload.trajectories()
-    rows: list[Row] = []
     root = tempfile.mkdtemp(prefix=f"replay_bench_{workload.name}_")
+    rows: list[Row] = []
+    if "reverb" in backends:
+        rows += reverb_rows(workload, steps, batches, root)
+    if "local" in backends:
+        if "reverb" not in backends:  # the insert anchor
+            rows += anchor_rows(workload, steps, root)
+        rows += local_rows(workload, steps, batches, root)
+    shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def anchor_rows(workload: Workload, steps: list[Any], root: str) -> list[Row]:
+    manager = ReplayBufferManager(workload.spec(), 2 * workload.steps, os.path.join(root, "a"))
+    with manager:
+        manager.create_replay_buffer()
+        seconds = insert_tf_agents(manager, steps)
+    return [Row(workload.name, "insert", "tf-agents observer", len(steps) / seconds, "steps/s")]
+
+
+def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -> list[Row]:
+    spec = workload.spec()
+    rows: list[Row] = []
     # Ours first: its memory figure needs a fresh server (later runs reuse freed memory).
     inserts = {
         "ours observer": insert_ours,
@@ -423,8 +553,19 @@ def run_workload(workload: Workload, batches: int) -> list[Row]:
     )
     rows += sample_rows(workload.name, manager, batches)
     rows += checkpoint_rows(workload.name, manager, spec)
-    shutil.rmtree(root, ignore_errors=True)
     return rows
+
+
+def median_rows(runs: list[list[Row]]) -> list[Row]:
+    """Every row of the first run with the median value of all runs."""
+    values: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        for row in run:
+            values.setdefault((row.workload, row.path), []).append(row.value)
+    return [
+        dataclasses.replace(row, value=float(np.median(values[(row.workload, row.path)])))
+        for row in runs[0]
+    ]
 
 
 def print_table(rows: list[Row]) -> None:
@@ -454,9 +595,19 @@ def main(argv: list[str]) -> None:
         f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cpus, "
         f"{time.strftime('%Y-%m-%d %H:%M')}"
     )
-    rows = [
-        row for name in _WORKLOADS.value for row in run_workload(workloads[name], _BATCHES.value)
+    unknown = sorted(set(_BACKENDS.value) - {"reverb", "local"})
+    if unknown or _REPEATS.value < 1:
+        raise app.UsageError(f"backends are reverb/local (got {unknown}), repeats >= 1")
+    runs = [
+        [
+            row
+            for name in _WORKLOADS.value
+            for row in run_workload(workloads[name], _BATCHES.value, _BACKENDS.value)
+        ]
+        for _ in range(_REPEATS.value)
     ]
+    rows = median_rows(runs)
+    print(f"median of {_REPEATS.value} runs")
     print_table(rows)
     if _JSON.value:
         with open(_JSON.value, "w") as f:
