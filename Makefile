@@ -4,7 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format benchmark load-test clean
+# The local backend's tests also run under Python 3.12 (no TensorFlow, TF-Agents or dm-reverb
+# there); pyenv's 3.12 when it has one, else python3.12 on PATH.
+PYTHON312 ?= $(shell p="$$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3.12"; \
+  if [ -x "$$p" ]; then echo "$$p"; else command -v python3.12 2>/dev/null; fi)
+VENV312 := .venv312
+STAMP312 := $(VENV312)/.installed
+LOCAL_TESTS := tests/test_local_backend.py tests/test_portable.py
+
+.PHONY: demo test test-py312 test-slow lint format benchmark load-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
@@ -20,6 +28,20 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+	@$(MAKE) --no-print-directory test-py312
+
+# Python 3.12, torch path only: the local-backend tests. Without python3.12 this is skipped
+# with a warning, except in CI (CI=true), where it fails.
+test-py312:
+	@if [ -z "$(PYTHON312)" ] || ! "$(PYTHON312)" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
+	  if [ "$$CI" = "true" ]; then echo "error: Python 3.12 not found (set PYTHON312=...)" >&2; exit 1; fi; \
+	  echo "warning: Python 3.12 not found; skipping the Python 3.12 local-backend tests (set PYTHON312=...)" >&2; \
+	else $(MAKE) --no-print-directory $(STAMP312) && $(VENV312)/bin/python -m pytest -q -m local $(LOCAL_TESTS); fi
+
+$(STAMP312): pyproject.toml
+	@test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
+	@touch $(STAMP312)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,ray]'
@@ -41,4 +63,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix replay_service scripts tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV312) build *.egg-info .pytest_cache
