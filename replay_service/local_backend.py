@@ -86,7 +86,11 @@ class LocalWindowWriter:
 
     def __init__(self, windows: Sequence[Window]) -> None:
         self._windows = list(windows)
-        self._dtypes = [np.dtype(f["dtype"]) for f in self._windows[0].table.fields]
+        fields = self._windows[0].table.fields
+        self._fields = [
+            (str(f["path"]), np.dtype(f["dtype"]), tuple(int(d) for d in f["shape"]))
+            for f in fields
+        ]
         self._history: list[list[np.ndarray]] = []
         self._since = [0] * len(self._windows)
         self._step_index = -1
@@ -96,38 +100,45 @@ class LocalWindowWriter:
         """Appends one step (a nest, or the flat list of its leaves); inserts due windows.
 
         Raises:
-          SpecMismatchError: If the step has the wrong number of fields or a field cannot be
-            converted to its dtype and shape.
+          SpecMismatchError: If the step has the wrong number of fields, or a field the wrong
+            shape or a value that does not convert to its dtype (naming the field).
         """
         leaves = tree.flatten(step)
-        if len(leaves) != len(self._dtypes):
+        fields = self._fields
+        if len(leaves) != len(fields):
             raise SpecMismatchError(
-                f"a step has {len(leaves)} fields, the table stores {len(self._dtypes)}"
+                f"a step has {len(leaves)} fields, the table stores {len(fields)} "
+                f"({[path for path, _, _ in fields]})"
             )
-        try:
-            arrays = [np.asarray(v, dtype=d) for v, d in zip(leaves, self._dtypes, strict=True)]
-        except (TypeError, ValueError) as e:
-            raise SpecMismatchError(f"a step cannot be stored: {e}") from e
+        arrays = []
+        for value, (path, dtype, shape) in zip(leaves, fields, strict=True):
+            try:
+                array = np.asarray(value, dtype=dtype)
+            except (TypeError, ValueError) as e:
+                raise SpecMismatchError(f"field {path!r}: {value!r} is not {dtype}: {e}") from e
+            if array.shape != shape:
+                raise SpecMismatchError(
+                    f"field {path!r}: expected shape {list(shape)}, got {list(array.shape)}"
+                )
+            arrays.append(array)
         history = self._history
         history.append(arrays)
         if len(history) > self._longest:
             del history[0]
         index = self._step_index = self._step_index + 1
+        since = self._since
         for position, window in enumerate(self._windows):
-            self._since[position] += 1
+            since[position] += 1
             length = window.sequence_length
             if index < length - 1:
                 continue
             if window.padded:
                 due = index % window.stride_length == (length - 1) % window.stride_length
             else:
-                due = self._since[position] >= window.stride_length
-            if not due:
-                continue
-            self._since[position] = 0
-            steps = history[-length:]
-            data = [np.stack([s[j] for s in steps])[None] for j in range(len(arrays))]
-            window.table.insert(data, np.array([window.priority]))
+                due = since[position] >= window.stride_length
+            if due:
+                since[position] = 0
+                window.table.insert_window(history[-length:], window.priority)
 
     def flush(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to wait for: items are in the table once `append` returns."""

@@ -175,6 +175,7 @@ class LocalTable:
         self.inserts = 0
         self.samples = 0
         self.deletes = 0
+        self.evictions = 0
 
     # ------------------------------------------------------------------------------ state
 
@@ -246,6 +247,47 @@ class LocalTable:
             self.inserts += count
             self._changed.notify_all()
         return keys
+
+    def insert_window(self, steps: Sequence[Sequence[np.ndarray]], priority: float) -> int:
+        """Inserts one item from its steps (each the list of its fields, already converted to
+        the table's dtypes and per-step shapes), evicting the oldest item if the table is full.
+
+        This is the collectors' path: each field of each step is copied once into the item's
+        slot, with no intermediate stacking.
+
+        Args:
+          steps: `sequence_length` steps, oldest first.
+          priority: The item's priority (finite, >= 0).
+
+        Returns:
+          The new item's key.
+        """
+        with self._changed:
+            self._require_open()
+            if self._columns is None:
+                self._columns = self._allocate()
+            self._make_room(1)
+            slot = int(self._dense[self._size])
+            self._size += 1
+            key = next(self._keys)
+            for field, column in enumerate(self._columns):
+                row = column[slot]
+                for index, step in enumerate(steps):
+                    row[index] = step[field]
+            sequence = next(self._sequence)
+            self._order[sequence] = slot
+            self._slot_seq[slot] = sequence
+            self._key_slot[key] = slot
+            self._slot_key[slot] = key
+            self._times_sampled[slot] = 0
+            self._priority[slot] = priority
+            if self._tree is not None:
+                self._tree.set(
+                    np.array([slot]), np.array([priority**self.config.sampling.priority_exponent])
+                )
+            self.inserts += 1
+            self._changed.notify()
+        return key
 
     def update_priorities(self, updates: dict[int, float]) -> int:
         """Sets the priorities of items by key; keys no longer held are ignored.
@@ -401,6 +443,7 @@ class LocalTable:
         if excess > 0:
             oldest = list(itertools.islice(self._order.values(), excess))
             self._remove(np.array(oldest, dtype=np.int64))
+            self.evictions += excess
 
     def _remove(self, slots: np.ndarray) -> None:
         for slot in slots.tolist():
