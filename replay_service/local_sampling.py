@@ -67,6 +67,13 @@ class LocalSampleSource:
         self.signature = stored_spec
         self._structure = stored_spec
 
+    def __reduce__(self) -> Any:
+        raise ConfigError(
+            f"table {self.table_name!r} lives in this process (backend='local'): it cannot be "
+            "sent to DataLoader worker processes; use num_workers=0 (sampling is in-process "
+            "and needs no workers) or backend='reverb'"
+        )
+
     def sample(self, batch_size: int) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
         """One batch: flat field tensors `[batch, sequence_length, ...]` and numpy info.
 

@@ -74,6 +74,15 @@ def check_local_table(config: TableConfig) -> None:
         )
 
 
+def sampler_repeats(slots: np.ndarray) -> bool:
+    """Whether a batch of sampled slots holds one slot twice (then `times_sampled` must count
+    each draw)."""
+    if len(slots) < 2:
+        return False
+    ordered = np.sort(slots)
+    return bool((ordered[1:] == ordered[:-1]).any())
+
+
 class SumTree:
     """Sums of non-negative weights over `capacity` slots; samples slots by weight.
 
@@ -349,7 +358,10 @@ class LocalTable:
                 self._changed.wait(remaining)
             slots, probability = self._select(batch_size)
             table_size = np.full(batch_size, self._size, dtype=np.int64)
-            np.add.at(self._times_sampled, slots, 1)
+            if sampler_repeats(slots):
+                np.add.at(self._times_sampled, slots, 1)
+            else:
+                self._times_sampled[slots] += 1
             info = {
                 "key": self._slot_key[slots].copy(),
                 "probability": probability,
@@ -381,7 +393,7 @@ class LocalTable:
                 slots[bad] = self._dense[self._rng.integers(0, size, int(bad.sum()))]
                 weights = self._tree.get(slots)
             return slots, weights / total
-        positions = self._rng.integers(0, size, batch_size)
+        positions = (self._rng.random(batch_size) * size).astype(np.int64)
         return self._dense[positions], np.full(batch_size, 1.0 / size)
 
     # ------------------------------------------------------------------------ checkpoints
