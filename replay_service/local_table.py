@@ -291,34 +291,52 @@ class LocalTable:
             `timeout`, or the table was closed.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        need = self.config.sampling.min_size_to_sample
+        limit = self.config.sampling.max_times_sampled
         with self._changed:
-            while self._size < max(need, 1) or self._closed:
-                self._require_open()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise BufferStateError(
-                        f"no item could be sampled from table {self.name!r} within {timeout} s: "
-                        f"it holds {self._size} items and sampling starts at "
-                        f"min_size_to_sample={need}; collect more first"
-                    )
-                self._changed.wait(remaining)
-            slots, probability = self._select(batch_size)
-            table_size = np.full(batch_size, self._size, dtype=np.int64)
-            np.add.at(self._times_sampled, slots, 1)
-            info = {
-                "key": self._slot_key[slots].copy(),
-                "probability": probability,
-                "table_size": table_size,
-                "priority": self._priority[slots].copy(),
-                "times_sampled": self._times_sampled[slots].copy(),
-            }
-            data = self._read_slots(slots)
-            self.samples += batch_size
-            limit = self.config.sampling.max_times_sampled
-            if limit:
-                done = np.unique(slots[self._times_sampled[slots] >= limit])
-                self._remove(done)
+            if not limit:
+                self._wait_for_items(deadline, timeout)
+                return self._sample_slots(batch_size)
+            # As Reverb: an item reaching `max_times_sampled` is removed before the next item
+            # of the batch is selected (a FIFO queue gives the oldest items, each once).
+            parts = []
+            for _ in range(batch_size):
+                self._wait_for_items(deadline, timeout)
+                parts.append(self._sample_slots(1))
+        data = [torch.cat([p[0][j] for p in parts]) for j in range(len(self.fields))]
+        info = {name: np.concatenate([p[1][name] for p in parts]) for name in parts[0][1]}
+        return data, info
+
+    def _wait_for_items(self, deadline: float | None, timeout: float | None) -> None:
+        need = self.config.sampling.min_size_to_sample
+        while self._size < max(need, 1) or self._closed:
+            self._require_open()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise BufferStateError(
+                    f"no item could be sampled from table {self.name!r} within {timeout} s: "
+                    f"it holds {self._size} items and sampling starts at "
+                    f"min_size_to_sample={need}; collect more first"
+                )
+            self._changed.wait(remaining)
+
+    def _sample_slots(self, batch_size: int) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+        """Selects, counts and reads `batch_size` items (the lock held, the table not empty);
+        removes those that reached `max_times_sampled`."""
+        slots, probability = self._select(batch_size)
+        table_size = np.full(batch_size, self._size, dtype=np.int64)
+        np.add.at(self._times_sampled, slots, 1)
+        info = {
+            "key": self._slot_key[slots].copy(),
+            "probability": probability,
+            "table_size": table_size,
+            "priority": self._priority[slots].copy(),
+            "times_sampled": self._times_sampled[slots].copy(),
+        }
+        data = self._read_slots(slots)
+        self.samples += batch_size
+        limit = self.config.sampling.max_times_sampled
+        if limit:
+            self._remove(np.unique(slots[self._times_sampled[slots] >= limit]))
         return data, info
 
     def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
