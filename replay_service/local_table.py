@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -33,7 +34,12 @@ import numpy as np
 import torch
 
 from replay_service.config import TableConfig
-from replay_service.errors import BufferStateError, ConfigError, SpecMismatchError
+from replay_service.errors import (
+    BufferStateError,
+    ConfigError,
+    ManagerClosedError,
+    SpecMismatchError,
+)
 
 # TorchRL logs every storage it allocates at INFO through its own handler; an explicit
 # setting in the environment wins.
@@ -288,7 +294,8 @@ class LocalTable:
 
         Raises:
           BufferStateError: If the table does not hold `min_size_to_sample` items within
-            `timeout`, or the table was closed.
+            `timeout`.
+          ManagerClosedError: If the table was closed (also while waiting).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         limit = self.config.sampling.max_times_sampled
@@ -396,7 +403,9 @@ class LocalTable:
 
     def _require_open(self) -> None:
         if self._closed:
-            raise BufferStateError(f"table {self.name!r} was closed with its buffer")
+            raise ManagerClosedError(
+                f"table {self.name!r} was closed with its buffer; create or load a new one"
+            )
 
     def _check_data(self, data: Sequence[np.ndarray], count: int) -> None:
         if len(data) != len(self.fields):
@@ -460,5 +469,9 @@ class LocalTable:
 
         capacity = self.config.capacity
         if self._storage_kind == "memmap":
+            if self._scratch_dir is not None and os.path.isdir(self._scratch_dir):
+                # Files of an earlier buffer of this directory (closed, or a failed restore):
+                # TorchRL refuses to map over them, and their items live in the checkpoints.
+                shutil.rmtree(self._scratch_dir)
             return LazyMemmapStorage(capacity, scratch_dir=self._scratch_dir)
         return LazyTensorStorage(capacity)
