@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -39,7 +40,12 @@ import numpy as np
 import torch
 
 from replay_service.config import TableConfig
-from replay_service.errors import BufferStateError, ConfigError, SpecMismatchError
+from replay_service.errors import (
+    BufferStateError,
+    ConfigError,
+    ManagerClosedError,
+    SpecMismatchError,
+)
 
 LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
 LOCAL_REMOVERS = ("fifo",)
@@ -341,40 +347,59 @@ class LocalTable:
 
         Raises:
           BufferStateError: If the table does not hold `min_size_to_sample` items within
-            `timeout`, or the table was closed.
+            `timeout`.
+          ManagerClosedError: If the table was closed (also while waiting).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        need = self.config.sampling.min_size_to_sample
+        limit = self.config.sampling.max_times_sampled
         with self._changed:
-            while self._size < max(need, 1) or self._closed:
-                self._require_open()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise BufferStateError(
-                        f"no item could be sampled from table {self.name!r} within {timeout} s: "
-                        f"it holds {self._size} items and sampling starts at "
-                        f"min_size_to_sample={need}; collect more first"
-                    )
-                self._changed.wait(remaining)
-            slots, probability = self._select(batch_size)
-            table_size = np.full(batch_size, self._size, dtype=np.int64)
-            if sampler_repeats(slots):
-                np.add.at(self._times_sampled, slots, 1)
-            else:
-                self._times_sampled[slots] += 1
-            info = {
-                "key": self._slot_key[slots].copy(),
-                "probability": probability,
-                "table_size": table_size,
-                "priority": self._priority[slots].copy(),
-                "times_sampled": self._times_sampled[slots].copy(),
-            }
-            data = self._read_slots(slots)
-            self.samples += batch_size
-            limit = self.config.sampling.max_times_sampled
-            if limit:
-                done = np.unique(slots[self._times_sampled[slots] >= limit])
-                self._remove(done)
+            if not limit:
+                self._wait_for_items(deadline, timeout)
+                return self._sample_slots(batch_size)
+            # As Reverb: an item reaching `max_times_sampled` is removed before the next item
+            # of the batch is selected (a FIFO queue gives the oldest items, each once).
+            parts = []
+            for _ in range(batch_size):
+                self._wait_for_items(deadline, timeout)
+                parts.append(self._sample_slots(1))
+        data = [torch.cat([p[0][j] for p in parts]) for j in range(len(self.fields))]
+        info = {name: np.concatenate([p[1][name] for p in parts]) for name in parts[0][1]}
+        return data, info
+
+    def _wait_for_items(self, deadline: float | None, timeout: float | None) -> None:
+        need = self.config.sampling.min_size_to_sample
+        while self._size < max(need, 1) or self._closed:
+            self._require_open()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise BufferStateError(
+                    f"no item could be sampled from table {self.name!r} within {timeout} s: "
+                    f"it holds {self._size} items and sampling starts at "
+                    f"min_size_to_sample={need}; collect more first"
+                )
+            self._changed.wait(remaining)
+
+    def _sample_slots(self, batch_size: int) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+        """Selects, counts and reads `batch_size` items (the lock held, the table not empty);
+        removes those that reached `max_times_sampled`."""
+        slots, probability = self._select(batch_size)
+        table_size = np.full(batch_size, self._size, dtype=np.int64)
+        if sampler_repeats(slots):
+            np.add.at(self._times_sampled, slots, 1)
+        else:
+            self._times_sampled[slots] += 1
+        info = {
+            "key": self._slot_key[slots].copy(),
+            "probability": probability,
+            "table_size": table_size,
+            "priority": self._priority[slots].copy(),
+            "times_sampled": self._times_sampled[slots].copy(),
+        }
+        data = self._read_slots(slots)
+        self.samples += batch_size
+        limit = self.config.sampling.max_times_sampled
+        if limit:
+            self._remove(np.unique(slots[self._times_sampled[slots] >= limit]))
         return data, info
 
     def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -434,7 +459,9 @@ class LocalTable:
 
     def _require_open(self) -> None:
         if self._closed:
-            raise BufferStateError(f"table {self.name!r} was closed with its buffer")
+            raise ManagerClosedError(
+                f"table {self.name!r} was closed with its buffer; create or load a new one"
+            )
 
     def _check_data(self, data: Sequence[np.ndarray], count: int) -> None:
         if len(data) != len(self.fields):
@@ -493,14 +520,20 @@ class LocalTable:
         `MemoryMappedTensor` files under `scratch_dir`, so the buffer can exceed RAM.
         """
         capacity = self.config.capacity
+        directory = None
+        if self._storage_kind == "memmap":
+            directory = self._scratch_dir or tempfile.mkdtemp(prefix="replay_memmap_")
+            if os.path.isdir(directory):
+                # Files of an earlier buffer of this directory (closed, or a failed restore):
+                # their items live in the checkpoints.
+                shutil.rmtree(directory)
+            os.makedirs(directory)
         columns = []
         for index, (shape, dtype) in enumerate(zip(self._shapes, self._dtypes, strict=True)):
             torch_dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
-            if self._storage_kind == "memmap":
+            if directory is not None:
                 from tensordict import MemoryMappedTensor
 
-                directory = self._scratch_dir or tempfile.mkdtemp(prefix="replay_memmap_")
-                os.makedirs(directory, exist_ok=True)
                 tensor = MemoryMappedTensor.empty(
                     (capacity, *shape),
                     dtype=torch_dtype,
@@ -509,5 +542,4 @@ class LocalTable:
             else:
                 tensor = torch.empty((capacity, *shape), dtype=torch_dtype)
             columns.append(tensor.numpy())
-        self._tensors = columns
         return columns

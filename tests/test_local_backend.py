@@ -1,0 +1,623 @@
+"""The local backend on its own: spaces, storage, the checkpoint protocol under faults, limits.
+
+Imports no TensorFlow, TF-Agents or Reverb (this file also runs under Python 3.12, where they
+do not install): specs come from gymnasium spaces, items are read back through `export` and
+torch batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tree
+from gymnasium import spaces
+from safetensors.numpy import load_file
+
+from replay_service import (
+    BufferStateError,
+    CheckpointError,
+    CheckpointExistsError,
+    ConfigError,
+    ManagerClosedError,
+    NoCheckpointError,
+    ReplayBufferManager,
+    SamplingConfig,
+    SpecMismatchError,
+    TableConfig,
+    Timeouts,
+)
+
+pytestmark = pytest.mark.local
+
+FAST = Timeouts(connect=5.0, write=10.0, sample=1.0, checkpoint=60.0)
+OBSERVATION = spaces.Box(-1000.0, 1000.0, (4,), np.float32)
+ACTION = spaces.Discrete(2)
+CHECKPOINTS = "checkpoints"
+CORRUPT = "corrupt"
+BLOCK = 4096
+# TF-Agents step types.
+FIRST, MID, LAST = 0, 1, 2
+NEXT = np.array([0, 1, 0, 0], np.float32)
+
+
+@pytest.fixture()
+def make(tmp_path) -> Iterator[Callable[..., ReplayBufferManager]]:
+    """Local managers of a Box(4)/Discrete(2) spec; every one is closed at teardown."""
+    made: list[ReplayBufferManager] = []
+
+    def factory(
+        root: str | Path | None = None,
+        observation_space: Any = OBSERVATION,
+        action_space: Any = ACTION,
+        **options: Any,
+    ) -> ReplayBufferManager:
+        options.setdefault("capacity", 100)
+        options.setdefault("timeouts", FAST)
+        manager = ReplayBufferManager.from_spaces(
+            observation_space,
+            action_space,
+            checkpoint_dir=str(root or tmp_path / "ckpt"),
+            backend="local",
+            **options,
+        )
+        made.append(manager)
+        return manager
+
+    yield factory
+    for manager in made:
+        manager.close()
+
+
+def write_episode(manager: ReplayBufferManager, episode: int, length: int) -> None:
+    """One terminated episode of `length` transitions; state i is `[episode, i, 0, 0]`."""
+    writer = manager.transition_writer()
+    for i in range(length):
+        state = np.array([episode, i, 0, 0], np.float32)
+        writer.add(state, [i % 2], float(i), state + NEXT, i == length - 1)
+    writer.flush()
+
+
+def exported(manager: ReplayBufferManager, directory: Path) -> dict[str, np.ndarray]:
+    state_path, _ = manager.export(directory)
+    return load_file(state_path)
+
+
+def first_states(manager: ReplayBufferManager, directory: Path) -> list[tuple[int, int]]:
+    """`(episode, index)` of the first step of every item, oldest first."""
+    observation = exported(manager, directory)["data/observation"]
+    return [(int(o[0, 0]), int(o[0, 1])) for o in observation]
+
+
+def checkpoint_names(root: Path) -> list[str]:
+    path = root / CHECKPOINTS
+    return sorted(p.name for p in path.iterdir()) if path.exists() else []
+
+
+def recorded_items(checkpoint: Path) -> int:
+    metadata = next(checkpoint.glob("*checkpoint.json"))
+    return int(json.loads(metadata.read_text())["num_items"])
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# ----------------------------------------------------------------------------- spaces
+
+SPACES = {
+    "box": (spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Box(-1.0, 1.0, (2,), np.float32)),
+    "discrete": (spaces.Discrete(5), spaces.Discrete(3)),
+    "multidiscrete": (spaces.MultiDiscrete([3, 4]), spaces.MultiDiscrete([2, 5])),
+    "multibinary": (spaces.MultiBinary(4), spaces.MultiBinary(3)),
+    "dict": (
+        spaces.Dict({"pos": spaces.Box(-1.0, 1.0, (2,), np.float32), "id": spaces.Discrete(4)}),
+        spaces.Discrete(2),
+    ),
+    "tuple": (
+        spaces.Tuple((spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.Discrete(3))),
+        spaces.Box(-1.0, 1.0, (1,), np.float32),
+    ),
+}
+
+
+def _fit(value: Any, spec: Any) -> Any:
+    """`value` (a sample of a space) in the shape and dtype of its spec."""
+
+    def leaf(v: Any, s: Any) -> np.ndarray:
+        dtype = np.dtype(getattr(s.dtype, "as_numpy_dtype", s.dtype))
+        return np.asarray(v).reshape(tuple(s.shape)).astype(dtype)
+
+    return tree.map_structure(leaf, value, spec)
+
+
+def _same(sampled: Any, written: Any) -> None:
+    for s, w in zip(tree.flatten(sampled), tree.flatten(written), strict=True):
+        np.testing.assert_array_equal(np.asarray(s), w)
+
+
+@pytest.mark.parametrize("kind", list(SPACES))
+def test_spaces_round_trip_through_add_and_torch_batches(make, kind):
+    observation_space, action_space = SPACES[kind]
+    try:
+        manager = make(observation_space=observation_space, action_space=action_space)
+    except ConfigError as e:
+        if "supports Box and Discrete" in str(e):
+            pytest.skip(f"from_spaces does not take {kind} spaces yet (TF-free specs work): {e}")
+        raise
+    manager.create_replay_buffer()
+    spec = manager.data_spec
+    observation_space.seed(1)
+    action_space.seed(2)
+    writer = manager.transition_writer()
+    written = []
+    state = _fit(observation_space.sample(), spec.observation)
+    for i in range(12):
+        action = _fit(action_space.sample(), spec.action)
+        next_state = _fit(observation_space.sample(), spec.observation)
+        writer.add(state, action, float(i), next_state, i == 11)
+        written.append((state, action, next_state))
+        state = next_state
+    assert manager.num_frames() == 12
+    seen = set()
+    with manager.torch_batches(16, transitions=True) as stream:
+        for _ in range(20):
+            batch = next(stream)
+            for b, reward in enumerate(batch.rewards.tolist()):
+                state, action, next_state = written[int(reward)]
+                pick = lambda x, b=b: x[b]  # noqa: E731
+                _same(tree.map_structure(pick, batch.states), state)
+                _same(tree.map_structure(pick, batch.actions), action)
+                _same(tree.map_structure(pick, batch.next_states), next_state)
+                seen.add(int(reward))
+            if len(seen) == 12:
+                break
+    assert seen == set(range(12))
+
+
+# ---------------------------------------------------------------------------- storage
+
+
+def test_memmap_storage_keeps_its_files_under_the_checkpoint_dir(make, tmp_path):
+    root = tmp_path / "mm"
+    manager = make(root, storage="memmap")
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 7)
+    files = [Path(d) / f for d, _, fs in os.walk(root / ".memmap") for f in fs]
+    assert files, "no memory-mapped file under <checkpoint_dir>/.memmap"
+    assert manager.num_frames() == 7
+    batch = next(iter(manager.torch_batches(4, transitions=True)))
+    np.testing.assert_array_equal(batch.states[:, 0].numpy(), 0)
+    assert first_states(manager, tmp_path / "export") == [(0, i) for i in range(7)]
+    manager.checkpoint()
+    manager.close()
+
+    loaded = make(root, storage="memmap")
+    loaded.load_replay_buffer()
+    assert first_states(loaded, tmp_path / "export2") == [(0, i) for i in range(7)]
+
+
+# ---------------------------------------------------------------- checkpoint protocol
+
+
+def _flip(pattern: str, fraction: float = 0.5) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        target = next(path.glob(pattern))
+        data = bytearray(target.read_bytes())
+        data[min(len(data) - 1, int(len(data) * fraction))] ^= 0x01
+        target.write_bytes(bytes(data))
+
+    return damage
+
+
+def _truncate(pattern: str, fraction: float = 0.5) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        target = next(path.glob(pattern))
+        data = target.read_bytes()
+        target.write_bytes(data[: int(len(data) * fraction)])
+
+    return damage
+
+
+def _delete(pattern: str) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        next(path.glob(pattern)).unlink()
+
+    return damage
+
+
+DAMAGE = {
+    "state byte flipped": _flip("*.state.safetensors"),
+    "state header byte flipped": _flip("*.state.safetensors", 0.01),
+    "state truncated": _truncate("*.state.safetensors"),
+    "state short by 1 byte": _truncate("*.state.safetensors", 0.9999),
+    "table metadata truncated": _truncate("table*.metadata.json"),
+    "index deleted": _delete("local_checkpoint.json"),
+    "DONE deleted": _delete("DONE"),
+}
+
+
+def two_checkpoints(make: Callable[..., ReplayBufferManager], root: Path) -> None:
+    """ckpt-1 holds episode 0 (3 items), ckpt-2 also episode 1 (7 items in all)."""
+    manager = make(root)
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 3)
+    manager.checkpoint()
+    write_episode(manager, 1, 4)
+    manager.checkpoint()
+    manager.close()
+    assert checkpoint_names(root) == ["ckpt-00000001", "ckpt-00000002"]
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_previous_one_restores(
+    make, tmp_path, caplog, damage
+):
+    root = tmp_path / "ckpt"
+    two_checkpoints(make, root)
+    DAMAGE[damage](root / CHECKPOINTS / "ckpt-00000002")
+
+    with caplog.at_level(logging.WARNING):
+        manager = make(root)
+        manager.load_replay_buffer()
+    warnings = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert "ckpt-00000002" in warnings and "ckpt-00000001" in warnings, warnings
+    moved = [p.name for p in (root / CORRUPT).iterdir()]
+    assert len(moved) == 1 and moved[0].startswith("ckpt-00000002-"), moved
+    assert checkpoint_names(root) == ["ckpt-00000001"]
+    assert first_states(manager, tmp_path / "export") == [(0, 0), (0, 1), (0, 2)]
+
+    # Checkpoints go on after the one moved aside.
+    path = Path(manager.checkpoint())
+    assert recorded_items(path) == 3
+    manager.close()
+    again = make(root)
+    again.load_replay_buffer()
+    assert again.num_frames() == 3
+
+
+def test_all_checkpoints_damaged_raise_no_checkpoint_naming_them(make, tmp_path):
+    root = tmp_path / "ckpt"
+    two_checkpoints(make, root)
+    for name in checkpoint_names(root):
+        _flip("*.state.safetensors")(root / CHECKPOINTS / name)
+    with pytest.raises(NoCheckpointError) as raised:
+        make(root).load_replay_buffer()
+    message = str(raised.value)
+    assert "ckpt-00000001" in message and "ckpt-00000002" in message, message
+    assert len(list((root / CORRUPT).iterdir())) == 2
+    # The damaged data is never silently replaced by an empty buffer.
+    with pytest.raises(CheckpointExistsError):
+        make(root).create_replay_buffer()
+    assert len(list((root / CORRUPT).iterdir())) == 2
+    fresh = make(root)
+    fresh.create_replay_buffer(overwrite=True)
+    assert fresh.num_frames() == 0
+
+
+def test_keep_checkpoints_retains_the_newest_two(make, tmp_path):
+    root = tmp_path / "ckpt"
+    manager = make(root, keep_checkpoints=2)
+    manager.create_replay_buffer()
+    for episode in range(4):
+        write_episode(manager, episode, 2)
+        manager.checkpoint()
+    assert checkpoint_names(root) == ["ckpt-00000003", "ckpt-00000004"]
+    assert recorded_items(root / CHECKPOINTS / "ckpt-00000004") == 8
+    manager.close()
+    loaded = make(root, keep_checkpoints=2)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == 8
+
+
+def test_a_directory_in_use_is_refused(make, tmp_path):
+    root = tmp_path / "ckpt"
+    first = make(root)
+    first.create_replay_buffer()
+    write_episode(first, 0, 2)
+    first.checkpoint()
+    with pytest.raises(CheckpointError, match="in use"):
+        make(root).load_replay_buffer()
+    with pytest.raises(CheckpointError, match="in use"):
+        make(root).create_replay_buffer(overwrite=True)
+    assert first.num_frames() == 2
+    first.close()
+    second = make(root)
+    second.load_replay_buffer()
+    assert second.num_frames() == 2
+
+
+def test_a_missing_directory_has_no_checkpoint(make, tmp_path):
+    with pytest.raises(NoCheckpointError):
+        make(tmp_path / "missing").load_replay_buffer()
+    assert not (tmp_path / "missing" / CHECKPOINTS).exists()
+
+
+def test_a_foreign_directory_is_refused_and_left_alone(make, tmp_path):
+    root = tmp_path / "theirs"
+    root.mkdir()
+    (root / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError) as raised:
+        make(root).create_replay_buffer(overwrite=True)
+    assert not isinstance(raised.value, NoCheckpointError)
+    with pytest.raises(CheckpointError):
+        make(root).load_replay_buffer()
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]
+    assert (root / "notes.txt").read_text() == "mine"
+
+
+def test_loading_with_another_spec_is_a_spec_mismatch(make, tmp_path):
+    root = tmp_path / "ckpt"
+    manager = make(root)
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 2)
+    manager.checkpoint()
+    manager.close()
+    wider = spaces.Box(-1.0, 1.0, (5,), np.float32)
+    with pytest.raises(SpecMismatchError, match="observation"):
+        make(root, observation_space=wider).load_replay_buffer()
+    with pytest.raises(SpecMismatchError, match="sequence_length"):
+        make(root, sequence_length=3).load_replay_buffer()
+    # The refused loads changed nothing.
+    again = make(root)
+    again.load_replay_buffer()
+    assert again.num_frames() == 2
+
+
+class Tmpfs:
+    """A small tmpfs with a ballast file that sets its free space."""
+
+    def __init__(self, mount_point: Path) -> None:
+        self.path = mount_point
+        self.ballast = mount_point / "ballast"
+
+    def free(self) -> int:
+        stats = os.statvfs(self.path)
+        return stats.f_bavail * stats.f_frsize
+
+    def leave_free(self, free: int) -> None:
+        self.release()
+        to_fill = self.free() - free
+        with open(self.ballast, "wb") as f, contextlib.suppress(OSError):
+            while to_fill > 0:
+                size = min(64 * BLOCK, to_fill)
+                f.write(b"\0" * size)
+                f.flush()
+                to_fill -= size
+        assert self.free() <= free + BLOCK, "the ballast did not fill the tmpfs"
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.ballast.unlink()
+
+
+@pytest.fixture()
+def tmpfs(tmp_path) -> Iterator[Tmpfs]:
+    """A 1 MiB tmpfs (skips where mounting is not allowed); unmounted at teardown."""
+    point = tmp_path / "tmpfs"
+    point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(point)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        pytest.skip(
+            "a full disk needs a small tmpfs, and mount was refused here "
+            f"({result.stderr.strip() or result.returncode}); run as root to cover it"
+        )
+    yield Tmpfs(point)
+    if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+def test_a_checkpoint_on_a_full_disk_fails_cleanly_and_succeeds_once_space_is_back(
+    make, tmpfs, tmp_path
+):
+    big = spaces.Box(-1000.0, 1000.0, (64,), np.float32)
+
+    def fill(manager: ReplayBufferManager, count: int) -> None:
+        writer = manager.transition_writer()
+        for i in range(count):
+            state = np.full(64, i, np.float32)
+            writer.add(state, [0], 1.0, state + 1, i == count - 1)
+
+    # The size of a checkpoint of the full buffer, measured on a normal disk.
+    reference = make(tmp_path / "reference", observation_space=big)
+    reference.create_replay_buffer()
+    fill(reference, 100)
+    full = Path(reference.checkpoint())
+    full_blocks = sum(-(-p.stat().st_size // BLOCK) for p in full.iterdir() if p.is_file())
+    reference.close()
+    assert full_blocks >= 8
+
+    root = tmpfs.path / "ckpt"
+    manager = make(root, observation_space=big, keep_checkpoints=1)
+    manager.create_replay_buffer()
+    fill(manager, 10)
+    good = Path(manager.checkpoint())
+    good_files = sorted(p.name for p in good.iterdir())
+    fill(manager, 100)
+    assert manager.num_frames() == 100
+
+    for blocks in [0, 1, 2, full_blocks // 2, full_blocks - 2]:
+        tmpfs.leave_free(blocks * BLOCK)
+        with pytest.raises(CheckpointError) as raised:
+            manager.checkpoint()
+        assert str(root) in str(raised.value), raised.value
+        assert checkpoint_names(root) == [good.name], f"{blocks} free blocks: {raised.value}"
+        assert sorted(p.name for p in good.iterdir()) == good_files
+        staging = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(".reverb")]
+        assert all(not any(s.iterdir()) for s in staging), "a failed checkpoint left files"
+        assert manager.num_frames() == 100, "the buffer lost items"
+
+    tmpfs.release()
+    path = Path(manager.checkpoint())
+    assert recorded_items(path) == 100
+    assert checkpoint_names(root) == [path.name]
+    manager.close()
+    loaded = make(root, observation_space=big)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == 100
+
+
+def test_periodic_checkpoints_run_in_the_background(make, tmp_path):
+    root = tmp_path / "ckpt"
+    manager = make(root, checkpoint_interval_s=0.2)
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 5)
+    written_at = checkpoint_names(root)[-1:]
+
+    def newer_with_items() -> bool:
+        names = checkpoint_names(root)
+        return (
+            bool(names)
+            and names[-1:] != written_at
+            and recorded_items(root / CHECKPOINTS / names[-1]) == 5
+        )
+
+    wait_for(newer_with_items, 10, "a periodic checkpoint holding the 5 items")
+    manager.close()
+    loaded = make(root)
+    loaded.load_replay_buffer()
+    assert first_states(loaded, tmp_path / "export") == [(0, i) for i in range(5)]
+
+
+# --------------------------------------------------------------- Reverb-only features
+
+
+REVERB_ONLY = {
+    "lifo sampler": ({"sampling": SamplingConfig(sampler="lifo")}, "lifo"),
+    "heap sampler": ({"sampling": SamplingConfig(sampler="max_heap")}, "max_heap"),
+    "uniform remover": ({"sampling": SamplingConfig(remover="uniform")}, "remover"),
+    "samples_per_insert": (
+        {"sampling": SamplingConfig(samples_per_insert=2.0, min_size_to_sample=10)},
+        "samples_per_insert",
+    ),
+    "server_address": ({"server_address": "localhost:1", "checkpoint_dir": None}, "remote"),
+    "port": ({"port": 12345}, "port"),
+}
+
+
+@pytest.mark.parametrize("option", list(REVERB_ONLY))
+def test_reverb_only_options_are_refused_naming_the_way_out(tmp_path, option):
+    kwargs, named = REVERB_ONLY[option]
+    kwargs = {"checkpoint_dir": str(tmp_path / "ckpt"), **kwargs}
+    with pytest.raises(ConfigError) as raised:
+        ReplayBufferManager.from_spaces(
+            OBSERVATION, ACTION, capacity=10, backend="local", timeouts=FAST, **kwargs
+        )
+    message = str(raised.value)
+    assert named in message and "reverb" in message.lower(), message
+    assert not (tmp_path / "ckpt").exists(), "a refused manager touched the disk"
+
+
+def test_reverb_only_calls_are_refused_naming_the_way_out(make):
+    extra = TableConfig(name="other", capacity=10, sequence_length=2)
+    manager = make(extra_tables=(extra,))
+    manager.create_replay_buffer()
+    calls = {
+        "mixed_dataset": lambda: manager.mixed_dataset(4, {manager.table_name: 1, "other": 1}),
+        "train_schedule": lambda: manager.train_schedule(4),
+        "table_handle": lambda: manager.table_handle(),
+        "num_steps": lambda: manager.get_dataset(4, num_steps=3),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ConfigError, match="backend='reverb'") as raised:
+            call()
+        assert name.split("_")[0] in str(raised.value), (name, raised.value)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def test_sampling_below_min_size_fails_within_the_sample_timeout(make):
+    timeouts = Timeouts(connect=5.0, write=10.0, sample=0.5, checkpoint=60.0)
+    manager = make(timeouts=timeouts, sampling=SamplingConfig(min_size_to_sample=5))
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 2)
+    stream = manager.torch_batches(1)
+    started = time.monotonic()
+    with pytest.raises(BufferStateError, match="min_size_to_sample=5"):
+        next(stream)
+    elapsed = time.monotonic() - started
+    assert 0.4 <= elapsed < 3.0, elapsed
+    write_episode(manager, 1, 3)
+    assert tuple(next(manager.torch_batches(1)).observation.shape) == (1, 2, 4)
+
+
+def test_sampling_after_close_raises_manager_closed(make):
+    manager = make()
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 3)
+    stream = manager.torch_batches(2)
+    next(stream)
+    manager.close()
+    with pytest.raises(ManagerClosedError):
+        next(stream)
+    with pytest.raises(ManagerClosedError):
+        manager.torch_batches(2)
+
+
+def test_a_sampler_waiting_on_an_empty_table_fails_when_the_manager_closes(make):
+    slow = Timeouts(connect=5.0, write=10.0, sample=30.0, checkpoint=60.0)
+    manager = make(timeouts=slow)
+    manager.create_replay_buffer()
+    stream = manager.torch_batches(2)
+    raised: list[BaseException] = []
+
+    def sample() -> None:
+        try:
+            next(stream)
+        except BaseException as e:
+            raised.append(e)
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    time.sleep(0.3)
+    assert thread.is_alive(), "sampling an empty table did not wait"
+    started = time.monotonic()
+    manager.close()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and time.monotonic() - started < 5
+    assert len(raised) == 1 and isinstance(raised[0], ManagerClosedError), raised
+
+
+# ---------------------------------------------------------------------------- windows
+
+
+def test_an_episode_of_five_steps_gives_three_windows_of_three(make, tmp_path):
+    manager = make(sequence_length=3)
+    manager.create_replay_buffer()
+    write_episode(manager, 7, 4)  # 4 transitions: steps 0..3 and the boundary step 4
+    tensors = exported(manager, tmp_path / "export")
+    np.testing.assert_array_equal(
+        tensors["data/observation"][:, :, 1], [[0, 1, 2], [1, 2, 3], [2, 3, 4]]
+    )
+    np.testing.assert_array_equal(tensors["data/observation"][:, :, 0], 7)
+    np.testing.assert_array_equal(
+        tensors["data/step_type"], [[FIRST, MID, MID], [MID, MID, MID], [MID, MID, LAST]]
+    )
+    np.testing.assert_array_equal(
+        tensors["data/next_step_type"], [[MID, MID, MID], [MID, MID, LAST], [MID, LAST, FIRST]]
+    )
+    np.testing.assert_array_equal(tensors["data/reward"][:, :3], [[0, 1, 2], [1, 2, 3], [2, 3, 0]])
+    np.testing.assert_array_equal(tensors["data/discount"][2], [1, 0, 1])
+    # Actions alternate 0, 1; the boundary step's action is zeros.
+    np.testing.assert_array_equal(tensors["data/action"][..., 0], [[0, 1, 0], [1, 0, 1], [0, 1, 0]])
+    np.testing.assert_array_equal(tensors["priorities"], 1.0)
