@@ -46,7 +46,11 @@ from replay_service import ReplayBufferManager, Timeouts
 from replay_service.checkpoints import CheckpointStore
 from replay_service.specs import spec_from_description
 
-_WORKLOADS = flags.DEFINE_list("workloads", ["cartpole", "image"], "cartpole and/or image.")
+_WORKLOADS = flags.DEFINE_list(
+    "workloads",
+    ["cartpole", "image", "loop"],
+    "cartpole, image (inserts, sampling, checkpoints, memory) and/or loop (the training loop).",
+)
 _STEPS = flags.DEFINE_integer("steps", 20_000, "Steps inserted per writer (cartpole).")
 _IMAGE_STEPS = flags.DEFINE_integer("image_steps", 2_000, "Steps inserted per writer (image).")
 _BATCHES = flags.DEFINE_integer("batches", 60, "Batches of 256 timed per sampler.")
@@ -480,6 +484,97 @@ def step_bytes(spec: Any) -> int:
     return sum(int(np.prod(s.shape)) * s.dtype.size for s in tf.nest.flatten(spec))
 
 
+# ----------------------------------------------------------------------------- training loop
+
+
+LOOP_STEPS = 3_000
+LOOP_WARMUP = 500
+LOOP_BATCH = 64
+
+
+def loop_rows(root: str) -> list[Row]:
+    """A CleanRL-style single-process loop on CartPole-sized steps: per step, add one
+    transition, sample a batch of 64 transitions as torch tensors and take one Adam step of a
+    small MLP; ours (Reverb and local) against a numpy ring buffer doing the same."""
+    import torch
+
+    spec = Workload("cartpole", (4,), "float32", 0).spec()
+    rng = np.random.default_rng(0)
+    observations = rng.standard_normal((LOOP_STEPS + LOOP_WARMUP + 1, 4)).astype(np.float32)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(4, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 2),
+    )
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+    def learn(states: Any, actions: Any, rewards: Any, next_states: Any, dones: Any) -> None:
+        with torch.no_grad():
+            target = rewards + 0.99 * (~dones).float() * net(next_states).max(1).values
+        q = net(states).gather(1, actions.long().reshape(-1, 1)).squeeze(1)
+        loss = torch.nn.functional.mse_loss(q, target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    def ring() -> float:
+        capacity = LOOP_STEPS + LOOP_WARMUP
+        s = np.zeros((capacity, 4), np.float32)
+        a = np.zeros(capacity, np.int64)
+        r = np.zeros(capacity, np.float32)
+        s2 = np.zeros((capacity, 4), np.float32)
+        d = np.zeros(capacity, bool)
+
+        def step(i: int) -> None:
+            s[i], a[i], r[i], s2[i], d[i] = observations[i], i % 2, 1.0, observations[i + 1], False
+            idx = rng.integers(0, i + 1, LOOP_BATCH)
+            learn(*(torch.from_numpy(x[idx]) for x in (s, a, r, s2, d)))
+
+        for i in range(LOOP_WARMUP):
+            step(i)
+        return timed(lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + LOOP_STEPS)])
+
+    def ours(backend: str) -> float:
+        directory = os.path.join(root, f"loop_{backend}")
+        with ReplayBufferManager(
+            spec, LOOP_STEPS + LOOP_WARMUP, directory, SEQUENCE_LENGTH, backend=backend
+        ) as manager:
+            manager.create_replay_buffer()
+            writer = manager.transition_writer()
+            for i in range(LOOP_BATCH):
+                writer.add(observations[i], i % 2, 1.0, observations[i + 1], False, False)
+            with manager.torch_batches(LOOP_BATCH, transitions=True) as batches:
+
+                def step(i: int) -> None:
+                    writer.add(observations[i], i % 2, 1.0, observations[i + 1], False, False)
+                    b = next(batches)
+                    learn(b.states, b.actions, b.rewards, b.next_states, b.dones)
+
+                for i in range(LOOP_BATCH, LOOP_WARMUP):
+                    step(i)
+                return timed(
+                    lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + LOOP_STEPS)]
+                )
+
+    per_step = 1e6 / LOOP_STEPS
+    rows = [Row("loop", "train", "numpy ring buffer", ring() * per_step, "us/step")]
+    for backend in ("reverb", "local"):
+        rows.append(
+            Row(
+                "loop",
+                "train",
+                f"ours {backend}",
+                ours(backend) * per_step,
+                "us/step",
+                "numpy ring buffer",
+            )
+        )
+    return rows
+
+
 # ---------------------------------------------------------------------------------------- run
 
 
@@ -588,7 +683,7 @@ def main(argv: list[str]) -> None:
         "cartpole": Workload("cartpole", (4,), "float32", _STEPS.value),
         "image": Workload("image", (84, 84, 4), "uint8", _IMAGE_STEPS.value),
     }
-    unknown = sorted(set(_WORKLOADS.value) - set(workloads))
+    unknown = sorted(set(_WORKLOADS.value) - set(workloads) - {"loop"})
     if unknown:
         raise app.UsageError(f"unknown workloads {unknown}; choose from {sorted(workloads)}")
     print(
@@ -598,14 +693,19 @@ def main(argv: list[str]) -> None:
     unknown = sorted(set(_BACKENDS.value) - {"reverb", "local"})
     if unknown or _REPEATS.value < 1:
         raise app.UsageError(f"backends are reverb/local (got {unknown}), repeats >= 1")
-    runs = [
-        [
+    runs = []
+    for _ in range(_REPEATS.value):
+        run = [
             row
             for name in _WORKLOADS.value
+            if name in workloads
             for row in run_workload(workloads[name], _BATCHES.value, _BACKENDS.value)
         ]
-        for _ in range(_REPEATS.value)
-    ]
+        if "loop" in _WORKLOADS.value:
+            root = tempfile.mkdtemp(prefix="replay_bench_loop_")
+            run += loop_rows(root)
+            shutil.rmtree(root, ignore_errors=True)
+        runs.append(run)
     rows = median_rows(runs)
     print(f"median of {_REPEATS.value} runs")
     print_table(rows)
