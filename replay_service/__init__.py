@@ -1,5 +1,6 @@
 """replay_service: a replay service for reinforcement learning built on DeepMind Reverb."""
 
+import importlib
 import os
 
 # With the default polling strategy of the gRPC inside Reverb 0.13, a process streaming to several
@@ -13,53 +14,78 @@ from replay_service import cli_output
 
 cli_output.configure()
 
-from replay_service.checkpoints import Checkpoint, CheckpointStore, StoreMetadata
-from replay_service.config import DEFAULT_TABLE_NAME, SamplingConfig, TableConfig, Timeouts
-from replay_service.datasets import ReplayBuffer
-from replay_service.errors import (
-    BufferStateError,
-    CheckpointError,
-    CheckpointExistsError,
-    ConfigError,
-    ManagerClosedError,
-    NoCheckpointError,
-    PortInUseError,
-    ReplayServiceError,
-    ServerError,
-    ServerUnavailableError,
-    SpecMismatchError,
-    WriteTimeoutError,
-)
-from replay_service.manager import ReplayBufferManager
-from replay_service.nstep import NStepBatch, NStepTargets, n_step_targets, windows_to_n_step
-from replay_service.observers import TrajectoryObserver
-from replay_service.priorities import (
-    BetaSchedule,
-    MaxPriorityTracker,
-    importance_weights,
-    update_priorities,
-)
-from replay_service.rate_limit import LimiterState, TrainSchedule
-from replay_service.sequences import Masked, padding_needed
-from replay_service.sharding import (
-    ShardedCheckpoint,
-    ShardedConfig,
-    ShardedReplayBuffer,
-    ShardedStats,
-    ShardedStatus,
-    format_sharded_status,
-    load_sharded_config,
-    sharded_status,
-)
-from replay_service.starter import PopulateConfig, PopulateResult, copy_buffer, populate
-from replay_service.stats import BufferStats, CheckpointStats, TableStats
-from replay_service.tables import make_replay_tables, make_table
-from replay_service.writers import TransitionWriter
+# Every public name is imported from its module on first use (PEP 562), so that
+# `import replay_service` imports neither TensorFlow, TF-Agents nor Reverb: the local backend
+# runs where they are not installed.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "array_specs": ("ArraySpec",),
+    "checkpoints": ("Checkpoint", "CheckpointStore", "StoreMetadata"),
+    "config": ("DEFAULT_TABLE_NAME", "SamplingConfig", "TableConfig", "Timeouts"),
+    "datasets": ("ReplayBuffer",),
+    "errors": (
+        "BufferStateError",
+        "CheckpointError",
+        "CheckpointExistsError",
+        "ConfigError",
+        "ManagerClosedError",
+        "NoCheckpointError",
+        "PortInUseError",
+        "ReplayServiceError",
+        "ServerError",
+        "ServerUnavailableError",
+        "SpecMismatchError",
+        "WriteTimeoutError",
+    ),
+    "manager": ("ReplayBufferManager",),
+    "nstep": ("NStepBatch", "NStepTargets", "n_step_targets", "windows_to_n_step"),
+    "observers": ("TrajectoryObserver",),
+    "priorities": (
+        "BetaSchedule",
+        "MaxPriorityTracker",
+        "importance_weights",
+        "update_priorities",
+    ),
+    "rate_limit": ("LimiterState", "TrainSchedule"),
+    "sequences": ("Masked", "padding_needed"),
+    "sharding": (
+        "ShardedCheckpoint",
+        "ShardedConfig",
+        "ShardedReplayBuffer",
+        "ShardedStats",
+        "ShardedStatus",
+        "format_sharded_status",
+        "load_sharded_config",
+        "sharded_status",
+    ),
+    "specs": ("data_spec_for_spaces",),
+    "starter": ("PopulateConfig", "PopulateResult", "copy_buffer", "populate"),
+    "stats": ("BufferStats", "CheckpointStats", "TableStats"),
+    "tables": ("make_replay_tables", "make_table"),
+    "torch_sampling": (
+        "SampleSource",
+        "TorchBatchStream",
+        "TorchReplayDataset",
+        "TorchSampleInfo",
+        "TorchSampleSource",
+        "TransitionBatch",
+    ),
+    "writers": ("TransitionWriter",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
-cli_output.after_imports()
+if cli_output.is_quiet():
+    # A command-line tool: load TensorFlow and Reverb now, as their output is quieted only once
+    # they are loaded (see replay_service.cli_output).
+    try:
+        import reverb  # noqa: F401
+        import tensorflow  # noqa: F401
+    except ImportError:
+        pass
+    cli_output.after_imports()
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
+    "ArraySpec",
     "BetaSchedule",
     "BufferStateError",
     "BufferStats",
@@ -99,12 +125,14 @@ __all__ = [
     "TorchBatchStream",
     "TorchReplayDataset",
     "TorchSampleInfo",
+    "TorchSampleSource",
     "TrainSchedule",
     "TrajectoryObserver",
     "TransitionBatch",
     "TransitionWriter",
     "WriteTimeoutError",
     "copy_buffer",
+    "data_spec_for_spaces",
     "format_sharded_status",
     "importance_weights",
     "load_sharded_config",
@@ -119,19 +147,23 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_TORCH_EXPORTS = (
-    "SampleSource",
-    "TorchBatchStream",
-    "TorchReplayDataset",
-    "TorchSampleInfo",
-    "TransitionBatch",
-)
-
 
 def __getattr__(name: str) -> object:
-    """Torch-based classes, imported on first use so `import replay_service` needs no torch."""
-    if name in _TORCH_EXPORTS:
-        from replay_service import torch_sampling
+    """Imports a public name's module on first use (see `_EXPORTS`).
 
-        return getattr(torch_sampling, name)
-    raise AttributeError(f"module 'replay_service' has no attribute {name!r}")
+    Raises:
+      AttributeError: If `name` is not a public name of replay_service.
+    """
+    module_name = _MODULE_OF.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'replay_service' has no attribute {name!r}")
+    module = importlib.import_module(f"replay_service.{module_name}")
+    cli_output.after_imports()
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's attributes, the public names not imported yet included."""
+    return sorted(set(globals()) | set(__all__))

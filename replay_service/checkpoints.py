@@ -38,13 +38,14 @@ import contextlib
 import dataclasses
 import datetime
 import errno
-import fcntl
 import json
 import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
+
+import filelock
 
 from replay_service.errors import (
     CheckpointError,
@@ -268,7 +269,8 @@ class CheckpointStore:
             raise ConfigError(f"keep (checkpoints to retain) must be an integer >= 1, got {keep!r}")
         self.root = os.path.abspath(os.fspath(root))
         self.keep = keep
-        self._lock_file: IO[str] | None = None
+        self._lock: filelock.BaseFileLock | None = None
+        self._lock_fd: int | None = None
 
     @property
     def reverb_root(self) -> str:
@@ -662,50 +664,67 @@ class CheckpointStore:
             self.unlock()
 
     def lock(self) -> None:
-        """Takes an exclusive, process-wide lock on the directory.
+        """Takes an exclusive, process-wide lock on the directory (a `filelock.FileLock` on
+        `.lock`, which holds the holder's pid); it does not wait for another holder.
 
         Raises:
           CheckpointError: If another process (or manager) serves this directory, or `.lock`
             is not a regular file (a symbolic link is refused, never followed).
         """
-        if self._lock_file is not None:
+        if self._lock is not None:
             return
         path = os.path.join(self.root, LOCK_FILE)
         try:
             os.makedirs(self.root, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise CheckpointError(
-                    f"{path!r} is a symbolic link; replay_service writes its lock there and "
-                    "never follows links: remove it"
-                ) from None
             raise CheckpointError(f"cannot use checkpoint_dir {self.root!r}: {e}") from e
-        handle = os.fdopen(fd, "r+", encoding="utf-8")
+        _refuse_symlink(path)
+        acquired: list[int] = []
+        lock = filelock.FileLock(
+            path,
+            timeout=0,
+            thread_local=False,
+            fallback_to_soft=False,
+            preserve_lock_file=True,
+            on_acquired=acquired.append,
+        )
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = handle.read().strip() or "unknown"
-            handle.close()
+            lock.acquire()
+        except filelock.Timeout:
             raise CheckpointError(
                 f"checkpoint_dir {self.root!r} is in use by another buffer (lock held by pid "
-                f"{holder}); close it first or choose another checkpoint_dir"
+                f"{_lock_holder(path)}); close it first or choose another checkpoint_dir"
             ) from None
-        if not os.path.samestat(os.fstat(handle.fileno()), os.lstat(path)):
-            handle.close()
-            raise CheckpointError(f"{path!r} was replaced while it was being locked; try again")
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        self._lock_file = handle
+        except OSError as e:
+            if e.errno == errno.ELOOP or os.path.islink(path):
+                _refuse_symlink(path)
+            raise CheckpointError(f"cannot use checkpoint_dir {self.root!r}: {e}") from e
+        fd = acquired[-1] if acquired else None
+        try:
+            if fd is not None:
+                if not os.path.samestat(os.fstat(fd), os.lstat(path)):
+                    raise CheckpointError(
+                        f"{path!r} was replaced while it was being locked; try again"
+                    )
+                with contextlib.suppress(OSError):  # the pid is only for the message above
+                    os.ftruncate(fd, 0)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    os.write(fd, str(os.getpid()).encode())
+        except BaseException as e:
+            lock.release(force=True)
+            if isinstance(e, OSError):
+                raise CheckpointError(f"cannot use checkpoint_dir {self.root!r}: {e}") from e
+            raise
+        self._lock = lock
+        self._lock_fd = fd
 
     def unlock(self) -> None:
         """Releases the lock taken by `lock` (no-op if not held)."""
-        if self._lock_file is not None:
+        if self._lock is not None:
             with contextlib.suppress(OSError):
-                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            self._lock_file.close()
-            self._lock_file = None
+                self._lock.release(force=True)
+            self._lock = None
+            self._lock_fd = None
 
     def ensure_intact(self, metadata: StoreMetadata) -> None:
         """Checks that the locked directory is still in place before writing into it.
@@ -717,11 +736,11 @@ class CheckpointStore:
         Raises:
           CheckpointError: If the directory now holds another store, or cannot be recreated.
         """
-        if self._lock_file is None:
+        if self._lock is None:
             return
         try:
-            same = os.path.samestat(
-                os.fstat(self._lock_file.fileno()), os.lstat(os.path.join(self.root, LOCK_FILE))
+            same = self._lock_fd is None or os.path.samestat(
+                os.fstat(self._lock_fd), os.lstat(os.path.join(self.root, LOCK_FILE))
             )
         except OSError:
             same = False
@@ -844,3 +863,27 @@ def verify_checkpoint_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
     if local_checkpoint.is_local_checkpoint(path):
         return local_checkpoint.verify(path)
     return verify_files(path)
+
+
+def _refuse_symlink(path: str) -> None:
+    """Raises `CheckpointError` if the lock file `path` is a symbolic link (never followed)."""
+    if os.path.islink(path):
+        raise CheckpointError(
+            f"{path!r} is a symbolic link; replay_service writes its lock there and "
+            "never follows links: remove it"
+        )
+
+
+def _lock_holder(path: str) -> str:
+    """The pid written in the lock file `path`, or "unknown"."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return "unknown"
+    try:
+        data = os.read(fd, 64)
+    except OSError:
+        data = b""
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace").strip() or "unknown"

@@ -13,7 +13,8 @@ their own. Without care they are buried in what the libraries below print on the
   socket to stop confirming writes), which honour `GRPC_VERBOSITY`.
 
 `configure()` runs from `replay_service/__init__.py`, before TensorFlow, Reverb or gym is
-imported, and `after_imports()` once they are. In a command-line tool's process, and unless
+imported, and `after_imports()` once they are (`replay_service` imports them at once in a
+command-line tool's process, and lazily elsewhere). In a command-line tool's process, and unless
 `REPLAY_SERVICE_VERBOSE=1` or a `--verbosity` (`-v`) of 0 or more is on the command line, they
 set `TF_CPP_MIN_LOG_LEVEL=3` and `GRPC_VERBOSITY=NONE` (explicit settings in the environment
 win), drop gym's banner, set the `tensorflow` Python logger to ERROR, and put `std::clog` into
@@ -53,6 +54,7 @@ _BADBIT = 1
 _VBASE_OFFSET_SLOT = 3
 
 _quiet = False
+_clog_silenced = False
 
 
 def is_cli_process(
@@ -139,9 +141,12 @@ def after_imports() -> None:
 
     libstdc++ (before GCC 13) constructs its standard streams only when the first C++ library
     that includes <iostream> is loaded, and a stream's state set before that is overwritten.
+    It may be called any number of times (`replay_service` calls it whenever it imports one of
+    its modules); once `std::clog` is silenced, later calls do nothing.
     """
-    if _quiet:
-        silence_clog()
+    global _clog_silenced
+    if _quiet and not _clog_silenced:
+        _clog_silenced = silence_clog()
 
 
 def is_quiet() -> bool:

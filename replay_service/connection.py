@@ -6,9 +6,10 @@ import errno
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import reverb
+if TYPE_CHECKING:
+    import reverb
 
 from replay_service.errors import (
     ConfigError,
@@ -88,6 +89,8 @@ def connect(address: str, timeout: float | None) -> reverb.Client:
     host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
     if not host or not port.isdigit():
         raise ConfigError(f"server_address must look like 'host:port', got {address!r}")
+    import reverb
+
     client = reverb.Client(address)
     server_info(client, timeout)
     return client

@@ -43,12 +43,10 @@ import math
 import os
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import reverb
 import safetensors
-import tensorflow as tf
 from safetensors.numpy import load_file, save_file
 
 from replay_service import reverb_internals, specs
@@ -60,8 +58,11 @@ from replay_service.errors import (
     SpecMismatchError,
     WriteTimeoutError,
 )
-from replay_service.handles import TableHandle
-from replay_service.observers import MAX_IN_FLIGHT_ITEMS
+
+if TYPE_CHECKING:
+    import reverb
+
+    from replay_service.handles import TableHandle
 
 FORMAT = "replay_service.export/1"
 DEFAULT_PREFIX = "buffer_"
@@ -72,6 +73,8 @@ PRIORITIES = "priorities"
 TIMES_SAMPLED = "times_sampled"
 ITEM_ORDER = "insertion order, oldest first"
 VERSIONED_PACKAGES = ("replay_service", "dm-reverb", "tf-agents", "tensorflow")
+"""Packages whose versions the metadata records; those not installed are left out (but
+`replay_service`, always recorded)."""
 CHECKSUMS = "sha256"
 # Reverb's MinSize limiter: a samples/inserts difference that never limits.
 _UNSIGNED_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -150,24 +153,30 @@ def export_buffer(
       CheckpointError: If the checkpoint cannot be read or decoded, or the files cannot be
         written.
     """
-    state_path, metadata_path = export_paths(dirpath, prefix)
+    export_paths(dirpath, prefix)
     check_target(os.fspath(dirpath), overwrite)
-    signature = handle.signature
     data, priorities, times_sampled = reverb_internals.read_checkpoint_items(
-        checkpoint_path, handle.name, signature, handle.timeouts.sample
+        checkpoint_path, handle.name, handle.signature, handle.timeouts.sample
     )
-    metadata = build_metadata(
-        handle.name,
-        handle.sequence_length,
-        handle.table.capacity,
-        handle.stored_spec,
-        len(priorities),
-    )
-    tensors = {name: array for name, array in zip(_data_names(signature), data, strict=True)}
-    tensors[PRIORITIES] = priorities
-    tensors[TIMES_SAMPLED] = times_sampled
-    _write_files(state_path, metadata_path, tensors, metadata)
-    return state_path, metadata_path
+    items = ExportedItems(data=data, priorities=priorities, times_sampled=times_sampled)
+    return write_export(dirpath, prefix, handle.table, handle.stored_spec, items, overwrite)
+
+
+def item_fields(stored_spec: Any, sequence_length: int) -> list[specs.FieldDescription]:
+    """The fields of one item: `specs.describe_spec(stored_spec)` with a leading dimension of
+    `sequence_length` (what `specs.table_signature` describes, without TensorFlow).
+
+    Args:
+      stored_spec: The table's per-step stored spec (TF specs or `ArraySpec`).
+      sequence_length: Steps per item.
+
+    Returns:
+      One `{"path", "dtype", "shape"}` dict per field, in `tf.nest` order.
+    """
+    return [
+        {**field, "shape": [sequence_length, *field["shape"]]}
+        for field in specs.describe_spec(stored_spec)
+    ]
 
 
 def write_export(
@@ -176,30 +185,65 @@ def write_export(
     table: TableConfig,
     stored_spec: Any,
     items: ExportedItems,
-    *,
     overwrite: bool = False,
 ) -> tuple[str, str]:
-    """Writes `items` of `table` as an export (the one writer of the format).
+    """Writes items as an export (see module docs): the one writer of the file format.
+
+    Needs no TensorFlow or Reverb: any backend that can list a table's items, oldest first,
+    writes its export with it.
+
+    Args:
+      dirpath: Directory to write into; created if missing.
+      prefix: File name prefix.
+      table: The exported table (its name, sequence length and capacity are recorded).
+      stored_spec: Its per-step stored spec (TF specs or `ArraySpec`).
+      items: Every item, oldest first; `items.data` holds one array per field of
+        `item_fields(stored_spec, table.sequence_length)`, in that order.
+      overwrite: Replace the two export files in a non-empty directory (other files are kept).
 
     Returns:
       `(state_path, metadata_path)`.
 
     Raises:
+      ConfigError: If `prefix` could name a file outside `dirpath`.
       CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
+      SpecMismatchError: If the items' arrays do not match the fields of `stored_spec` (naming
+        the field) or disagree on the number of items.
       CheckpointError: If the files cannot be written.
     """
     state_path, metadata_path = export_paths(dirpath, prefix)
-    if overwrite is not None:
-        check_target(os.fspath(dirpath), overwrite) if not os.path.isdir(dirpath) else None
-    signature = specs.table_signature(stored_spec, table.sequence_length)
+    fields = item_fields(stored_spec, table.sequence_length)
+    _check_items(items, fields)
+    check_target(os.fspath(dirpath), overwrite)
     metadata = build_metadata(
         table.name, table.sequence_length, table.capacity, stored_spec, items.num_items
     )
-    tensors = {name: array for name, array in zip(_data_names(signature), items.data, strict=True)}
+    tensors = {name: array for name, array in zip(_data_names(fields), items.data, strict=True)}
     tensors[PRIORITIES] = items.priorities
     tensors[TIMES_SAMPLED] = items.times_sampled
     _write_files(state_path, metadata_path, tensors, metadata)
     return state_path, metadata_path
+
+
+def _check_items(items: ExportedItems, fields: list[specs.FieldDescription]) -> None:
+    """Checks the arrays of `items` against the item fields (see `write_export`)."""
+    count = items.num_items
+    if len(items.data) != len(fields):
+        raise SpecMismatchError(
+            f"the items hold {len(items.data)} data arrays, but the data spec has "
+            f"{len(fields)} fields: {[f['path'] for f in fields]}"
+        )
+    expected = [(f["path"], np.dtype(f["dtype"]), (count, *f["shape"])) for f in fields]
+    expected.append((PRIORITIES, np.dtype(np.float64), (count,)))
+    expected.append((TIMES_SAMPLED, np.dtype(np.int32), (count,)))
+    arrays = [*items.data, items.priorities, items.times_sampled]
+    for (path, dtype, shape), array in zip(expected, arrays, strict=True):
+        got = (getattr(array, "dtype", None), tuple(getattr(array, "shape", ())))
+        if not isinstance(array, np.ndarray) or got != (dtype, shape):
+            raise SpecMismatchError(
+                f"exported field {path!r}: expected a numpy array {dtype}{list(shape)}, got "
+                f"{type(array).__name__} {got[0]}{list(got[1])}"
+            )
 
 
 def require_one_table(tables: Sequence[TableConfig], what: str) -> None:
@@ -251,8 +295,8 @@ def read_export(
     metadata = read_metadata(metadata_path)
     _check_compatible(metadata, table.sequence_length, stored_spec, metadata_path)
     verify_state(state_path, metadata, metadata_path)
-    signature = specs.table_signature(stored_spec, table.sequence_length)
-    items = read_state(state_path, signature, int(metadata["num_items"]))
+    fields = item_fields(stored_spec, table.sequence_length)
+    items = read_state_fields(state_path, fields, int(metadata["num_items"]))
     capacity = table.capacity
     if items.num_items > capacity:
         if not drop_oldest:
@@ -269,8 +313,19 @@ def read_export(
 def build_metadata(
     table_name: str, sequence_length: int, capacity: int, data_spec: Any, num_items: int
 ) -> dict[str, Any]:
-    """Returns the JSON metadata of an export (no time stamps: equal inputs, equal bytes)."""
-    signature = specs.table_signature(data_spec, sequence_length)
+    """Returns the JSON metadata of an export (no time stamps: equal inputs, equal bytes).
+
+    Args:
+      table_name: The exported table.
+      sequence_length: Steps per item.
+      capacity: The table's capacity.
+      data_spec: Its per-step stored spec (TF specs or `ArraySpec`).
+      num_items: Number of items exported.
+
+    Returns:
+      The metadata, without the state file's digest (`write_export` adds it).
+    """
+    fields = item_fields(data_spec, sequence_length)
     return {
         "format": FORMAT,
         "table_name": table_name,
@@ -280,16 +335,14 @@ def build_metadata(
         "data_spec": specs.describe_spec(data_spec),
         "tensors": {
             "data": [
-                {"path": path, "name": name}
-                for (path, _), name in zip(
-                    specs.flatten_with_paths(signature), _data_names(signature), strict=True
-                )
+                {"path": field["path"], "name": name}
+                for field, name in zip(fields, _data_names(fields), strict=True)
             ],
             "priorities": PRIORITIES,
             "times_sampled": TIMES_SAMPLED,
         },
         "item_order": ITEM_ORDER,
-        "versions": {name: _version(name) for name in VERSIONED_PACKAGES},
+        "versions": _versions(),
     }
 
 
@@ -373,9 +426,39 @@ def verify_state(state_path: str, metadata: dict[str, Any], metadata_path: str) 
 def read_state(path: str, signature: Any, num_items: int) -> ExportedItems:
     """Loads and checks an export's tensors against the table signature.
 
+    Args:
+      path: The export's `<prefix>state.safetensors`.
+      signature: A nest of specs of one item (`specs.table_signature`, or `ArraySpec` with the
+        leading `sequence_length` dimension).
+      num_items: The number of items the metadata records.
+
+    Returns:
+      The items, oldest first.
+
     Raises:
       CheckpointError: If the file is missing, corrupt, truncated, or a tensor is missing or
         has the wrong dtype or shape (naming the file and the tensor).
+    """
+    return read_state_fields(path, specs.describe_spec(signature), num_items)
+
+
+def read_state_fields(
+    path: str, fields: list[specs.FieldDescription], num_items: int
+) -> ExportedItems:
+    """`read_state` from field descriptions of one item (see `item_fields`): no TensorFlow.
+
+    Args:
+      path: The export's `<prefix>state.safetensors`.
+      fields: `{"path", "dtype", "shape"}` of every field of one item, in `tf.nest` order.
+      num_items: The number of items the metadata records.
+
+    Returns:
+      The items, oldest first.
+
+    Raises:
+      CheckpointError: If the file is missing, corrupt, truncated, or a tensor is missing or
+        has the wrong dtype or shape (naming the file and the tensor), or a field's dtype is
+        not a numpy dtype.
     """
     try:
         tensors = load_file(path)
@@ -383,11 +466,17 @@ def read_state(path: str, signature: Any, num_items: int) -> ExportedItems:
         raise CheckpointError(f"export state {path!r} does not exist") from e
     except (OSError, ValueError, safetensors.SafetensorError) as e:
         raise CheckpointError(f"export state {path!r} is corrupt or truncated: {e}") from e
-    names = _data_names(signature)
-    expected = {
-        name: (spec.dtype.as_numpy_dtype, (num_items, *spec.shape.as_list()))
-        for name, spec in zip(names, tf.nest.flatten(signature), strict=True)
-    }
+    names = _data_names(fields)
+    expected: dict[str, tuple[Any, tuple[int, ...]]] = {}
+    for name, field in zip(names, fields, strict=True):
+        try:
+            dtype = np.dtype(field["dtype"])
+        except TypeError as e:
+            raise CheckpointError(
+                f"export state {path!r}: field {field['path']!r} has dtype {field['dtype']!r}, "
+                "which numpy does not know"
+            ) from e
+        expected[name] = (dtype, (num_items, *field["shape"]))
     expected[PRIORITIES] = (np.float64, (num_items,))
     expected[TIMES_SAMPLED] = (np.int32, (num_items,))
     for name, (dtype, shape) in expected.items():
@@ -433,6 +522,16 @@ def _write_files(
 
 
 def check_target(dirpath: str, overwrite: bool) -> None:
+    """Checks that an export may be written into `dirpath`.
+
+    Args:
+      dirpath: The export directory (it may not exist yet).
+      overwrite: Whether the export files of a non-empty directory may be replaced.
+
+    Raises:
+      CheckpointError: If `dirpath` exists and is not a directory.
+      CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
+    """
     if os.path.exists(dirpath) and not os.path.isdir(dirpath):
         raise CheckpointError(f"export directory {dirpath!r} exists and is not a directory")
     entries = sorted(os.listdir(dirpath)) if os.path.isdir(dirpath) else []
@@ -475,8 +574,18 @@ def _check_rate_limiter(sampling: SamplingConfig, num_items: int) -> None:
         )
 
 
-def _data_names(signature: Any) -> list[str]:
-    return [f"{DATA_PREFIX}{path}" for path, _ in specs.flatten_with_paths(signature)]
+def _data_names(fields: list[specs.FieldDescription]) -> list[str]:
+    return [f"{DATA_PREFIX}{field['path']}" for field in fields]
+
+
+def _versions() -> dict[str, str]:
+    """Versions of `VERSIONED_PACKAGES`, leaving out those not installed."""
+    versions = {name: _version(name) for name in VERSIONED_PACKAGES}
+    return {
+        name: version
+        for name, version in versions.items()
+        if name == "replay_service" or version != "unknown"
+    }
 
 
 def _version(package: str) -> str:
@@ -508,6 +617,8 @@ def insert_items(
     Raises:
       WriteTimeoutError: If the server does not confirm the items in time.
     """
+    from replay_service.observers import MAX_IN_FLIGHT_ITEMS
+
     if items.num_items == 0:
         return
     timeout_ms = to_ms(timeouts.write)
@@ -543,6 +654,8 @@ def _continues_previous(data: list[np.ndarray], sequence_length: int) -> np.ndar
 
 
 def _wait(call: Any) -> None:
+    import reverb
+
     try:
         call()
     except reverb.errors.DeadlineExceededError as e:

@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from replay_service.errors import ConfigError, SpecMismatchError
-from replay_service.writers import TransitionWriter
+
+if TYPE_CHECKING:
+    from replay_service.writers import TransitionWriter
 
 FINAL_OBS_KEYS = ("final_obs", "final_observation")
 """Keys of `infos` holding SAME_STEP final observations: gymnasium >= 1.0, then older ones."""

@@ -58,7 +58,10 @@ def write(
     except OSError as e:
         raise CheckpointError(f"cannot create checkpoint directory {path!r}: {e}") from e
     for index, (config, stored_spec, items) in enumerate(tables):
-        export_lib.write_export(path, table_prefix(index), config, stored_spec, items)
+        # The directory is new and holds only this checkpoint's tables: no target check.
+        export_lib.write_export(
+            path, table_prefix(index), config, stored_spec, items, overwrite=True
+        )
     index_data = {"format": FORMAT, "tables": [config.name for config, _, _ in tables]}
     try:
         _write_synced(os.path.join(path, INDEX_FILE), json.dumps(index_data, indent=2) + "\n")

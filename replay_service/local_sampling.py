@@ -99,7 +99,8 @@ class LocalSampleSource:
         Args:
           batch_size: Items per batch.
           num_workers: Ignored (sampling runs in the calling thread).
-          convert: Applied to every tensor (pinning, device transfer).
+          convert: Applied to every data tensor (pinning, device transfer); the info tensors
+            stay on the CPU (`iterate_batches` moves them when asked).
 
         Raises:
           ManagerClosedError, BufferStateError: As `sample`.
@@ -109,7 +110,7 @@ class LocalSampleSource:
         while True:
             data, info = self.sample(batch_size)
             nest = tree.unflatten_as(self._structure, [place(t) for t in data])
-            yield nest, tuple(place(_info_tensor(info[name])) for name in SampleInfo._fields)
+            yield nest, tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
 
 
 def _info_tensor(array: np.ndarray) -> torch.Tensor:

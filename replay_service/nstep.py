@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 import tree
-from tf_agents.trajectories import time_step as ts
 
+from replay_service.array_specs import StepType
 from replay_service.errors import ConfigError, SpecMismatchError
 
-LAST = int(ts.StepType.LAST)
-MID = int(ts.StepType.MID)
+LAST = StepType.LAST
+MID = StepType.MID
 # Padding behind the last step: a step that neither ends the episode nor discounts.
 _PAD_REWARD = 0.0
 _PAD_DISCOUNT = 1.0

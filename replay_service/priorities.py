@@ -21,14 +21,16 @@ import dataclasses
 import math
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import reverb
 import tree
 
 from replay_service.connection import call_with_timeout
 from replay_service.errors import ConfigError, SpecMismatchError
+
+if TYPE_CHECKING:
+    import reverb
 
 DEFAULT_BETA_START = 0.4
 DEFAULT_BETA_END = 1.0

@@ -87,7 +87,13 @@ class ReverbReplayBuffer(ReplayBuffer):
         self.checkpoint_dir = os.fspath(
             checkpoint_dir or tempfile.mkdtemp(prefix="replay_service_sb3_")
         )
-        self.data_spec = data_spec_for_spaces(self.observation_space, self.action_space)
+        for name, space in (("observation", self.observation_space), ("action", self.action_space)):
+            if not isinstance(space, spaces.Box | spaces.Discrete):
+                raise ConfigError(
+                    f"ReverbReplayBuffer supports Box and Discrete {name} spaces (as SB3's "
+                    f"ReplayBuffer), got {space!r}"
+                )
+        self.data_spec = data_spec_for_spaces(self.observation_space, self.action_space, "tf")
         self.manager = ReplayBufferManager(
             self.data_spec, self.buffer_size, self.checkpoint_dir, 2, timeouts=self._timeouts
         )

@@ -26,13 +26,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import numpy as np
-import tensorflow as tf
 import tree
-from reverb import structured_writer as sw
 
-from replay_service.specs import normalize_spec
+from replay_service.array_specs import ArraySpec
+from replay_service.specs import normalize_spec, numpy_dtype
 
-MASK_DTYPE = tf.bool
+MASK_DTYPE = np.dtype(bool)
+"""The dtype of `Masked.mask`."""
 
 
 class Masked(NamedTuple):
@@ -48,16 +48,40 @@ class Masked(NamedTuple):
 
 
 def stored_spec(data_spec: Any, pad_end_of_episode: bool) -> Any:
-    """The per-step spec a table stores: `data_spec`, or `Masked(data_spec, bool)` if padded."""
+    """The per-step spec a table stores: `data_spec`, or `Masked(data_spec, bool)` if padded.
+
+    Args:
+      data_spec: The per-step data spec (TF specs or `ArraySpec`).
+      pad_end_of_episode: Whether the table pads episodes (see module docstring).
+
+    Returns:
+      `data_spec` as given, or `Masked(step=normalize_spec(data_spec), mask=bool[])` with a
+      `tf.TensorSpec` mask for TF specs and an `ArraySpec` one for `ArraySpec` specs.
+
+    Raises:
+      SpecMismatchError: If a padded table's spec is empty or holds something else than specs.
+    """
     if not pad_end_of_episode:
         return data_spec
-    return Masked(step=normalize_spec(data_spec), mask=tf.TensorSpec([], MASK_DTYPE, "mask"))
+    step = normalize_spec(data_spec)
+    if isinstance(tree.flatten(step)[0], ArraySpec):
+        return Masked(step=step, mask=ArraySpec((), MASK_DTYPE, "mask"))
+    import tensorflow as tf
+
+    return Masked(step=step, mask=tf.TensorSpec([], tf.as_dtype(MASK_DTYPE), "mask"))
 
 
 def padding_step(data_spec: Any) -> Masked:
-    """A padding step: zeros in every field of `data_spec`, mask False."""
+    """A padding step: zeros in every field of `data_spec`, mask False.
+
+    Args:
+      data_spec: The per-step data spec (TF specs or `ArraySpec`).
+
+    Returns:
+      `Masked(step=zeros shaped like data_spec, mask=False)`.
+    """
     zeros = tree.map_structure(
-        lambda s: np.zeros(s.shape, s.dtype.as_numpy_dtype), normalize_spec(data_spec)
+        lambda s: np.zeros(s.shape, numpy_dtype(s)), normalize_spec(data_spec)
     )
     return Masked(step=zeros, mask=np.False_)
 
@@ -89,7 +113,9 @@ def padded_window_config(
     data_spec: Any, table_name: str, sequence_length: int, stride_length: int, priority: float
 ) -> Any:
     """The `StructuredWriter` config of a padded table: every `Masked` window of
-    `sequence_length` steps starting at a multiple of `stride_length`."""
+    `sequence_length` steps starting at a multiple of `stride_length` (imports Reverb)."""
+    from reverb import structured_writer as sw
+
     return last_steps_config(
         stored_spec(data_spec, True),
         table_name,
@@ -105,6 +131,8 @@ def last_steps_config(
     """A `StructuredWriter` config inserting the last `sequence_length` steps of the episode
     into `table_name`, at each step from the `sequence_length`-th on where `when` holds.
 
+    Imports Reverb.
+
     Args:
       step_spec: Spec of one appended step (its structure is what the writer indexes).
       table_name: Table to insert into.
@@ -112,6 +140,8 @@ def last_steps_config(
       when: A `structured_writer.Condition` on the step.
       priority: Priority of every item.
     """
+    from reverb import structured_writer as sw
+
     structure = tree.map_structure(lambda _: None, step_spec)
     pattern = sw.pattern_from_transform(
         structure, lambda step: tree.map_structure(lambda c: c[-sequence_length:], step)

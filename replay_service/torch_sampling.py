@@ -18,6 +18,11 @@ Items are drawn by the server (its sampler and rate limiter), not in the client.
 uniform or prioritized sampler every draw is random with replacement, so independent streams,
 threads or DataLoader workers never repeat one another's sequence, and there is no client-side
 seed that could be duplicated; with an ordered sampler (FIFO, LIFO, heaps) they share the order.
+
+The torch side needs no TensorFlow: `iterate_batches`, `TorchBatchStream` and
+`TorchReplayDataset` sample any `TorchSampleSource`, an object whose `torch_samples` yields
+batches already as torch tensors. `SampleSource` is the Reverb one (its tf.data pipeline imports
+TensorFlow when sampling starts); the in-process backend has its own.
 """
 
 from __future__ import annotations
@@ -28,24 +33,14 @@ import queue
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-import tensorflow as tf
 import torch
 import tree
-from tf_agents.trajectories import time_step as ts
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from replay_service.array_specs import StepType
 from replay_service.config import require_int
-from replay_service.datasets import (
-    EMPTY_BUFFER_MESSAGE,
-    MANAGER_CLOSED_MESSAGE,
-    SERVER_LOST_MESSAGE,
-    Lifeline,
-    read_pipeline,
-    replay_service_message,
-    sampling_timeout_message,
-)
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
@@ -55,7 +50,12 @@ from replay_service.errors import (
 from replay_service.handles import TableHandle
 from replay_service.sequences import Masked
 
-LAST = int(ts.StepType.LAST)
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from replay_service.datasets import Lifeline
+
+LAST = StepType.LAST
 TRANSITION_SEQUENCE_LENGTH = 2
 DEFAULT_PREFETCH = 2
 # Samples requested ahead per Reverb worker, in batches (Reverb recommends 2-3x the batch size).
@@ -69,6 +69,53 @@ JOIN_TIMEOUT_S = 5.0
 DEFAULT_MP_CONTEXT = "forkserver"
 
 _ITEM, _END, _ERROR = "item", "end", "error"
+
+
+class TorchSampleSource(Protocol):
+    """What `iterate_batches`, `TorchBatchStream` and `TorchReplayDataset` sample from.
+
+    Attributes:
+      table_name: The table sampled (named in errors and thread names).
+      sequence_length: Steps per item.
+      signature: Nest of specs of one item (leading dimension `sequence_length`): TF specs or
+        `array_specs.ArraySpec`; a `sequences.Masked` nest for padded tables.
+    """
+
+    @property
+    def table_name(self) -> str: ...
+
+    @property
+    def sequence_length(self) -> int: ...
+
+    @property
+    def signature(self) -> Any: ...
+
+    def torch_samples(
+        self,
+        batch_size: int,
+        *,
+        num_workers: int | None,
+        convert: Callable[[torch.Tensor], torch.Tensor] | None,
+    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...]]]:
+        """Samples batches of exactly `batch_size` items, forever.
+
+        Args:
+          batch_size: Items per batch.
+          num_workers: Sampling workers behind the iterator; None lets the source choose.
+          convert: Applied to every data tensor (pinning, device transfer); None: none.
+
+        Yields:
+          `(data, info)`: `data` the item nest (same nest type as the data spec) of torch
+          tensors shaped `[batch_size, sequence_length, ...]`, `info` the five CPU tensors of
+          `TorchSampleInfo` (key, probability, table_size, priority, times_sampled), each
+          `[batch_size]`.
+
+        Raises:
+          BufferStateError: If nothing could be sampled within the source's sample timeout.
+          ServerUnavailableError: If the server holding the table is unreachable or lost.
+          ManagerClosedError: If the manager that owns the table was closed.
+        """
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +176,8 @@ class SampleSource:
           num_workers: Reverb sampling workers behind the iterator; None: 1 for an ordered
             sampler, else `SAMPLING_WORKERS`.
         """
+        from replay_service.datasets import read_pipeline
+
         if num_workers is None:
             num_workers = 1 if self.ordered else SAMPLING_WORKERS
         return read_pipeline(
@@ -143,6 +192,57 @@ class SampleSource:
             max_in_flight=IN_FLIGHT_BATCHES * batch_size,
             lifeline=self.lifeline,
         )
+
+    def torch_samples(
+        self,
+        batch_size: int,
+        *,
+        num_workers: int | None = None,
+        convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...]]]:
+        """Samples `tf_dataset` batches as torch tensors (see `TorchSampleSource`).
+
+        Args:
+          batch_size: Items per batch.
+          num_workers: Reverb sampling workers; None chooses (see `tf_dataset`).
+          convert: Applied to every data tensor after its conversion to torch.
+
+        Yields:
+          `(data, info)` pairs of torch tensors; `info` stays on the CPU.
+
+        Raises:
+          BufferStateError: If no item could be sampled within `sample_timeout`.
+          ServerUnavailableError: If the server cannot be reached, or was lost while sampling
+            (within `datasets.liveness_bound(sample_timeout, connect_timeout)` seconds).
+          ManagerClosedError: If the manager was closed (`lifeline`).
+        """
+        import tensorflow as tf
+
+        from replay_service.datasets import sampling_timeout_message
+
+        to_torch = tensor_to_torch if convert is None else (lambda t: convert(tensor_to_torch(t)))
+        iterator = iter(self.tf_dataset(batch_size, num_workers=num_workers))
+        while True:
+            try:
+                sample = next(iterator)
+            except StopIteration:
+                raise BufferStateError(
+                    sampling_timeout_message(self.table_name, self.sample_timeout)
+                ) from None
+            except tf.errors.UnavailableError as e:
+                raise ServerUnavailableError(
+                    f"sampling table {self.table_name!r} from {self.server_address!r} failed: "
+                    f"{e.message}"
+                ) from e
+            except tf.errors.InvalidArgumentError as e:
+                ours = _sampling_error(e)
+                if ours is None:
+                    raise
+                raise ours from e
+            yield (
+                tree.map_structure(to_torch, sample.data),
+                tuple(tensor_to_torch(t) for t in sample.info),
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +350,8 @@ def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
     Returns:
       A CPU `torch.Tensor` sharing (or, for dtypes DLPack lacks, copying) the data.
     """
+    import tensorflow as tf
+
     if value.dtype == tf.bool:  # TF exports bool through DLPack as uint8
         return torch.from_numpy(value.numpy())
     try:
@@ -259,7 +361,7 @@ def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
 
 
 def iterate_batches(
-    source: SampleSource,
+    source: TorchSampleSource,
     batch_size: int,
     *,
     transitions: bool = False,
@@ -270,58 +372,42 @@ def iterate_batches(
     """Samples batches forever and yields them as torch objects.
 
     Args:
-      source: The table to sample.
+      source: The table to sample (any `TorchSampleSource`, e.g. a Reverb `SampleSource`).
       batch_size: Items per batch.
       transitions: Yield `TransitionBatch` instead of the nested `Trajectory`.
       with_info: Yield `(data, TorchSampleInfo)` pairs.
       place: Applied to every tensor before anything else (pinning, device transfer).
-      num_workers: Reverb sampling workers; None chooses (see `SampleSource.tf_dataset`).
+      num_workers: Sampling workers; None lets the source choose (see
+        `SampleSource.tf_dataset`).
 
     Yields:
       Batches as described by `transitions` and `with_info`.
 
     Raises:
-      BufferStateError: If no item could be sampled within `source.sample_timeout`.
+      BufferStateError: If no item could be sampled within the source's sample timeout.
       ServerUnavailableError: If the server cannot be reached, or was lost while sampling
         (within `datasets.liveness_bound(sample_timeout, connect_timeout)` seconds).
       ManagerClosedError: If the manager was closed (`source.lifeline`).
     """
-    local = getattr(source, "torch_samples", None)
-    if local is not None:
-        for data, info in local(batch_size, num_workers=num_workers, convert=place):
-            if transitions:
-                data = to_transitions(data)
-            yield (data, TorchSampleInfo(*info)) if with_info else data
-    convert = tensor_to_torch if place is None else (lambda t: place(tensor_to_torch(t)))
-    iterator = iter(source.tf_dataset(batch_size, num_workers=num_workers))
-    while True:
-        try:
-            sample = next(iterator)
-        except StopIteration:
-            raise BufferStateError(
-                sampling_timeout_message(source.table_name, source.sample_timeout)
-            ) from None
-        except tf.errors.UnavailableError as e:
-            raise ServerUnavailableError(
-                f"sampling table {source.table_name!r} from {source.server_address!r} failed: "
-                f"{e.message}"
-            ) from e
-        except tf.errors.InvalidArgumentError as e:
-            ours = _sampling_error(e)
-            if ours is None:
-                raise
-            raise ours from e
-        data = tree.map_structure(convert, sample.data)
+    for data, info in source.torch_samples(batch_size, num_workers=num_workers, convert=place):
         if transitions:
             data = to_transitions(data)
         if with_info:
-            yield data, TorchSampleInfo(*(convert(t) for t in sample.info))
+            placed = info if place is None else (place(t) for t in info)
+            yield data, TorchSampleInfo(*placed)
         else:
             yield data
 
 
 def _sampling_error(error: tf.errors.InvalidArgumentError) -> Exception | None:
     """Our exception for an error raised by the read pipeline's bounds; None for others."""
+    from replay_service.datasets import (
+        EMPTY_BUFFER_MESSAGE,
+        MANAGER_CLOSED_MESSAGE,
+        SERVER_LOST_MESSAGE,
+        replay_service_message,
+    )
+
     message = replay_service_message(error)
     if message is None:
         return None
@@ -342,7 +428,8 @@ class TorchBatchStream:
     stops it. With `prefetch == 0` everything happens inside `next()`.
 
     Args:
-      source: The table to sample (`SampleSource.from_handle(manager.table_handle())`).
+      source: The table to sample (a `TorchSampleSource`, e.g.
+        `SampleSource.from_handle(manager.table_handle())`).
       batch_size: Items per batch.
       device: Where the tensors are placed ("cpu", "cuda", "cuda:1", a `torch.device`).
       pin_memory: Pin host memory before the transfer to `device`, making it asynchronous;
@@ -359,7 +446,7 @@ class TorchBatchStream:
 
     def __init__(
         self,
-        source: SampleSource,
+        source: TorchSampleSource,
         batch_size: int,
         *,
         device: str | torch.device = "cpu",
@@ -446,7 +533,8 @@ class TorchReplayDataset(IterableDataset):
     another's stream, and their seeds (which torch makes distinct per worker) are not involved.
 
     Args:
-      source: The table to sample (`SampleSource.from_handle(manager.table_handle())`).
+      source: The table to sample (a `TorchSampleSource`, e.g.
+        `SampleSource.from_handle(manager.table_handle())`).
       batch_size: Items per batch (the DataLoader must not batch again: `batch_size=None`).
       transitions: Yield `TransitionBatch` instead of the nested `Trajectory`.
       with_info: Yield `(batch, TorchSampleInfo)` pairs.
@@ -458,7 +546,7 @@ class TorchReplayDataset(IterableDataset):
 
     def __init__(
         self,
-        source: SampleSource,
+        source: TorchSampleSource,
         batch_size: int,
         *,
         transitions: bool = False,
@@ -604,7 +692,7 @@ def _put(out: queue.Queue[tuple[str, Any]], entry: tuple[str, Any], stop: thread
     return False
 
 
-def _check_sizes(batch_size: int, transitions: bool, source: SampleSource) -> None:
+def _check_sizes(batch_size: int, transitions: bool, source: TorchSampleSource) -> None:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     sequence_length = source.sequence_length

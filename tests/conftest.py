@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from replay_service.config import Timeouts
+from replay_service.connection import pick_free_port
 
 try:
     import reverb
@@ -29,14 +30,13 @@ try:
     from tf_agents.policies import random_py_policy
 
     from replay_service import ReplayBufferManager
-    from replay_service.connection import pick_free_port
     from replay_service.demo import collect_data_spec
 except ImportError:  # no Reverb stack (e.g. Python 3.12): only the `local` tests run
     HAVE_REVERB = False
 else:
     HAVE_REVERB = True
 
-LOCAL_TEST_FILES = ("test_local_backend.py",)
+LOCAL_TEST_FILES = ("test_local_backend.py", "test_portable.py")
 """Test files that import no TensorFlow, TF-Agents or Reverb at module level."""
 
 if not HAVE_REVERB:

@@ -118,7 +118,8 @@ def test_populate_prints_a_tqdm_bar_and_its_summary(tmp_path: Any) -> None:
 def test_verbose_switch_brings_the_library_logs_back(tmp_path: Any) -> None:
     script = (
         "import sys; sys.argv[0] = 'replay-server'\n"
-        "import replay_service, reverb\n"
+        # `import replay_service` is lazy: gym comes in with TF-Agents, as in the tools.
+        "import replay_service, reverb, tf_agents.environments\n"
         "reverb.Server([reverb.Table.queue('q', 10)]).stop()\n"
         "print('done')\n"
     )
