@@ -48,7 +48,7 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
 benchmark: $(STAMP)
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev]'
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,bench]'
 	$(BIN)/python scripts/benchmark.py
 
 load-test: $(STAMP)
