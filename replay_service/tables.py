@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import reverb
+from typing import TYPE_CHECKING, Any
 
 from replay_service.config import SamplingConfig, TableConfig
 from replay_service.errors import ConfigError
 from replay_service.sequences import stored_spec
 from replay_service.specs import table_signature
 
+if TYPE_CHECKING:
+    import reverb
+
 
 def make_selector(name: str, priority_exponent: float) -> Any:
     """Returns the Reverb item selector called `name` (see `config.SAMPLERS`)."""
+    import reverb
+
     selectors = {
         "uniform": reverb.selectors.Uniform,
         "fifo": reverb.selectors.Fifo,
@@ -29,6 +32,8 @@ def make_selector(name: str, priority_exponent: float) -> Any:
 
 def make_rate_limiter(sampling: SamplingConfig) -> reverb.rate_limiters.RateLimiter:
     """Returns `MinSize`, or `SampleToInsertRatio` when `samples_per_insert` is set."""
+    import reverb
+
     if sampling.samples_per_insert is None:
         return reverb.rate_limiters.MinSize(sampling.min_size_to_sample)
     return reverb.rate_limiters.SampleToInsertRatio(
@@ -49,6 +54,8 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
     Returns:
       A `reverb.Table` ready to be handed to a `reverb.Server`.
     """
+    import reverb
+
     sampling = config.sampling
     return reverb.Table(
         name=config.name,

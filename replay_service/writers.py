@@ -595,7 +595,7 @@ class _Leaf:
 
     def __init__(self, spec: Any) -> None:
         self.dtype = np.dtype(_np_dtype(spec))
-        self.shape: tuple[int, ...] = tuple(spec.shape.as_list())
+        self.shape: tuple[int, ...] = tuple(int(d) for d in spec.shape)
         scalar = self.shape == ()
         self.scalar_type = self.dtype.type if scalar else None
         self.inexact = np.issubdtype(self.dtype, np.inexact)
@@ -887,7 +887,7 @@ def _batch_size(leaves: dict[str, list[tuple[str, np.ndarray, Any]]], flags: dic
 
 def _cast(label: str, array: np.ndarray, spec: Any, size: int, batched: bool) -> np.ndarray:
     """Checks shape and dtype of one leaf and returns it as `[size, *spec.shape]`."""
-    step_shape = tuple(spec.shape.as_list())
+    step_shape = tuple(int(d) for d in spec.shape)
     given = array.shape[1:] if batched else array.shape
     if given != step_shape and step_shape == () and given == (1,):
         given = ()
