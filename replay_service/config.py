@@ -295,7 +295,10 @@ class VariableTableConfig:
         try:
             spec = normalize_spec(self.spec)
         except SpecMismatchError as e:
-            raise ConfigError(f"variable table {self.name!r}: spec: {e}") from e
+            raise ConfigError(
+                f"variable table {self.name!r}: spec: {e} (for variables, pass "
+                "replay_service.specs.variable_container_spec(variables))"
+            ) from e
         object.__setattr__(self, "spec", spec)
 
 
