@@ -11,7 +11,7 @@ import dataclasses
 import math
 import numbers
 
-from replay_service.errors import ConfigError
+from replay_service.errors import ConfigError, SpecMismatchError
 
 DEFAULT_TABLE_NAME = "uniform_table"
 # TF-Agents' name of the variable-container table (`reverb_variable_container.DEFAULT_TABLE`).
@@ -289,8 +289,7 @@ class VariableTableConfig:
 
     def __post_init__(self) -> None:
         validate_table_name(self.name)
-        from replay_service.errors import SpecMismatchError
-        from replay_service.specs import normalize_spec
+        from replay_service.specs import normalize_spec  # TensorFlow, only when used
 
         try:
             spec = normalize_spec(self.spec)
