@@ -6,9 +6,9 @@ restores the newest checkpoint that verifies and loads, takes verified checkpoin
 and on a schedule), adopts checkpoints that remote clients request, and stops cleanly.
 
 Restore, newest checkpoint first:
-1. `DONE` and the metadata file must read; the stored tables and data spec must equal the
-   configured ones (a difference is an error, the search stops: it is a configuration mistake,
-   not damage).
+1. `DONE` and the metadata file must read; the stored tables and data spec (and the spec of
+   each variable table) must equal the configured ones (a difference is an error, the search
+   stops: it is a configuration mistake, not damage).
 2. Every file must have the size and SHA-256 recorded at checkpoint (older checkpoints without
    digests are read back in full instead, and their item count compared).
 3. Reverb must load it, and the server must then hold exactly the recorded number of items.
@@ -31,7 +31,7 @@ import reverb
 
 from replay_service import reverb_internals
 from replay_service.checkpoints import Checkpoint, CheckpointStore, StoreMetadata, remove_path
-from replay_service.config import TableConfig
+from replay_service.config import TableConfig, VariableTableConfig
 from replay_service.config_file import ServiceConfig
 from replay_service.connection import (
     call_with_timeout,
@@ -45,7 +45,7 @@ from replay_service.errors import (
     ServerError,
     SpecMismatchError,
 )
-from replay_service.tables import make_replay_tables
+from replay_service.tables import check_variable_tables, make_replay_tables, make_variable_table
 
 _log = logging.getLogger(__name__)
 
@@ -67,6 +67,11 @@ class CheckpointedServer:
       store: The checkpoint directory.
       port: Port to listen on (all interfaces); None picks a free one.
       checkpoint_timeout: Seconds one checkpoint may take; None waits forever.
+      variable_tables: TF-Agents variable-container tables served beside `tables`, each with
+        its own spec (see `config.VariableTableConfig`).
+
+    Raises:
+      ConfigError: If a variable table is not a `VariableTableConfig` or its name is taken.
     """
 
     def __init__(
@@ -76,13 +81,18 @@ class CheckpointedServer:
         store: CheckpointStore,
         port: int | None = None,
         checkpoint_timeout: float | None = 600.0,
+        *,
+        variable_tables: Sequence[VariableTableConfig] = (),
     ) -> None:
         self._tables = tuple(tables)
+        self._variable_tables = check_variable_tables(self._tables, variable_tables)
         self._data_spec = data_spec
         self._store = store
         self._port = port
         self._timeout = checkpoint_timeout
-        self.metadata = StoreMetadata.for_tables(self._tables[0], data_spec, self._tables[1:])
+        self.metadata = StoreMetadata.for_tables(
+            self._tables[0], data_spec, self._tables[1:], self._variable_tables
+        )
         self._server: reverb.Server | None = None
         self._client: reverb.Client | None = None
         self._lock = threading.Lock()
@@ -108,6 +118,7 @@ class CheckpointedServer:
         port: int | None = None,
         checkpoint_timeout: float | None = 600.0,
         overwrite: bool = False,
+        variable_tables: Sequence[VariableTableConfig] = (),
     ) -> CheckpointedServer:
         """Starts a new, empty buffer in `store`.
 
@@ -119,6 +130,7 @@ class CheckpointedServer:
           checkpoint_timeout: Seconds one checkpoint may take.
           overwrite: Delete the store's existing checkpoints instead of refusing (files that
             are not replay_service's are never deleted).
+          variable_tables: Variable-container tables served beside `tables`.
 
         Returns:
           The running server.
@@ -128,7 +140,9 @@ class CheckpointedServer:
           CheckpointError: If the directory is foreign, in use or not writable.
           PortInUseError, ServerError: If the server cannot start.
         """
-        owner = cls(tables, data_spec, store, port, checkpoint_timeout)
+        owner = cls(
+            tables, data_spec, store, port, checkpoint_timeout, variable_tables=variable_tables
+        )
         store.check_new(overwrite)
         store.lock()
         try:
@@ -148,10 +162,13 @@ class CheckpointedServer:
         *,
         port: int | None = None,
         checkpoint_timeout: float | None = 600.0,
+        variable_tables: Sequence[VariableTableConfig] = (),
     ) -> CheckpointedServer:
         """Starts a server restored from the newest checkpoint that verifies and loads.
 
         See the module docstring for the checks and what happens to a checkpoint that fails.
+        Arguments as `create`; the stored variable tables (and their specs) must be those of
+        `variable_tables`, and their items are restored with the rest.
 
         Returns:
           The running server; `restored_from` is the checkpoint it loaded.
@@ -163,7 +180,9 @@ class CheckpointedServer:
           CheckpointError: If the directory is foreign, in use or cannot be read or written.
           PortInUseError, ServerError: If the server cannot start.
         """
-        owner = cls(tables, data_spec, store, port, checkpoint_timeout)
+        owner = cls(
+            tables, data_spec, store, port, checkpoint_timeout, variable_tables=variable_tables
+        )
         owner._check_stored(store.read_metadata(), store.store_file)
         store.lock()
         try:
@@ -207,7 +226,8 @@ class CheckpointedServer:
         if recorded is None:
             return
         infos = server_info(self.client, INFO_TIMEOUT_S)
-        restored = sum(int(infos[t.name].current_size) for t in self._tables if t.name in infos)
+        names = [t.name for t in (*self._tables, *self._variable_tables)]
+        restored = sum(int(infos[name].current_size) for name in names if name in infos)
         if restored != recorded - self._dropped:
             dropped = (
                 f" ({self._dropped} left out as sampled max_times_sampled times)"
@@ -223,6 +243,7 @@ class CheckpointedServer:
         port = self._port if self._port is not None else pick_free_port()
         check_port_free(port)
         tables = make_replay_tables(self._tables, self._data_spec)
+        tables += [make_variable_table(v) for v in self._variable_tables]
         store = self._store
         view, self._dropped = (
             reverb_internals.restore_view(restore.path, tables, store.restore_dir)
@@ -410,7 +431,7 @@ def serve_config(
     """Starts the server a `replay-server` config describes, with its checkpoint schedule.
 
     Args:
-      config: Server settings, tables and data spec.
+      config: Server settings, tables (variable tables included) and data spec.
       restore: True restores the newest checkpoint; False starts a new buffer; None restores
         when the directory holds any checkpoint (damaged ones included: then it refuses rather
         than start empty) and starts a new buffer otherwise.
@@ -426,7 +447,11 @@ def serve_config(
     store = CheckpointStore(config.server.checkpoint_dir, keep=config.server.keep_checkpoints)
     if restore is None:
         restore = store.has_checkpoints()
-    common = {"port": config.server.port, "checkpoint_timeout": checkpoint_timeout}
+    common = {
+        "port": config.server.port,
+        "checkpoint_timeout": checkpoint_timeout,
+        "variable_tables": config.variable_tables,
+    }
     data_spec = config.data_spec.build()
     owner = (
         CheckpointedServer.restore(config.tables, data_spec, store, **common)

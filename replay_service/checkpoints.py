@@ -2,7 +2,8 @@
 
     <checkpoint_dir>/
       replay_service.json          what the store holds: table name, sequence length, capacity,
-                                   data spec, extra tables (written by create_replay_buffer)
+                                   data spec, extra tables, variable tables and their specs
+                                   (written when a new buffer starts)
       checkpoints/
         ckpt-00000001/             one complete Reverb checkpoint (tables/chunks/items.tfrecord,
         ckpt-00000002/             DONE) plus replay_service_checkpoint.json, which records
@@ -58,7 +59,7 @@ from replay_service.reverb_internals import DONE_FILE, is_reverb_checkpoint, ver
 from replay_service.specs import FieldDescription, describe_spec, diff_descriptions
 
 if TYPE_CHECKING:
-    from replay_service.config import TableConfig
+    from replay_service.config import TableConfig, VariableTableConfig
 
 FORMAT = "replay_service.checkpoint_dir/1"
 STORE_FILE = "replay_service.json"
@@ -91,6 +92,19 @@ class TableSummary:
 
 
 @dataclasses.dataclass(frozen=True)
+class VariableTableSummary:
+    """What is recorded of a variable-container table (see `config.VariableTableConfig`).
+
+    Attributes:
+      name: Table name.
+      spec: Field descriptions of its signature, from `specs.describe_spec`.
+    """
+
+    name: str
+    spec: list[FieldDescription]
+
+
+@dataclasses.dataclass(frozen=True)
 class StoreMetadata:
     """What a checkpoint directory holds, checked on every restore.
 
@@ -103,6 +117,8 @@ class StoreMetadata:
         several tables were supported have no such field: they hold none.
       pad_end_of_episode: Whether items are padded `Masked` sequences (`sequences.py`), for
         every table.
+      variable_tables: The variable-container tables of the same server, each with its own
+        spec. Files written before they were supported have no such field: they hold none.
     """
 
     table_name: str
@@ -111,17 +127,24 @@ class StoreMetadata:
     data_spec: list[FieldDescription]
     extra_tables: tuple[TableSummary, ...] = ()
     pad_end_of_episode: bool = False
+    variable_tables: tuple[VariableTableSummary, ...] = ()
 
     @classmethod
     def for_tables(
-        cls, table: TableConfig, data_spec: Any, extra_tables: Sequence[TableConfig] = ()
+        cls,
+        table: TableConfig,
+        data_spec: Any,
+        extra_tables: Sequence[TableConfig] = (),
+        variable_tables: Sequence[VariableTableConfig] = (),
     ) -> StoreMetadata:
-        """The metadata of a server holding `table` (primary) and `extra_tables`.
+        """The metadata of a server holding `table` (primary), `extra_tables` and
+        `variable_tables`.
 
         Args:
           table: The primary table.
-          data_spec: Per-step data spec of every table.
-          extra_tables: The other tables, in order.
+          data_spec: Per-step data spec of every replay table.
+          extra_tables: The other replay tables, in order.
+          variable_tables: The variable-container tables, in order.
 
         Returns:
           The metadata to record and compare on restore.
@@ -136,17 +159,23 @@ class StoreMetadata:
                 for t in extra_tables
             ),
             pad_end_of_episode=table.pad_end_of_episode,
+            variable_tables=tuple(
+                VariableTableSummary(name=v.name, spec=describe_spec(v.spec))
+                for v in variable_tables
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
         """Returns the JSON form, tagged with the layout format."""
         data = dataclasses.asdict(self)
         data["extra_tables"] = [dataclasses.asdict(t) for t in self.extra_tables]
+        data["variable_tables"] = [dataclasses.asdict(t) for t in self.variable_tables]
         return {"format": FORMAT, **data}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str) -> StoreMetadata:
-        """Parses `to_json` output; a missing `extra_tables` field means no extra tables.
+        """Parses `to_json` output; a missing `extra_tables` or `variable_tables` field means
+        no such tables.
 
         Raises:
           CheckpointError: If the format tag or a field is missing or wrong.
@@ -169,6 +198,10 @@ class StoreMetadata:
                     for t in data.get("extra_tables", [])
                 ),
                 pad_end_of_episode=bool(data.get("pad_end_of_episode", False)),
+                variable_tables=tuple(
+                    VariableTableSummary(name=str(t["name"]), spec=list(t["spec"]))
+                    for t in data.get("variable_tables", [])
+                ),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source} is malformed: {e!r}") from e
@@ -179,7 +212,7 @@ class StoreMetadata:
         Capacity counts as a difference: Reverb restores the stored capacity and ignores the
         table it is given, so a restore with another capacity would silently keep the old one.
         The extra tables must be the same set of names with the same capacity and sequence
-        length each.
+        length each; the variable tables the same set of names with the same spec each.
         """
         problems = [
             f"{name}: requested {getattr(requested, name)!r}, stored {getattr(self, name)!r}"
@@ -195,6 +228,7 @@ class StoreMetadata:
         problems += [
             f"data_spec {p}" for p in diff_descriptions(requested.data_spec, self.data_spec)
         ]
+        problems += _variable_table_differences(requested.variable_tables, self.variable_tables)
         return problems
 
 
@@ -217,6 +251,26 @@ def _extra_table_differences(
                 problems.append(
                     f"extra table {name!r} {field}: requested {want!r}, stored {have!r}"
                 )
+    return problems
+
+
+def _variable_table_differences(
+    requested: Sequence[VariableTableSummary], stored: Sequence[VariableTableSummary]
+) -> list[str]:
+    wanted = {t.name: t for t in requested}
+    found = {t.name: t for t in stored}
+    problems = []
+    if wanted.keys() != found.keys():
+        problems.append(
+            f"variable_tables: requested {sorted(wanted)}, stored {sorted(found)} (missing from "
+            f"the checkpoint: {sorted(wanted.keys() - found.keys())}; not requested: "
+            f"{sorted(found.keys() - wanted.keys())})"
+        )
+    for name in sorted(wanted.keys() & found.keys()):
+        problems += [
+            f"variable table {name!r} spec {p}"
+            for p in diff_descriptions(wanted[name].spec, found[name].spec)
+        ]
     return problems
 
 

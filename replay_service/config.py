@@ -11,9 +11,11 @@ import dataclasses
 import math
 import numbers
 
-from replay_service.errors import ConfigError
+from replay_service.errors import ConfigError, SpecMismatchError
 
 DEFAULT_TABLE_NAME = "uniform_table"
+# TF-Agents' name of the variable-container table (`reverb_variable_container.DEFAULT_TABLE`).
+DEFAULT_VARIABLE_TABLE_NAME = "variables"
 # Reverb keeps capacities, sizes, lengths and counts in 32-bit integers (its Table, RateLimiter
 # and StructuredWriter constructors refuse anything larger with a bare TypeError).
 INT32_MAX = 2**31 - 1
@@ -260,6 +262,43 @@ class TableConfig:
             f"min_size_to_sample ({self.sampling.min_size_to_sample}) must not exceed capacity "
             f"({self.capacity}), or sampling could never start",
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableTableConfig:
+    """A TF-Agents variable-container table: one item, the latest pushed variables.
+
+    Built as TF-Agents' distributed examples build it (`sac_reverb_server.py`): `max_size=1`, a
+    FIFO remover (each push replaces the previous item), a uniform sampler, `MinSize(1)` (pulls
+    wait for the first push), items never removed by sampling, and `spec` as the signature, so
+    `tf_agents.experimental.distributed.reverb_variable_container.ReverbVariableContainer`
+    can `push` and `update` through it.
+
+    Attributes:
+      spec: Nest of `tf.TensorSpec` (or other specs, see `specs.normalize_spec`), one per
+        variable and without a time dimension, e.g. `specs.variable_container_spec(variables)`;
+        kept as a nest of `tf.TensorSpec`.
+      name: Table name; TF-Agents' default is "variables".
+
+    Raises:
+      ConfigError: If the name is invalid or `spec` is not a non-empty nest of specs.
+    """
+
+    spec: object
+    name: str = DEFAULT_VARIABLE_TABLE_NAME
+
+    def __post_init__(self) -> None:
+        validate_table_name(self.name)
+        from replay_service.specs import normalize_spec  # TensorFlow, only when used
+
+        try:
+            spec = normalize_spec(self.spec)
+        except SpecMismatchError as e:
+            raise ConfigError(
+                f"variable table {self.name!r}: spec: {e} (for variables, pass "
+                "replay_service.specs.variable_container_spec(variables))"
+            ) from e
+        object.__setattr__(self, "spec", spec)
 
 
 @dataclasses.dataclass(frozen=True)

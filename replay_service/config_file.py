@@ -28,6 +28,15 @@
     # fields.observation = { dtype = "float32", shape = [4] }
     # fields.action = { dtype = "int64", shape = [] }
 
+    [[variable_tables]]           # optional, repeatable: a TF-Agents variable container
+    name = "variables"            # (ReverbVariableContainer); default "variables"
+    [variable_tables.spec]        # its signature: a nest of { dtype, shape } leaves,
+    policy_variables = [          # tables nest as dicts, arrays as tuples
+      { dtype = "float32", shape = [3, 256] },
+      { dtype = "float32", shape = [256] },
+    ]
+    train_step = { dtype = "int64", shape = [] }
+
 Every unknown key and every bad value is reported with its dotted key path and the file.
 """
 
@@ -41,9 +50,15 @@ from typing import Any
 
 from replay_service import specs
 from replay_service.checkpoints import DEFAULT_KEEP
-from replay_service.config import INT32_MAX, SamplingConfig, TableConfig, require_int
+from replay_service.config import (
+    INT32_MAX,
+    SamplingConfig,
+    TableConfig,
+    VariableTableConfig,
+    require_int,
+)
 from replay_service.errors import ConfigError, SpecMismatchError
-from replay_service.tables import check_extra_tables
+from replay_service.tables import check_extra_tables, check_variable_tables
 
 DEFAULT_PORT = 8000
 
@@ -131,17 +146,21 @@ class ServiceConfig:
     Attributes:
       server: Process settings.
       table: The primary table (what clients address by default).
-      data_spec: Where the table signature comes from (shared by every table).
+      data_spec: Where the table signature comes from (shared by every replay table).
       extra_tables: More tables on the same server, each with its own name.
+      variable_tables: TF-Agents variable-container tables on the same server, each with its
+        own name and spec.
     """
 
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     table: TableConfig = dataclasses.field(default_factory=TableConfig)
     data_spec: DataSpecConfig = dataclasses.field(default_factory=DataSpecConfig)
     extra_tables: tuple[TableConfig, ...] = ()
+    variable_tables: tuple[VariableTableConfig, ...] = ()
 
     def __post_init__(self) -> None:
         check_extra_tables(self.table, self.extra_tables)
+        check_variable_tables(self.tables, self.variable_tables)
 
     @property
     def tables(self) -> tuple[TableConfig, ...]:
@@ -149,7 +168,7 @@ class ServiceConfig:
         return (self.table, *self.extra_tables)
 
 
-_SECTIONS = {"server", "table", "data_spec", "extra_tables"}
+_SECTIONS = {"server", "table", "data_spec", "extra_tables", "variable_tables"}
 
 
 def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> ServiceConfig:
@@ -206,11 +225,8 @@ def _parse(data: dict[str, Any]) -> ServiceConfig:
     _reject_unknown("", data, _SECTIONS)
     server = _section(data, "server")
     _reject_unknown("server", server, _field_names(ServerConfig))
-    extra = data.get("extra_tables", [])
-    if not isinstance(extra, list) or not all(isinstance(t, dict) for t in extra):
-        raise ConfigError(
-            f"extra_tables must be an array of tables ([[extra_tables]] sections), got {extra!r}"
-        )
+    extra = _array_of_tables(data, "extra_tables")
+    variables = _array_of_tables(data, "variable_tables")
     spec = dict(_section(data, "data_spec"))
     _reject_unknown("data_spec", spec, _field_names(DataSpecConfig))
     fields = spec.pop("fields", {})
@@ -226,6 +242,55 @@ def _parse(data: dict[str, Any]) -> ServiceConfig:
         extra_tables=tuple(
             _parse_table(f"extra_tables[{i}]", table) for i, table in enumerate(extra)
         ),
+        variable_tables=tuple(
+            _parse_variable_table(f"variable_tables[{i}]", table)
+            for i, table in enumerate(variables)
+        ),
+    )
+
+
+def _array_of_tables(data: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    value = data.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ConfigError(f"{name} must be an array of tables ([[{name}]] sections), got {value!r}")
+    return value
+
+
+def _parse_variable_table(where: str, data: dict[str, Any]) -> VariableTableConfig:
+    _reject_unknown(where, data, _field_names(VariableTableConfig))
+    if "spec" not in data:
+        raise ConfigError(
+            f"{where} needs a spec ([variable_tables.spec] of {{ dtype = ..., shape = [...] }} "
+            f"leaves), got keys {sorted(data)}"
+        )
+    name = data.get("name", VariableTableConfig.name)
+    spec = data["spec"]
+    if not isinstance(spec, dict) or not spec:
+        raise ConfigError(f"{where}.spec must be a non-empty table, got {spec!r}")
+    try:
+        return VariableTableConfig(spec=_parse_spec_nest(f"{where}.spec", spec), name=name)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def _parse_spec_nest(key: str, value: Any) -> Any:
+    """A TOML nest of `{ dtype, shape }` leaves as `tf.TensorSpec`s: tables are dicts, arrays
+    tuples."""
+    if isinstance(value, dict) and ("dtype" in value or "shape" in value):
+        dtype, shape = _parse_leaf(key, value)
+        import tensorflow as tf
+
+        try:
+            return tf.TensorSpec(shape, tf.as_dtype(dtype))
+        except TypeError as e:
+            raise ConfigError(f"{key}.dtype must be a TensorFlow dtype name, got {dtype!r}") from e
+    if isinstance(value, dict) and value:
+        return {name: _parse_spec_nest(f"{key}.{name}", leaf) for name, leaf in value.items()}
+    if isinstance(value, list) and value:
+        return tuple(_parse_spec_nest(f"{key}[{i}]", leaf) for i, leaf in enumerate(value))
+    raise ConfigError(
+        f"{key} must be {{ dtype = ..., shape = [...] }}, a table or an array of them, "
+        f"got {value!r}"
     )
 
 
@@ -242,7 +307,10 @@ def _parse_table(where: str, data: dict[str, Any]) -> TableConfig:
 
 
 def _parse_field(path: str, value: Any) -> tuple[str, str, tuple[int, ...]]:
-    key = f"data_spec.fields.{path}"
+    return (path, *_parse_leaf(f"data_spec.fields.{path}", value))
+
+
+def _parse_leaf(key: str, value: Any) -> tuple[str, tuple[int, ...]]:
     if not isinstance(value, dict) or set(value) != {"dtype", "shape"}:
         raise ConfigError(f"{key} must be {{ dtype = ..., shape = [...] }}, got {value!r}")
     shape = value["shape"]
@@ -252,7 +320,7 @@ def _parse_field(path: str, value: Any) -> tuple[str, str, tuple[int, ...]]:
         raise ConfigError(
             f"{key}.shape must be a list of integers in 0..{INT32_MAX}, got {shape!r}"
         )
-    return path, str(value["dtype"]), tuple(shape)
+    return str(value["dtype"]), tuple(shape)
 
 
 def _section(data: dict[str, Any], name: str, prefix: str = "") -> dict[str, Any]:

@@ -118,8 +118,11 @@ def _serve() -> int:
         "replay-server: %s listening on port %d (all interfaces, no authentication); "
         "checkpoints in %s; %s",
         ", ".join(
-            f"table {t.name!r} (capacity {t.capacity}, sequence_length {t.sequence_length})"
-            for t in config.tables
+            [
+                f"table {t.name!r} (capacity {t.capacity}, sequence_length {t.sequence_length})"
+                for t in config.tables
+            ]
+            + [f"variable table {v.name!r}" for v in config.variable_tables]
         ),
         server.port,
         config.server.checkpoint_dir,

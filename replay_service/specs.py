@@ -201,6 +201,39 @@ def table_signature(data_spec: Any, sequence_length: int) -> Any:
     )
 
 
+def variable_container_spec(variables: Any) -> Any:
+    """The signature of a TF-Agents variable-container table holding `variables`.
+
+    What TF-Agents' `sac_reverb_server.py` builds for its "variables" table: one
+    `tf.TensorSpec(shape, dtype)` per variable, in the same nest, e.g.
+
+        variable_container_spec({
+            reverb_variable_container.POLICY_KEY: policy.variables(),
+            reverb_variable_container.TRAIN_STEP_KEY: train_step,
+        })
+
+    Args:
+      variables: A nest of `tf.Variable`s (or tensors, or numpy arrays).
+
+    Returns:
+      The same nest with a `tf.TensorSpec(shape, dtype)` for each leaf.
+
+    Raises:
+      SpecMismatchError: If the nest is empty or a leaf has no shape and dtype; the message
+        names its path.
+    """
+    leaves = flatten_with_paths(variables)
+    if not leaves:
+        raise SpecMismatchError(f"variables hold no tensors: {variables!r}")
+    for path, leaf in leaves:
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            raise SpecMismatchError(
+                f"variable {path or '<root>'!r} has no shape and dtype: {type(leaf).__name__} "
+                f"{leaf!r}"
+            )
+    return tf.nest.map_structure(lambda v: tf.TensorSpec(v.shape, tf.as_dtype(v.dtype)), variables)
+
+
 def describe_spec(data_spec: Any) -> list[FieldDescription]:
     """Describes every field of a spec as JSON-compatible data.
 

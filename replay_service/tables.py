@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay_service.config import SamplingConfig, TableConfig
+from replay_service.config import SamplingConfig, TableConfig, VariableTableConfig
 from replay_service.errors import ConfigError
 from replay_service.sequences import stored_spec
 from replay_service.specs import table_signature
@@ -70,6 +70,27 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
     )
 
 
+def make_variable_table(config: VariableTableConfig) -> reverb.Table:
+    """Builds a TF-Agents variable-container table, as `sac_reverb_server.py` does.
+
+    Args:
+      config: Name and signature of the table.
+
+    Returns:
+      A `reverb.Table` of one item (`max_size=1`, FIFO remover: a push replaces the previous
+      item), sampled uniformly once it holds an item (`MinSize(1)`), never removed by sampling.
+    """
+    return reverb.Table(
+        name=config.name,
+        sampler=reverb.selectors.Uniform(),
+        remover=reverb.selectors.Fifo(),
+        rate_limiter=reverb.rate_limiters.MinSize(1),
+        max_size=1,
+        max_times_sampled=0,
+        signature=config.spec,
+    )
+
+
 def make_replay_tables(configs: Sequence[TableConfig], data_spec: Any) -> list[reverb.Table]:
     """Builds one table per config; names must be unique.
 
@@ -127,6 +148,48 @@ def check_extra_tables(primary: TableConfig, extra: Sequence[Any]) -> tuple[Tabl
                 "on one server must share one sequence length (the padding is written once)"
             )
     return tuple(extra)
+
+
+def check_variable_tables(
+    tables: Sequence[TableConfig], variable_tables: Sequence[Any]
+) -> tuple[VariableTableConfig, ...]:
+    """Validates the variable-container tables served next to `tables`.
+
+    Args:
+      tables: The replay tables of the server.
+      variable_tables: Each a `VariableTableConfig` with a name of its own.
+
+    Returns:
+      `variable_tables` as a tuple.
+
+    Raises:
+      ConfigError: If `variable_tables` is not a sequence, an entry is not a
+        `VariableTableConfig`, or a name is used twice (by any table of the server).
+    """
+    if isinstance(variable_tables, str | bytes | VariableTableConfig) or not isinstance(
+        variable_tables, Sequence
+    ):
+        raise ConfigError(
+            f"variable_tables must be a sequence of VariableTableConfig, got {variable_tables!r}"
+        )
+    for index, config in enumerate(variable_tables):
+        if not isinstance(config, VariableTableConfig):
+            raise ConfigError(
+                f"variable_tables[{index}] must be a VariableTableConfig, got "
+                f"{type(config).__name__} {config!r}"
+            )
+    replay = [t.name for t in tables]
+    seen = set(replay)
+    for config in variable_tables:
+        if config.name in seen:
+            kind = "replay" if config.name in replay else "variable"
+            raise ConfigError(
+                f"variable table name {config.name!r} is already the name of a {kind} table "
+                f"(tables: {replay + [v.name for v in variable_tables]}); table names must be "
+                "unique on one server"
+            )
+        seen.add(config.name)
+    return tuple(variable_tables)
 
 
 def find_table(tables: Sequence[TableConfig], name: str | None) -> TableConfig:
