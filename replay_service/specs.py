@@ -231,6 +231,8 @@ def variable_container_spec(variables: Any) -> Any:
                 f"variable {path or '<root>'!r} has no shape and dtype: {type(leaf).__name__} "
                 f"{leaf!r}"
             )
+    import tensorflow as tf
+
     return tf.nest.map_structure(lambda v: tf.TensorSpec(v.shape, tf.as_dtype(v.dtype)), variables)
 
 

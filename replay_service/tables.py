@@ -80,6 +80,8 @@ def make_variable_table(config: VariableTableConfig) -> reverb.Table:
       A `reverb.Table` of one item (`max_size=1`, FIFO remover: a push replaces the previous
       item), sampled uniformly once it holds an item (`MinSize(1)`), never removed by sampling.
     """
+    import reverb
+
     return reverb.Table(
         name=config.name,
         sampler=reverb.selectors.Uniform(),
