@@ -37,6 +37,7 @@ exported items had never been sampled, and otherwise differs only in "times_samp
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import math
@@ -47,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors
-from safetensors.numpy import load_file, save_file
+import safetensors.numpy
+from safetensors.numpy import load_file
 
 from replay_service import reverb_internals, specs
 from replay_service.config import SamplingConfig, TableConfig, Timeouts, to_ms
@@ -506,15 +508,19 @@ def _write_files(
     try:
         os.makedirs(directory, exist_ok=True)
         state_tmp, metadata_tmp = f"{state_path}.tmp", f"{metadata_path}.tmp"
-        save_file(tensors, state_tmp, metadata={"format": FORMAT})
-        # One read of the file just written (from the page cache) gives its digest.
-        metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: reverb_internals.file_sha256(state_tmp)}}
+        # Serialized in memory: its digest is that of the bytes meant, not of a read-back.
+        data = safetensors.numpy.save(tensors, metadata={"format": FORMAT})
+        metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: hashlib.sha256(data).hexdigest()}}
+        with open(state_tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        del data
         with open(metadata_tmp, "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
             f.write("\n")
-        for tmp in (state_tmp, metadata_tmp):
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(state_tmp, state_path)
         os.replace(metadata_tmp, metadata_path)
     except OSError as e:

@@ -383,7 +383,7 @@ class LocalBackend:
             raise CheckpointError(f"{path!r} records no file digests")
         from replay_service.reverb_internals import check_recorded_files
 
-        check_recorded_files(path, checkpoint.files, local_checkpoint.recorded_names(path))
+        check_recorded_files(path, checkpoint.files, local_checkpoint.small_files(path))
         names = local_checkpoint.read_index(path)
         if names != [c.name for c in self._configs]:
             raise CheckpointError(f"{path!r} holds tables {names}, not the configured ones")
