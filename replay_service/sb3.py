@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 from typing import Any
 
 import numpy as np
@@ -93,10 +94,13 @@ class ReverbReplayBuffer(ReplayBuffer):
                     f"ReverbReplayBuffer supports Box and Discrete {name} spaces (as SB3's "
                     f"ReplayBuffer), got {space!r}"
                 )
-        self.data_spec = data_spec_for_spaces(self.observation_space, self.action_space, "tf")
+        self.data_spec = data_spec_for_spaces(self.observation_space, self.action_space)
         self.manager = ReplayBufferManager(
             self.data_spec, self.buffer_size, self.checkpoint_dir, 2, timeouts=self._timeouts
         )
+        # SB3's `load_replay_buffer` replaces the model's buffer without closing it: the
+        # replaced buffer's server and directory lock go when it is garbage collected.
+        weakref.finalize(self, self.manager.close)
         self._writers: list[Any] = []
         self._streams: dict[int, Any] = {}
 
