@@ -42,13 +42,13 @@ import importlib.metadata
 import json
 import math
 import os
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors
-import safetensors.numpy
 from safetensors.numpy import load_file
 
 from replay_service import reverb_internals, specs
@@ -80,6 +80,34 @@ VERSIONED_PACKAGES = ("replay_service", "dm-reverb", "tf-agents", "tensorflow")
 CHECKSUMS = "sha256"
 # Reverb's MinSize limiter: a samples/inserts difference that never limits.
 _UNSIGNED_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@dataclasses.dataclass(frozen=True)
+class Concatenated:
+    """Arrays written one after the other as one tensor (along axis 0) without being joined in
+    memory: how a table hands its storage to `write_export` without copying it.
+
+    Attributes:
+      parts: Arrays of one dtype and equal trailing shapes.
+    """
+
+    parts: tuple[np.ndarray, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the joined array."""
+        first = self.parts[0].shape
+        return (sum(p.shape[0] for p in self.parts), *first[1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The parts' dtype."""
+        return self.parts[0].dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the joined array."""
+        return sum(p.nbytes for p in self.parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +269,7 @@ def _check_items(items: ExportedItems, fields: list[specs.FieldDescription]) -> 
     arrays = [*items.data, items.priorities, items.times_sampled]
     for (path, dtype, shape), array in zip(expected, arrays, strict=True):
         got = (getattr(array, "dtype", None), tuple(getattr(array, "shape", ())))
-        if not isinstance(array, np.ndarray) or got != (dtype, shape):
+        if not isinstance(array, np.ndarray | Concatenated) or got != (dtype, shape):
             raise SpecMismatchError(
                 f"exported field {path!r}: expected a numpy array {dtype}{list(shape)}, got "
                 f"{type(array).__name__} {got[0]}{list(got[1])}"
@@ -508,14 +536,13 @@ def _write_files(
     try:
         os.makedirs(directory, exist_ok=True)
         state_tmp, metadata_tmp = f"{state_path}.tmp", f"{metadata_path}.tmp"
-        # Serialized in memory: its digest is that of the bytes meant, not of a read-back.
-        data = safetensors.numpy.save(tensors, metadata={"format": FORMAT})
-        metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: hashlib.sha256(data).hexdigest()}}
         with open(state_tmp, "wb") as f:
-            f.write(data)
+            # The digest is that of the bytes meant (hashed while they are written), not of a
+            # read-back: verifying a file compares its read-back with it.
+            digest = write_safetensors(f, tensors, {"format": FORMAT})
             f.flush()
             os.fsync(f.fileno())
-        del data
+        metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: digest}}
         with open(metadata_tmp, "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -525,6 +552,78 @@ def _write_files(
         os.replace(metadata_tmp, metadata_path)
     except OSError as e:
         raise CheckpointError(f"cannot write the export into {directory!r}: {e}") from e
+
+
+# safetensors' dtype names, in the order its serializer sorts tensors by (largest first).
+_SAFETENSORS_DTYPES = {
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "U8",
+    np.dtype(np.int8): "I8",
+    np.dtype(np.int16): "I16",
+    np.dtype(np.uint16): "U16",
+    np.dtype(np.float16): "F16",
+    np.dtype(np.int32): "I32",
+    np.dtype(np.uint32): "U32",
+    np.dtype(np.float32): "F32",
+    np.dtype(np.float64): "F64",
+    np.dtype(np.int64): "I64",
+    np.dtype(np.uint64): "U64",
+}
+_SAFETENSORS_RANK = {name: rank for rank, name in enumerate(_SAFETENSORS_DTYPES.values())}
+
+
+def write_safetensors(
+    f: Any, tensors: dict[str, np.ndarray | Concatenated], metadata: dict[str, str]
+) -> str:
+    """Writes `tensors` to the binary file `f` in the safetensors format, byte for byte what
+    `safetensors.numpy.save(tensors, metadata)` gives, without building the file in memory:
+    each array goes to the file as it is, and its SHA-256 is computed in a second thread while
+    the file is written (both release the GIL).
+
+    Returns:
+      The SHA-256 hex digest of the bytes written.
+
+    Raises:
+      ConfigError: For a dtype safetensors does not have.
+    """
+    entries = []
+    for name, array in tensors.items():
+        dtype = np.dtype(array.dtype).newbyteorder("=")
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise ConfigError(f"tensor {name!r}: dtype {array.dtype} has no safetensors type")
+        if not isinstance(array, Concatenated):
+            array = Concatenated((array,))
+        entries.append((name, _SAFETENSORS_DTYPES[dtype], array))
+    entries.sort(key=lambda e: (-_SAFETENSORS_RANK[e[1]], e[0]))
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, dtype_name, array in entries:
+        header[name] = {
+            "dtype": dtype_name,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
+        offset += array.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    chunks = [len(text).to_bytes(8, "little"), text]
+    chunks += [
+        memoryview(
+            np.ascontiguousarray(part.astype(part.dtype.newbyteorder("<"), copy=False))
+        ).cast("B")
+        for _, _, array in entries
+        for part in array.parts
+        if part.nbytes
+    ]
+    hasher = hashlib.sha256()
+    thread = threading.Thread(target=lambda: [hasher.update(c) for c in chunks], daemon=True)
+    thread.start()
+    try:
+        for chunk in chunks:
+            f.write(chunk)
+    finally:
+        thread.join()
+    return hasher.hexdigest()
 
 
 def check_target(dirpath: str, overwrite: bool) -> None:

@@ -10,6 +10,7 @@ and `LocalWindowWriter` cuts the same windows as Reverb's structured writer conf
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -314,7 +315,12 @@ class LocalBackend:
             store.clean_staging(self.metadata)
             path = os.path.join(store.reverb_root, f"local-{time.time_ns()}-{uuid.uuid4().hex}")
             try:
-                local_checkpoint.write(path, self._snapshot())
+                # Collectors and samplers wait while the storage is written in place (as a
+                # Reverb table is locked while it is serialized): a consistent snapshot.
+                with contextlib.ExitStack() as frozen:
+                    for table in self._tables.values():
+                        frozen.enter_context(table.frozen())
+                    local_checkpoint.write(path, self._snapshot(copy=False))
             except Exception as e:
                 store.discard_staging()
                 raise CheckpointError(
@@ -399,10 +405,12 @@ class LocalBackend:
                 "recorded when it was taken"
             )
 
-    def _snapshot(self) -> list[tuple[TableConfig, Any, export_lib.ExportedItems]]:
+    def _snapshot(
+        self, *, copy: bool = True
+    ) -> list[tuple[TableConfig, Any, export_lib.ExportedItems]]:
         tables = []
         for config in self._configs:
-            data, priorities, times_sampled = self._tables[config.name].items()
+            data, priorities, times_sampled = self._tables[config.name].items(copy=copy)
             items = export_lib.ExportedItems(
                 data=data, priorities=priorities, times_sampled=times_sampled
             )

@@ -50,6 +50,9 @@ from replay_service.errors import (
 LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
 LOCAL_REMOVERS = ("fifo",)
 STORAGES = ("memory", "memmap")
+# A checkpoint writes the storage in place when the items, oldest first, occupy fewer than this
+# many runs of consecutive slots (a ring buffer: at most two), else it copies them in order.
+MAX_VIEW_RUNS = 16
 
 # Reverb's item keys are uint64; these start above 0 so that a key is never 0.
 _FIRST_KEY = 1
@@ -423,18 +426,38 @@ class LocalTable:
 
     # ------------------------------------------------------------------------ checkpoints
 
-    def items(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    def items(self, *, copy: bool = True) -> tuple[list[Any], np.ndarray, np.ndarray]:
         """Every item, oldest first: `(data, priorities, times_sampled)`, data one array per
-        field `[size, sequence_length, *field_shape]` (the export layout)."""
+        field `[size, sequence_length, *field_shape]` (the export layout).
+
+        Args:
+          copy: False: fields may be `export.Concatenated` views of the storage (no copy, for
+            writing a checkpoint), valid only while the caller holds `frozen()`.
+        """
+        from replay_service.export import Concatenated
+
         with self._changed:
             slots = np.fromiter(self._order.values(), np.int64, len(self._order))
-            if len(slots) == 0:
-                data = [
+            if len(slots) == 0 or self._columns is None:
+                data: list[Any] = [
                     np.zeros((0, *s), d) for s, d in zip(self._shapes, self._dtypes, strict=True)
                 ]
             else:
-                data = [t.numpy().copy() for t in self._read_slots(slots)]
+                breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+                if not copy and len(breaks) < MAX_VIEW_RUNS:
+                    runs = np.split(slots, breaks)
+                    data = [
+                        Concatenated(tuple(column[r[0] : r[-1] + 1] for r in runs))
+                        for column in self._columns
+                    ]
+                else:
+                    data = [column.take(slots, axis=0) for column in self._columns]
             return data, self._priority[slots].copy(), self._times_sampled[slots].copy()
+
+    def frozen(self) -> Any:
+        """A context manager holding the table's lock: no insert, sample or removal meanwhile
+        (a checkpoint writes a consistent snapshot of the storage under it)."""
+        return self._changed
 
     def restore(
         self, data: Sequence[np.ndarray], priorities: np.ndarray, times_sampled: np.ndarray

@@ -544,3 +544,33 @@ def test_torch_batches_come_from_any_sample_source() -> None:
         assert next(stream).observation.shape == (3, 2)
         with pytest.raises(BufferStateError, match="no more items"):
             next(stream)
+
+
+@pytest.mark.local
+def test_the_export_writer_gives_safetensors_bytes_for_every_dtype_and_split_arrays() -> None:
+    import hashlib
+    import io
+
+    import safetensors.numpy
+
+    from replay_service.export import Concatenated, write_safetensors
+
+    rng = np.random.default_rng(0)
+    dtypes = ["bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32"]
+    dtypes += ["float32", "float64", "int64", "uint64"]
+    tensors: dict[str, Any] = {
+        f"data/{i}": rng.integers(0, 100, (5, 2, 3)).astype(d) for i, d in enumerate(dtypes)
+    }
+    tensors["empty"] = np.zeros((0, 2), np.float32)
+    metadata = {"format": "replay_service.export/1"}
+    expected = safetensors.numpy.save(tensors, metadata=metadata)
+    # The same tensors, some handed over as views split in two (a ring buffer's two runs).
+    split = dict(tensors)
+    split["data/8"] = Concatenated((tensors["data/8"][:2], tensors["data/8"][2:]))
+    for given in (tensors, split):
+        out = io.BytesIO()
+        digest = write_safetensors(out, given, metadata)
+        assert out.getvalue() == expected
+        assert digest == hashlib.sha256(expected).hexdigest()
+    with pytest.raises(ConfigError, match="complex128"):
+        write_safetensors(io.BytesIO(), {"x": np.zeros(2, np.complex128)}, metadata)
