@@ -148,6 +148,10 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+# Top-level modules of the Reverb stack: a public name whose module needs one of them says so.
+_REVERB_STACK = frozenset({"reverb", "tensorflow", "tf_agents", "tensorflow_probability", "gym"})
+
+
 def __getattr__(name: str) -> object:
     """Imports a public name's module on first use (see `_EXPORTS`).
 
@@ -157,7 +161,17 @@ def __getattr__(name: str) -> object:
     module_name = _MODULE_OF.get(name)
     if module_name is None:
         raise AttributeError(f"module 'replay_service' has no attribute {name!r}")
-    module = importlib.import_module(f"replay_service.{module_name}")
+    try:
+        module = importlib.import_module(f"replay_service.{module_name}")
+    except ImportError as e:
+        if e.name not in _REVERB_STACK:
+            raise
+        raise ImportError(
+            f"replay_service.{name} needs dm-reverb 0.13, TensorFlow 2.14 and TF-Agents 0.18 "
+            f"(Linux x86_64, Python <= 3.11), and {e.name!r} does not import here ({e}); "
+            "ReplayBufferManager(..., backend='local') runs without them",
+            name=e.name,
+        ) from e
     cli_output.after_imports()
     value = getattr(module, name)
     globals()[name] = value

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -621,3 +622,44 @@ def test_an_episode_of_five_steps_gives_three_windows_of_three(make, tmp_path):
     # Actions alternate 0, 1; the boundary step's action is zeros.
     np.testing.assert_array_equal(tensors["data/action"][..., 0], [[0, 1, 0], [1, 0, 1], [0, 1, 0]])
     np.testing.assert_array_equal(tensors["priorities"], 1.0)
+
+
+# ------------------------------------------------------------------- without the Reverb stack
+
+
+def _reverb_imports() -> bool:
+    from replay_service.manager import reverb_importable
+
+    return reverb_importable()[0]
+
+
+def test_auto_picks_local_where_reverb_does_not_import_and_reverb_only_names_say_so(
+    tmp_path, caplog
+) -> None:
+    if _reverb_imports():
+        pytest.skip("the Reverb stack imports here (Python 3.11 on Linux x86_64)")
+    import replay_service
+
+    with caplog.at_level(logging.WARNING):
+        manager = ReplayBufferManager.from_spaces(
+            OBSERVATION, ACTION, capacity=10, checkpoint_dir=tmp_path / "auto"
+        )
+    assert manager.backend == "local"
+    with pytest.raises(ConfigError, match="backend='reverb'.*do not import here"):
+        ReplayBufferManager.from_spaces(
+            OBSERVATION, ACTION, capacity=10, checkpoint_dir=tmp_path / "r", backend="reverb"
+        )
+    with pytest.raises(ImportError, match="ShardedReplayBuffer needs dm-reverb.*backend='local'"):
+        replay_service.ShardedReplayBuffer  # noqa: B018
+    with manager:
+        manager.create_replay_buffer()
+        with pytest.raises(ConfigError, match="needs TensorFlow"):
+            manager.get_dataset(4)
+    result = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "replay-server")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "replay-server needs dm-reverb" in result.stderr
