@@ -892,6 +892,10 @@ def _cast(label: str, array: np.ndarray, spec: Any, size: int, batched: bool) ->
     if given != step_shape and step_shape == () and given == (1,):
         given = ()
         array = array.reshape([size] if batched else [])
+    elif given != step_shape and step_shape == (1,) and given == ():
+        # A scalar for a one-element field: gymnasium's Discrete actions for SB3-style specs.
+        given = (1,)
+        array = array.reshape([size, 1] if batched else [1])
     want = np.dtype(_np_dtype(spec))
     if given != step_shape:
         expected = [size, *step_shape] if batched else list(step_shape)

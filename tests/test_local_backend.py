@@ -663,3 +663,35 @@ def test_auto_picks_local_where_reverb_does_not_import_and_reverb_only_names_say
     )
     assert result.returncode != 0
     assert "replay-server needs dm-reverb" in result.stderr
+
+
+def test_a_gymnasium_vector_env_with_discrete_actions_fills_and_restores(tmp_path) -> None:
+    import gymnasium
+
+    envs = gymnasium.make_vec("CartPole-v1", num_envs=3)
+    kwargs = {"capacity": 5_000, "checkpoint_dir": tmp_path / "vec", "backend": "local"}
+    manager = ReplayBufferManager.from_spaces(
+        envs.single_observation_space, envs.single_action_space, **kwargs
+    )
+    with manager:
+        manager.create_replay_buffer()
+        writer = manager.gym_vector_writer(envs)
+        observations, _ = envs.reset(seed=0)
+        writer.reset(observations)
+        taken = []
+        for _ in range(60):
+            actions = envs.action_space.sample()  # int64 [3]: one scalar per env
+            taken.append(actions)
+            writer.add(actions, *envs.step(actions))
+        items = manager.num_frames()
+        assert items >= 60 * 3 - 3
+        batch = next(iter(manager.torch_batches(16, transitions=True)))
+        assert batch.actions.shape == (16, 1)
+        assert set(batch.actions.flatten().tolist()) <= {0, 1}
+        manager.checkpoint()
+    envs.close()
+    with ReplayBufferManager.from_spaces(
+        envs.single_observation_space, envs.single_action_space, **kwargs
+    ) as restored:
+        restored.load_replay_buffer()
+        assert restored.num_frames() == items
