@@ -678,13 +678,16 @@ def test_a_gymnasium_vector_env_with_discrete_actions_fills_and_restores(tmp_pat
         writer = manager.gym_vector_writer(envs)
         observations, _ = envs.reset(seed=0)
         writer.reset(observations)
-        taken = []
+        resets = 0
+        ended = np.zeros(3, bool)
         for _ in range(60):
             actions = envs.action_space.sample()  # int64 [3]: one scalar per env
-            taken.append(actions)
-            writer.add(actions, *envs.step(actions))
+            resets += int(ended.sum())  # NEXT_STEP autoreset: these steps are not transitions
+            observations, rewards, terminated, truncated, infos = envs.step(actions)
+            writer.add(actions, observations, rewards, terminated, truncated, infos)
+            ended = terminated | truncated
         items = manager.num_frames()
-        assert items >= 60 * 3 - 3
+        assert items == 60 * 3 - resets
         batch = next(iter(manager.torch_batches(16, transitions=True)))
         assert batch.actions.shape == (16, 1)
         assert set(batch.actions.flatten().tolist()) <= {0, 1}
