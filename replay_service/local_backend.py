@@ -268,6 +268,7 @@ class LocalBackend:
         """
         store = self._store
         store.check_new(overwrite)
+        self._reopen()
         store.lock()
         try:
             store.prepare_new(self.metadata, overwrite=overwrite)
@@ -289,6 +290,7 @@ class LocalBackend:
         """
         store = self._store
         self._check_stored(store.read_metadata(), store.store_file)
+        self._reopen()
         store.lock()
         try:
             store.ensure_dirs()
@@ -362,6 +364,12 @@ class LocalBackend:
         self._store.unlock()
 
     # ---------------------------------------------------------------------------- helpers
+
+    def _reopen(self) -> None:
+        """Makes `close()` release the directory again (a manager may retry a failed start)."""
+        self._closed = False
+        self._stop = threading.Event()
+        self._thread = None
 
     def _new_table(self, config: TableConfig) -> LocalTable:
         scratch = None
