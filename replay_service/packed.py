@@ -120,6 +120,16 @@ class PackedLayout:
             parts.append(leaf.tobytes())
         return np.frombuffer(b"".join(parts), np.uint8)
 
+    def pack_items(self, columns: Sequence[np.ndarray]) -> np.ndarray:
+        """Items given as one array per field (`[num_items, sequence_length, *shape]`, in
+        `tree.flatten` order) as packed rows `uint8[num_items, sequence_length, step_bytes]`."""
+        parts = []
+        for column, field in zip(columns, self.fields, strict=True):
+            array = np.ascontiguousarray(column, dtype=field.dtype)
+            lead = array.shape[: array.ndim - len(field.shape)]
+            parts.append(array.view(np.uint8).reshape(*lead, field.nbytes))
+        return np.concatenate(parts, axis=-1)
+
     def pack_nest(self, step: Any) -> np.ndarray:
         """`pack` of a step given as a nest shaped like the stored spec."""
         return self.pack(tree.flatten(step))
@@ -191,6 +201,28 @@ class PackedLayout:
     def describe(self, sequence_length: int) -> list[dict[str, Any]]:
         """`specs.describe_spec` of the signature, without TensorFlow."""
         return [{"path": "", "dtype": "uint8", "shape": [sequence_length, self.step_bytes]}]
+
+
+def item_signature(stored_spec: Any, sequence_length: int, layout: str) -> Any:
+    """The table signature of `layout`: `specs.table_signature(stored_spec, sequence_length)`
+    (nested), or `uint8[sequence_length, step_bytes]` (packed). Imports TensorFlow."""
+    if layout == PACKED:
+        return layout_of(stored_spec).signature(sequence_length)
+    from replay_service.specs import table_signature
+
+    return table_signature(stored_spec, sequence_length)
+
+
+def step_layout(signature: Any) -> PackedLayout:
+    """The `PackedLayout` of a table's (nested) item signature: its steps without the leading
+    time dimension."""
+    from replay_service.array_specs import ArraySpec
+
+    steps = tree.map_structure(
+        lambda s: ArraySpec(tuple(int(d) for d in s.shape[1:]), numpy_dtype(s), "step"),
+        signature,
+    )
+    return layout_of(steps)
 
 
 _LAYOUTS: dict[str, PackedLayout] = {}
