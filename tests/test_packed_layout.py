@@ -8,7 +8,6 @@ and, sampled long enough, all of them.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -22,12 +21,13 @@ from tf_agents.replay_buffers import reverb_utils
 
 from replay_service import ReplayBufferManager, TableConfig, packed
 from replay_service.checkpoints import CheckpointStore
-from replay_service.config import SamplingConfig
 from replay_service.config_file import load_config
+from replay_service.connection import pick_free_port
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.export import read_export
+from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
 from replay_service.writers import TransitionWriter
-from tests.conftest import FAST_TIMEOUTS, all_items
+from tests.conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, ServerProcess, all_items
 
 Item = tuple[bytes, ...]
 
@@ -305,44 +305,77 @@ def test_export_import_and_checkpoints_across_layouts(
         other.load_replay_buffer()
 
 
-def test_replay_server_with_a_packed_config(start_server: Any, tmp_path: Any, steps, data_spec):
-    with open(os.path.join(os.path.dirname(__file__), "..", "configs", "cartpole.toml")) as f:
+def test_replay_server_and_shards_with_a_packed_config(
+    tmp_path: Any, steps: list[Any], data_spec: Any
+) -> None:
+    with open(CARTPOLE_CONFIG) as f:
         text = f.read()
     config = tmp_path / "packed.toml"
     config.write_text(
         text.replace("sequence_length = 2\n", 'sequence_length = 2\nlayout = "packed"\n')
     )
     assert load_config(config).table.layout == "packed"
-    _, address = start_server(config=str(config))
-    remote = ReplayBufferManager(
-        data_spec,
-        100000,
-        server_address=address,
-        table_name="uniform_table",
-        sampling=SamplingConfig(sampler="uniform", remover="fifo"),
-        timeouts=FAST_TIMEOUTS,
-        layout="packed",
-    )
+    servers = []
+    for i in range(2):
+        port = pick_free_port()
+        servers.append(
+            (
+                ServerProcess(
+                    f"--config={config}",
+                    f"--port={port}",
+                    f"--checkpoint_dir={tmp_path / f'server{i}'}",
+                    "--checkpoint_interval_s=0",
+                ),
+                f"localhost:{port}",
+            )
+        )
     try:
-        fill(remote, steps[:40])
-        count = remote.num_frames()
-        assert count > 10
-        items = client_items(remote, "uniform_table", count)
-        drain(remote.get_dataset(8), items, lambda b: b[0])
+        for server, _ in servers:
+            server.wait_listening()
+        address = servers[0][1]
+        info = reverb.Client(address).server_info(timeout=5)["uniform_table"]
+        assert info.signature.dtype == tf.uint8
+        remote = ReplayBufferManager(
+            data_spec, 100000, server_address=address, timeouts=FAST_TIMEOUTS, layout="packed"
+        )
+        try:
+            fill(remote, steps[:40])
+            count = remote.num_frames()
+            assert count > 10
+            items = client_items(remote, "uniform_table", count)
+            drain(remote.get_dataset(8), items, lambda b: b[0])
+        finally:
+            remote.close()
+        wrong = ReplayBufferManager(
+            data_spec, 100000, server_address=address, timeouts=FAST_TIMEOUTS
+        )
+        try:
+            with pytest.raises(SpecMismatchError, match="does not match"):
+                wrong.load_replay_buffer()
+        finally:
+            wrong.close()
+
+        sharded = ShardedReplayBuffer(
+            ShardedConfig(tuple(a for _, a in servers)),
+            data_spec,
+            100000,
+            timeouts=FAST_TIMEOUTS,
+            layout="packed",
+        )
+        with sharded.create(overwrite=True):
+            for collector in range(2):
+                observer = sharded.observer(collector)
+                for trajectory in steps[collector * 50 : collector * 50 + 50]:
+                    observer(trajectory)
+                observer.flush()
+            expected = set()
+            for index, manager in enumerate(sharded.managers):
+                expected |= client_items(manager, "uniform_table", manager.num_frames())
+                assert manager.table_config.layout == "packed", index
+            drain(sharded.get_dataset(batch_size=16, seed=1), expected, lambda b: b[0])
     finally:
-        remote.close()
-    wrong = ReplayBufferManager(
-        data_spec,
-        100000,
-        server_address=address,
-        table_name="uniform_table",
-        timeouts=FAST_TIMEOUTS,
-    )
-    try:
-        with pytest.raises(SpecMismatchError, match="does not match"):
-            wrong.load_replay_buffer()
-    finally:
-        wrong.close()
+        for server, _ in servers:
+            server.finish()
 
 
 def test_items_of_tf_agents_own_observer_fail_to_sample_from_a_packed_table(
