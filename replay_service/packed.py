@@ -50,10 +50,10 @@ def check_layout(layout: Any, where: str = "layout") -> str:
     return layout
 
 
-def chunk_length(step_bytes: int, sequence_length: int = 1) -> int:
+def chunk_length(step_bytes: int) -> int:
     """The constant chunk length of a packed column of `step_bytes` per step: as many steps
-    as fit in `CHUNK_BYTES`, between 1 and `MAX_CHUNK_LENGTH`."""
-    del sequence_length  # a window may span several chunks
+    as fit in `CHUNK_BYTES`, between 1 and `MAX_CHUNK_LENGTH` (a window may span several
+    chunks)."""
     return max(1, min(MAX_CHUNK_LENGTH, CHUNK_BYTES // max(1, step_bytes)))
 
 
