@@ -119,6 +119,8 @@ class StoreMetadata:
         every table.
       variable_tables: The variable-container tables of the same server, each with its own
         spec. Files written before they were supported have no such field: they hold none.
+      layout: The storage layout of every replay table ("nested" or "packed", see
+        `config.TableConfig`); files without the field hold nested tables.
     """
 
     table_name: str
@@ -128,6 +130,7 @@ class StoreMetadata:
     extra_tables: tuple[TableSummary, ...] = ()
     pad_end_of_episode: bool = False
     variable_tables: tuple[VariableTableSummary, ...] = ()
+    layout: str = "nested"
 
     @classmethod
     def for_tables(
@@ -163,6 +166,7 @@ class StoreMetadata:
                 VariableTableSummary(name=v.name, spec=describe_spec(v.spec))
                 for v in variable_tables
             ),
+            layout=table.layout,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -202,6 +206,7 @@ class StoreMetadata:
                     VariableTableSummary(name=str(t["name"]), spec=list(t["spec"]))
                     for t in data.get("variable_tables", [])
                 ),
+                layout=str(data.get("layout", "nested")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source} is malformed: {e!r}") from e
@@ -223,6 +228,12 @@ class StoreMetadata:
             problems[-1] += (
                 f" (Reverb restores the stored capacity; use capacity={self.capacity}, or "
                 "export and import the buffer to resize it)"
+            )
+        if requested.layout != self.layout:
+            problems.append(
+                f"layout: requested {requested.layout!r}, stored {self.layout!r} (the stored "
+                f"items are {self.layout}; use layout={self.layout!r}, or export the buffer and "
+                "import it into one of the other layout)"
             )
         problems += _extra_table_differences(requested.extra_tables, self.extra_tables)
         problems += [

@@ -10,6 +10,8 @@
     name = "uniform_table"
     capacity = 50000
     sequence_length = 2
+    layout = "nested"             # optional: "nested" (default) or "packed" (see
+                                  # replay_service.packed); extra tables take this one
 
     [table.sampling]              # see SamplingConfig
     sampler = "uniform"
@@ -235,9 +237,12 @@ def _parse(data: dict[str, Any]) -> ServiceConfig:
     parsed_fields = tuple(_parse_field(path, value) for path, value in fields.items())
     if parsed_fields and "env" not in spec:
         spec["env"] = None
+    table = _parse_table("table", _section(data, "table"))
+    # One writer feeds every table: extra tables take the primary's layout unless they name one.
+    extra = [{"layout": table.layout, **t} if isinstance(t, dict) else t for t in extra]
     return ServiceConfig(
         server=ServerConfig(**server),
-        table=_parse_table("table", _section(data, "table")),
+        table=table,
         data_spec=DataSpecConfig(**spec, fields=parsed_fields),
         extra_tables=tuple(
             _parse_table(f"extra_tables[{i}]", table) for i, table in enumerate(extra)

@@ -32,6 +32,7 @@ from tf_agents.replay_buffers import reverb_replay_buffer
 
 from replay_service.config import TableConfig, to_ms
 from replay_service.errors import ConfigError
+from replay_service.packed import NESTED, PACKED, PackedLayout, layout_of, step_layout
 from replay_service.specs import table_signature
 from replay_service.tables import find_table
 
@@ -409,6 +410,7 @@ def read_pipeline(
     num_workers: int = 2,
     max_in_flight: int | None = None,
     lifeline: Lifeline | None = None,
+    layout: str = NESTED,
 ) -> tf.data.Dataset:
     """Batches of `ReplaySample(info, data)` of one table, bounded by `bound_sampling`.
 
@@ -424,6 +426,8 @@ def read_pipeline(
       num_workers: Sampling workers (1 keeps the order of FIFO/LIFO/heap samplers).
       max_in_flight: Samples requested ahead per worker; None: `default_in_flight`.
       lifeline: Closed by the manager that hands the dataset out.
+      layout: The table's layout; a packed table's rows are read and unpacked into
+        `signature`'s nest once per batch.
 
     Returns:
       An endless dataset of batches with leading dim `batch_size`. Iterating raises
@@ -432,14 +436,17 @@ def read_pipeline(
       (`SERVER_LOST_MESSAGE`, within `liveness_bound(sample_timeout, connect_timeout)` s) and
       when `lifeline` was closed (`MANAGER_CLOSED_MESSAGE`).
     """
+    packed = step_layout(signature) if layout == PACKED else None
     batches = _item_dataset(
         server_address,
         table_name,
-        signature,
+        signature if packed is None else packed.signature(_length(signature)),
         sample_timeout=sample_timeout,
         num_workers=num_workers,
         max_in_flight=max_in_flight or default_in_flight(batch_size),
     ).batch(batch_size, drop_remainder=True)
+    if packed is not None:
+        batches = batches.map(_unpacker(packed))
     return bound_sampling(
         batches,
         server_address,
@@ -463,6 +470,7 @@ def sample_dataset(
     max_in_flight: int | None = None,
     connect_timeout: float | None = None,
     lifeline: Lifeline | None = None,
+    layout: str = NESTED,
 ) -> tf.data.Dataset:
     """A tuned sampling pipeline with the element structure of TF-Agents' `as_dataset`.
 
@@ -482,6 +490,7 @@ def sample_dataset(
       max_in_flight: Samples requested ahead per worker; default `4 * batch_size` (>= 64).
       connect_timeout: `Timeouts.connect`, the limit of one liveness check.
       lifeline: Closed by the manager that hands the dataset out.
+      layout: The table's layout ("nested" or "packed").
 
     Returns:
       A dataset of `(Trajectory, SampleInfo)` with leading dims `[batch_size, sequence_length]`
@@ -497,6 +506,7 @@ def sample_dataset(
         num_workers=num_workers,
         max_in_flight=max_in_flight,
         lifeline=lifeline,
+        layout=layout,
     ).map(_splitter(sequence_length))
 
 
@@ -555,6 +565,7 @@ def mixed_dataset(
     seed: int | None = None,
     connect_timeout: float | None = None,
     lifeline: Lifeline | None = None,
+    layout: str = NESTED,
 ) -> tf.data.Dataset:
     """Batches whose items each come from table `name` with probability weight / sum(weights).
 
@@ -575,6 +586,7 @@ def mixed_dataset(
       seed: Seed of the choice of tables; None draws a random one.
       connect_timeout: `Timeouts.connect`, the limit of one liveness check.
       lifeline: Closed by the manager that hands the dataset out.
+      layout: The tables' layout ("nested" or "packed": unpacked once per batch).
 
     Returns:
       A dataset of `(Trajectory, SampleInfo)` with leading dims `[batch_size, sequence_length]`
@@ -589,6 +601,10 @@ def mixed_dataset(
         raise ConfigError(f"seed must be an integer or None, got {seed!r}")
     probabilities = check_mix_weights(tables, weights)
     sequence_length = find_table(tables, next(iter(probabilities))).sequence_length
+    signature = table_signature(data_spec, sequence_length)
+    packed = step_layout(signature) if layout == PACKED else None
+    if packed is not None:
+        signature = packed.signature(sequence_length)
     datasets = []
     for name, probability in probabilities.items():
         config = find_table(tables, name)
@@ -597,7 +613,7 @@ def mixed_dataset(
             _item_dataset(
                 server_address,
                 name,
-                table_signature(data_spec, sequence_length),
+                signature,
                 sample_timeout=sample_timeout,
                 num_workers=1 if ordered else 2,
                 # About four batches' worth of this table's items ahead, like sample_dataset.
@@ -616,6 +632,8 @@ def mixed_dataset(
             stop_on_empty_dataset=True,
         )
     batches = items.batch(batch_size, drop_remainder=True)
+    if packed is not None:
+        batches = batches.map(_unpacker(packed))
     return bound_sampling(
         batches,
         server_address,
@@ -652,6 +670,20 @@ def _item_dataset(
     )
 
 
+def _length(signature: Any) -> int:
+    """The leading (time) dimension of an item signature."""
+    return int(tf.nest.flatten(signature)[0].shape[0])
+
+
+def _unpacker(layout: PackedLayout) -> Any:
+    """Maps a batch of packed `ReplaySample`s to the same batch with its data unpacked."""
+
+    def unpack(sample: reverb.ReplaySample) -> reverb.ReplaySample:
+        return reverb.ReplaySample(info=sample.info, data=layout.unpack_tf(sample.data))
+
+    return unpack
+
+
 def _splitter(sequence_length: int) -> Any:
     """Maps a batch of `ReplaySample` to `(data, info)`, info broadcast to `[B, T]`."""
 
@@ -680,6 +712,8 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
       sample_timeout: Seconds to wait for an item before the dataset raises; None waits forever.
       connect_timeout: `Timeouts.connect`, the limit of one liveness check; None: at most
         `sample_timeout`.
+      layout: The table's layout: a packed table's items are read as `uint8` rows and
+        unpacked into `data_spec`'s nest before TF-Agents' pipeline sees them.
       **kwargs: Passed to `ReverbReplayBuffer` (`server_address` or `local_server`, ...).
     """
 
@@ -691,6 +725,7 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
         *,
         sample_timeout: float | None,
         connect_timeout: float | None = None,
+        layout: str = NESTED,
         **kwargs: Any,
     ) -> None:
         timeout_ms = to_ms(sample_timeout)
@@ -703,6 +738,7 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
         )
         self._sample_timeout = sample_timeout
         self._connect_timeout = connect_timeout
+        self._packed = layout_of(data_spec) if layout == PACKED else None
         self.lifeline = Lifeline()
 
     def stop_sampling(self) -> None:
@@ -718,8 +754,34 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
     # walking every stack frame's locals; depending on what ran before in the process, that
     # lookup failed with a TypeError from the converted __init__.
     @tf.autograph.experimental.do_not_convert
-    def _as_dataset(self, *args: Any, **kwargs: Any) -> tf.data.Dataset:
-        dataset = super()._as_dataset(*args, **kwargs)
+    def _as_dataset(
+        self,
+        sample_batch_size: int | None = None,
+        num_steps: int | None = None,
+        sequence_preprocess_fn: Any = None,
+        num_parallel_calls: int | None = None,
+    ) -> tf.data.Dataset:
+        packed = self._packed
+        if packed is None:
+            dataset = super()._as_dataset(
+                sample_batch_size, num_steps, sequence_preprocess_fn, num_parallel_calls
+            )
+        else:
+            # TF-Agents reads items shaped by `_data_spec`: the packed rows for the time it
+            # builds the pipeline; each sequence is unpacked before anything else sees it.
+            @tf.autograph.experimental.do_not_convert
+            def unpack_then(data: Any) -> Any:
+                data = packed.unpack_tf(data)
+                return data if sequence_preprocess_fn is None else sequence_preprocess_fn(data)
+
+            data_spec = self._data_spec
+            self._data_spec = packed.step_spec()
+            try:
+                dataset = super()._as_dataset(
+                    sample_batch_size, num_steps, unpack_then, num_parallel_calls
+                )
+            finally:
+                self._data_spec = data_spec
         return bound_sampling(
             dataset,
             self._server_address,

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors
+import tree
 from safetensors.numpy import load_file
 
 from replay_service import reverb_internals, specs
@@ -60,6 +61,7 @@ from replay_service.errors import (
     SpecMismatchError,
     WriteTimeoutError,
 )
+from replay_service.packed import PACKED, PackedLayout, chunk_length, layout_of
 
 if TYPE_CHECKING:
     import reverb
@@ -186,8 +188,11 @@ def export_buffer(
     export_paths(dirpath, prefix)
     check_target(os.fspath(dirpath), overwrite)
     data, priorities, times_sampled = reverb_internals.read_checkpoint_items(
-        checkpoint_path, handle.name, handle.signature, handle.timeouts.sample
+        checkpoint_path, handle.name, handle.stored_signature, handle.timeouts.sample
     )
+    if handle.table.layout == PACKED:
+        # One uint8 column [items, sequence_length, step_bytes]: back to one array per field.
+        data = tree.flatten(layout_of(handle.stored_spec).unpack(data[0]))
     items = ExportedItems(data=data, priorities=priorities, times_sampled=times_sampled)
     return write_export(dirpath, prefix, handle.table, handle.stored_spec, items, overwrite)
 
@@ -709,6 +714,7 @@ def insert_items(
     sequence_length: int,
     items: ExportedItems,
     timeouts: Timeouts,
+    packed: PackedLayout | None = None,
 ) -> None:
     """Inserts items in order with their priorities, sharing steps repeated by the next item.
 
@@ -718,6 +724,7 @@ def insert_items(
       sequence_length: Steps per item.
       items: What to insert, oldest first.
       timeouts: `timeouts.write` bounds every wait for the server.
+      packed: The layout of a packed table (its items are packed first); None: nested.
 
     Raises:
       WriteTimeoutError: If the server does not confirm the items in time.
@@ -727,13 +734,21 @@ def insert_items(
     if items.num_items == 0:
         return
     timeout_ms = to_ms(timeouts.write)
-    continues = _continues_previous(items.data, sequence_length)
+    data = items.data if packed is None else [packed.pack_items(items.data)]
+    continues = _continues_previous(data, sequence_length)
     priorities = items.priorities.tolist()
-    with client.trajectory_writer(num_keep_alive_refs=sequence_length) as writer:
+    keep = (
+        sequence_length if packed is None else max(chunk_length(packed.step_bytes), sequence_length)
+    )
+    with client.trajectory_writer(num_keep_alive_refs=keep) as writer:
+        if packed is not None:  # the packed column in constant chunks, as its writers do
+            writer.configure(
+                (0,), num_keep_alive_refs=keep, max_chunk_length=chunk_length(packed.step_bytes)
+            )
         for index, priority in enumerate(priorities):
             first = sequence_length - 1 if continues[index] else 0
             for step in range(first, sequence_length):
-                writer.append([column[index, step] for column in items.data])
+                writer.append([column[index, step] for column in data])
             trajectory = [column[-sequence_length:] for column in writer.history]
             writer.create_item(table_name, priority, trajectory)
             if (index + 1) % MAX_IN_FLIGHT_ITEMS == 0:

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from replay_service.config import TableConfig, Timeouts
+from replay_service.packed import item_signature
 from replay_service.specs import table_signature
 
 # Samplers whose order matters; one sampling worker keeps it.
@@ -47,6 +48,12 @@ class TableHandle:
     def signature(self) -> Any:
         """Nest of `tf.TensorSpec` of one item (leading dimension `sequence_length`)."""
         return table_signature(self.stored_spec, self.table.sequence_length)
+
+    @property
+    def stored_signature(self) -> Any:
+        """What Reverb stores per item: `signature` for a nested table, `uint8[sequence_length,
+        step_bytes]` for a packed one (see `replay_service.packed`)."""
+        return item_signature(self.stored_spec, self.table.sequence_length, self.table.layout)
 
     @property
     def ordered(self) -> bool:

@@ -7,6 +7,7 @@ validation and sampling live in their own modules; this class only puts them in 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -33,6 +34,7 @@ from replay_service.errors import (
 )
 from replay_service.handles import TableHandle
 from replay_service.observers import TrajectoryObserver
+from replay_service.packed import item_signature, layout_of
 from replay_service.stats import BufferStats, StatsTracker, checkpoint_stats
 from replay_service.tables import check_extra_tables, find_table
 from replay_service.writers import TransitionWriter
@@ -95,6 +97,12 @@ class ReplayBufferManager:
         (Reverb when dm-reverb and TensorFlow import, else local; logged once per process).
       storage: Local backend: "memory" or "memmap" (memory-mapped files under
         `<checkpoint_dir>/.memmap`, deleted by `close()`, for buffers larger than RAM).
+      layout: How Reverb tables store steps: "nested" (one column per field) or "packed"
+        (one `uint8` row per step, several times less server memory per step and faster
+        inserts; see `replay_service.packed`). Every table of the server gets it (an extra
+        `TableConfig` naming another layout is refused). Every sampling path returns the same
+        items in both; TF-Agents' own `ReverbAddTrajectoryObserver` cannot write a packed
+        table. The local backend has its own storage and refuses "packed".
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
@@ -124,6 +132,7 @@ class ReplayBufferManager:
         summary_interval_s: float = 30.0,
         backend: str = "auto",
         storage: str = "memory",
+        layout: str = "nested",
     ) -> None:
         self._table = TableConfig(
             name=table_name,
@@ -131,7 +140,16 @@ class ReplayBufferManager:
             sequence_length=sequence_length,
             sampling=sampling or SamplingConfig(),
             pad_end_of_episode=pad_end_of_episode,
+            layout=layout,
         )
+        if layout != "nested" and isinstance(extra_tables, Sequence):
+            # The manager's layout is every table's: extra tables left at the default take it.
+            extra_tables = [
+                dataclasses.replace(t, layout=layout)
+                if isinstance(t, TableConfig) and t.layout == "nested"
+                else t
+                for t in extra_tables
+            ]
         self._extra_tables = check_extra_tables(self._table, extra_tables)
         validate_manager_options(
             port=port, stride_length=stride_length, keep_checkpoints=keep_checkpoints
@@ -156,6 +174,11 @@ class ReplayBufferManager:
         if self.backend == "local":
             from replay_service.local_backend import LocalBackend
 
+            if layout != "nested":
+                raise ConfigError(
+                    f"layout={layout!r} applies only to Reverb tables; the local backend has its "
+                    "own compact storage (use layout='nested', the default, with backend='local')"
+                )
             if port is not None:
                 raise ConfigError(f"port={port!r} applies only to a Reverb server, not local")
             self._backend = LocalBackend(
@@ -425,6 +448,7 @@ class ReplayBufferManager:
                     sample_timeout=self._timeouts.sample,
                     server_address=self.server_address,
                     connect_timeout=self._timeouts.connect,
+                    layout=config.layout,
                 )
                 replay_buffer.lifeline = self._require_buffer().lifeline
             dataset = replay_buffer.as_dataset(
@@ -444,6 +468,7 @@ class ReplayBufferManager:
                 num_workers=1 if ordered else 2,
                 connect_timeout=self._timeouts.connect,
                 lifeline=replay_buffer.lifeline,
+                layout=config.layout,
             )
         return dataset.prefetch(prefetch)
 
@@ -488,6 +513,7 @@ class ReplayBufferManager:
             seed=seed,
             connect_timeout=self._timeouts.connect,
             lifeline=self._require_buffer().lifeline,
+            layout=self._table.layout,
         )
         return dataset.prefetch(prefetch)
 
@@ -628,6 +654,7 @@ class ReplayBufferManager:
             self.table_name,
             self.sequence_length,
             sample_timeout=self._timeouts.sample,
+            layout=self._table.layout,
             **self._backend.replay_buffer_kwargs(),  # type: ignore[union-attr]
         )
         return self._replay_buffer, self._new_observer()
@@ -662,6 +689,7 @@ class ReplayBufferManager:
             timeouts=self._timeouts,
             extra_tables=self._extra_windows(),
             pad_end_of_episode=self._table.pad_end_of_episode,
+            layout=self._table.layout,
         )
         self._observers.append(observer)
         return observer
@@ -674,7 +702,7 @@ class ReplayBufferManager:
     def _check_server_table(self, client: Any) -> None:
         for table in self.tables:
             info = self._table_info(client, table.name)
-            signature = specs.table_signature(self._stored_spec, table.sequence_length)
+            signature = item_signature(self._stored_spec, table.sequence_length, table.layout)
             if info.signature is None:
                 raise SpecMismatchError(
                     f"table {table.name!r} at {client.server_address!r} has no signature; "
@@ -683,6 +711,8 @@ class ReplayBufferManager:
             problems = specs.diff_descriptions(
                 specs.describe_spec(signature), specs.describe_spec(info.signature)
             )
+            if problems and table.layout != "nested":
+                problems.insert(0, f"this manager's layout is {table.layout!r}")
             if info.max_size != table.capacity:
                 problems.append(f"capacity: requested {table.capacity}, found {info.max_size}")
             if problems:
@@ -880,6 +910,7 @@ class ReplayBufferManager:
             check_continuity=check_continuity,
             extra_tables=self._extra_windows(),
             pad_end_of_episode=self._table.pad_end_of_episode,
+            layout=self._table.layout,
         )
         self._observers.append(writer)  # type: ignore[arg-type]
         return writer
@@ -987,7 +1018,12 @@ class ReplayBufferManager:
             self._client.table(self.table_name).insert(items.data, items.priorities)
             return replay_buffer, observer
         export_lib.insert_items(
-            self.py_client, self.table_name, self.sequence_length, items, self._timeouts
+            self.py_client,
+            self.table_name,
+            self.sequence_length,
+            items,
+            self._timeouts,
+            packed=layout_of(self._stored_spec) if self._table.layout == "packed" else None,
         )
         return replay_buffer, observer
 

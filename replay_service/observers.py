@@ -20,6 +20,7 @@ from typing import Any
 
 from replay_service.config import Timeouts, require_int, require_number, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
+from replay_service.packed import PACKED, check_layout
 from replay_service.reverb_internals import abandon_writer
 from replay_service.sequences import (
     Masked,
@@ -27,6 +28,7 @@ from replay_service.sequences import (
     padded_window_config,
     padding_needed,
     padding_step,
+    stored_spec,
 )
 from replay_service.specs import check_collect_spec, diff_value, normalize_spec
 
@@ -100,6 +102,8 @@ class WriteTarget:
       flush_every: Steps between waits for the server (`flush_every`).
       timeout_ms: Bound on every wait, in milliseconds (None: forever).
       pad_end_of_episode: Whether steps are `Masked` and episode ends padded.
+      layout: "nested" (a Reverb `StructuredWriter`) or "packed" (a
+        `packed.PackedWindowWriter`).
     """
 
     client: Any
@@ -111,6 +115,7 @@ class WriteTarget:
     flush_every: int
     timeout_ms: int | None
     pad_end_of_episode: bool
+    layout: str = "nested"
 
     @classmethod
     def build(
@@ -125,6 +130,7 @@ class WriteTarget:
         timeouts: Timeouts | None,
         extra_tables: Sequence[tuple[str, int]],
         pad_end_of_episode: bool,
+        layout: str = "nested",
     ) -> WriteTarget:
         """Validates the lengths and describes the windows (arguments as `TrajectoryObserver`'s).
 
@@ -149,6 +155,7 @@ class WriteTarget:
             flush_every=flush_every(len(windows)),
             timeout_ms=to_ms((timeouts or Timeouts()).write),
             pad_end_of_episode=pad_end_of_episode,
+            layout=check_layout(layout),
         )
 
     @functools.cached_property
@@ -171,6 +178,11 @@ class WriteTarget:
         local = getattr(self.client, "window_writer", None)
         if local is not None:
             return local(self.windows)
+        if self.layout == PACKED:
+            from replay_service.packed import PackedWindowWriter, layout_of
+
+            stored = stored_spec(normalize_spec(self.data_spec), self.pad_end_of_episode)
+            return PackedWindowWriter(self.client, self.windows, layout_of(stored))
         return self.client.structured_writer(self.configs)
 
     def padding(self, num_steps: int) -> int:
@@ -212,6 +224,7 @@ class TrajectoryObserver:
         the windows of the same steps (see `window_configs`).
       pad_end_of_episode: Write `Masked(step, mask)` steps and pad each episode's end (the
         tables must be padded too, with one sequence length; see `replay_service.sequences`).
+      layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`).
 
     Raises:
       ConfigError: If `sequence_length` or `stride_length` is not an integer >= 1, or
@@ -231,6 +244,7 @@ class TrajectoryObserver:
         timeouts: Timeouts | None = None,
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
+        layout: str = "nested",
     ) -> None:
         check_collect_spec(data_spec, "TrajectoryObserver")
         self._target = target = WriteTarget.build(
@@ -243,6 +257,7 @@ class TrajectoryObserver:
             timeouts=timeouts,
             extra_tables=extra_tables,
             pad_end_of_episode=pad_end_of_episode,
+            layout=layout,
         )
         self._data_spec = data_spec
         self._pad = pad_end_of_episode

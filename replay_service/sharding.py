@@ -390,6 +390,7 @@ class ShardedReplayBuffer:
       table_name: The table every shard serves.
       timeouts: Bounds on every blocking call, per shard.
       stride_length: Observers create an item every `stride_length` steps.
+      layout: The shards' table layout, "nested" or "packed" (see `config.TableConfig`).
 
     Raises:
       ConfigError: If a value is invalid.
@@ -405,6 +406,7 @@ class ShardedReplayBuffer:
         table_name: str = DEFAULT_TABLE_NAME,
         timeouts: Timeouts | None = None,
         stride_length: int = 1,
+        layout: str = "nested",
     ) -> None:
         if not isinstance(config, ShardedConfig):
             raise ConfigError(f"config must be a ShardedConfig, got {type(config).__name__}")
@@ -419,6 +421,7 @@ class ShardedReplayBuffer:
                 server_address=address,
                 timeouts=self._timeouts,
                 stride_length=stride_length,
+                layout=layout,
             )
             for address in config.addresses
         )

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from replay_service.config import SamplingConfig, TableConfig, VariableTableConfig
 from replay_service.errors import ConfigError
+from replay_service.packed import item_signature
 from replay_service.sequences import stored_spec
-from replay_service.specs import table_signature
 
 if TYPE_CHECKING:
     import reverb
@@ -64,8 +64,8 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
         max_size=config.capacity,
         rate_limiter=make_rate_limiter(sampling),
         max_times_sampled=sampling.max_times_sampled,
-        signature=table_signature(
-            stored_spec(data_spec, config.pad_end_of_episode), config.sequence_length
+        signature=item_signature(
+            stored_spec(data_spec, config.pad_end_of_episode), config.sequence_length, config.layout
         ),
     )
 
@@ -137,6 +137,12 @@ def check_extra_tables(primary: TableConfig, extra: Sequence[Any]) -> tuple[Tabl
             f"(tables: {names})"
         )
     for config in extra:
+        if config.layout != primary.layout:
+            raise ConfigError(
+                f"table {config.name!r} has layout={config.layout!r}, the primary table "
+                f"{primary.name!r} {primary.layout!r}: one writer feeds every table, so they "
+                "must all have one layout"
+            )
         if config.pad_end_of_episode != primary.pad_end_of_episode:
             raise ConfigError(
                 f"table {config.name!r} has pad_end_of_episode={config.pad_end_of_episode}, the "

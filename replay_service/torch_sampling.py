@@ -133,6 +133,7 @@ class SampleSource:
       connect_timeout: `Timeouts.connect`, the limit of one liveness check (see
         `datasets.LivenessRules`); None: at most `sample_timeout`.
       lifeline: Closed by the manager's `close()`; a pickled copy keeps the state it had.
+      layout: The table's layout; a packed table's rows are unpacked into `signature`'s nest.
     """
 
     server_address: str
@@ -143,6 +144,7 @@ class SampleSource:
     ordered: bool = False
     connect_timeout: float | None = None
     lifeline: Lifeline | None = dataclasses.field(default=None, compare=False, repr=False)
+    layout: str = "nested"
 
     @classmethod
     def from_handle(cls, handle: TableHandle, *, lifeline: Lifeline | None = None) -> SampleSource:
@@ -162,6 +164,7 @@ class SampleSource:
             ordered=handle.ordered,
             connect_timeout=handle.timeouts.connect,
             lifeline=lifeline,
+            layout=handle.table.layout,
         )
 
     def tf_dataset(self, batch_size: int, *, num_workers: int | None = None) -> tf.data.Dataset:
@@ -191,6 +194,7 @@ class SampleSource:
             # Every DataLoader worker holds its own window: two batches each.
             max_in_flight=IN_FLIGHT_BATCHES * batch_size,
             lifeline=self.lifeline,
+            layout=self.layout,
         )
 
     def torch_samples(

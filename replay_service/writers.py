@@ -89,6 +89,7 @@ class TransitionWriter:
         the windows of the same steps (see `observers.window_configs`).
       pad_end_of_episode: Write `Masked(step, mask)` steps and pad the end of each env's
         episodes (the tables must be padded too; see `replay_service.sequences`).
+      layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`).
 
     Raises:
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
@@ -109,6 +110,7 @@ class TransitionWriter:
         check_continuity: bool = True,
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
+        layout: str = "nested",
     ) -> None:
         spec = check_collect_spec(data_spec, "TransitionWriter")
         self._target = target = WriteTarget.build(
@@ -121,6 +123,7 @@ class TransitionWriter:
             timeouts=timeouts,
             extra_tables=extra_tables,
             pad_end_of_episode=pad_end_of_episode,
+            layout=layout,
         )
         self._flush_every = target.flush_every  # read on every step
         self._check_continuity = check_continuity

@@ -57,6 +57,12 @@ _BATCHES = flags.DEFINE_integer("batches", 60, "Batches of 256 timed per sampler
 _JSON = flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs of every workload; the median is printed.")
 _BACKENDS = flags.DEFINE_list("backends", ["reverb", "local"], "reverb and/or local rows.")
+_LAYOUTS = flags.DEFINE_list(
+    "layouts",
+    ["nested", "packed"],
+    "Reverb table layouts measured side by side (our rows get a [layout] suffix).",
+)
+_EPISODE = flags.DEFINE_integer("episode", 200, "Steps per episode of the inserted steps.")
 
 BATCH = 256
 SEQUENCE_LENGTH = 2
@@ -288,8 +294,37 @@ def rate(iterator: Iterator[Any], batches: int) -> float:
     return batches * BATCH / seconds
 
 
-def sample_rows(workload: str, manager: ReplayBufferManager, batches: int) -> list[Row]:
+def sample_rows(
+    workload: str, manager: ReplayBufferManager, batches: int, tag: str = ""
+) -> list[Row]:
     replay_buffer, _ = manager.get_replay_buffer_and_observer()
+    if tag:  # another layout: ours only, against the anchors measured on the nested table
+        tf_rate = rate(iter(manager.get_dataset(BATCH, SEQUENCE_LENGTH)), batches)
+        rows = [Row(workload, "sample", f"ours tf{tag}", tf_rate, "items/s", "ours tf")]
+        as_dataset = replay_buffer.as_dataset(sample_batch_size=BATCH, num_steps=SEQUENCE_LENGTH)
+        rows.append(
+            Row(
+                workload,
+                "sample",
+                f"tf-agents as_dataset{tag}",
+                rate(iter(as_dataset), batches),
+                "items/s",
+                "tf-agents as_dataset",
+            )
+        )
+        stream = manager.torch_batches(BATCH)
+        rows.append(
+            Row(
+                workload,
+                "sample",
+                f"ours torch{tag}",
+                rate(iter(stream), batches),
+                "items/s",
+                "ours torch",
+            )
+        )
+        stream.close()
+        return rows
     anchors = {
         "tf-agents as_dataset": iter(
             replay_buffer.as_dataset(sample_batch_size=BATCH, num_steps=SEQUENCE_LENGTH)
@@ -341,26 +376,30 @@ def torchrl_rate(manager: ReplayBufferManager, batches: int) -> float | None:
 # -------------------------------------------------------------------------------- checkpoints
 
 
-def checkpoint_rows(workload: str, manager: ReplayBufferManager, spec: Any) -> list[Row]:
+def checkpoint_rows(
+    workload: str, manager: ReplayBufferManager, spec: Any, tag: str = ""
+) -> list[Row]:
     saved_at = timed(manager.checkpoint)
     path = CheckpointStore(manager.checkpoint_dir).latest().path
     size = dir_bytes(path)
     root = manager.checkpoint_dir
     capacity = manager._table.capacity
+    layout = manager.table_config.layout
     manager.close()
 
     def restore() -> None:
-        with ReplayBufferManager(spec, capacity, root, SEQUENCE_LENGTH) as restored:
+        with ReplayBufferManager(spec, capacity, root, SEQUENCE_LENGTH, layout=layout) as restored:
             restored.load_replay_buffer()
 
     restore_s = timed(restore)
     disk_s = disk_write_seconds(size, root)
     mb = size / 1e6
+    plain = f"plain file write+fsync{tag}"
     return [
-        Row(workload, "ckpt", "plain file write+fsync", mb / disk_s, "MB/s"),
-        Row(workload, "ckpt", "ours save", mb / saved_at, "MB/s", "plain file write+fsync"),
-        Row(workload, "ckpt", "ours restore", mb / restore_s, "MB/s", "plain file write+fsync"),
-        Row(workload, "ckpt", "checkpoint size", mb, "MB"),
+        Row(workload, "ckpt", plain, mb / disk_s, "MB/s"),
+        Row(workload, "ckpt", f"ours save{tag}", mb / saved_at, "MB/s", plain),
+        Row(workload, "ckpt", f"ours restore{tag}", mb / restore_s, "MB/s", plain),
+        Row(workload, "ckpt", f"checkpoint size{tag}", mb, "MB"),
     ]
 
 
@@ -601,53 +640,93 @@ def anchor_rows(workload: Workload, steps: list[Any], root: str) -> list[Row]:
 
 
 def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -> list[Row]:
+    """Our inserts, memory, sampling and checkpoints per layout (our rows of layouts other than
+    "nested" get a `[layout]` suffix), and the anchors on a nested table."""
     spec = workload.spec()
     rows: list[Row] = []
-    # Ours first: its memory figure needs a fresh server (later runs reuse freed memory).
-    inserts = {
+    ours = {
         "ours observer": insert_ours,
+        "ours TransitionWriter.add": insert_transition_writer,
+        f"ours add_multi ({NUM_ENVS} envs)": insert_add_multi,
+    }
+    anchors = {
         "tf-agents observer": insert_tf_agents,
         "raw TrajectoryWriter": insert_trajectory_writer,
         "raw StructuredWriter": insert_structured_writer,
-        "ours TransitionWriter.add": insert_transition_writer,
-        f"ours add_multi ({NUM_ENVS} envs)": insert_add_multi,
         f"tf-agents observers ({NUM_ENVS} envs)": insert_tf_agents_envs,
     }
-    manager = ReplayBufferManager(
-        spec,
-        2 * workload.steps,
-        os.path.join(root, "ckpt"),
-        SEQUENCE_LENGTH,
-        timeouts=Timeouts(sample=120),
-    )
-    manager.create_replay_buffer()
-    for name, insert in inserts.items():
-        manager.clear()
-        before = rss_bytes()
-        seconds = insert(manager, steps)
-        grown = rss_bytes() - before
-        anchor = "tf-agents observer" if name.startswith("ours") else None
-        rate = len(steps) / seconds
-        rows.append(Row(workload.name, "insert", name, rate, "steps/s", anchor))
-        if name == "ours observer":
-            rows.append(
-                Row(workload.name, "memory", "server RSS per stored step", grown / len(steps), "B")
-            )
-            raw = (
-                np.prod(workload.observation_shape) * np.dtype(workload.observation_dtype).itemsize
-            )
-            rows.append(Row(workload.name, "memory", "raw observation bytes", float(raw), "B"))
-    # add_multi also against the same work done the TF-Agents way: one observer per env.
-    multi = next(r for r in rows if r.path == f"ours add_multi ({NUM_ENVS} envs)")
-    rows.append(
-        dataclasses.replace(
-            multi,
-            path=f"  same, vs {NUM_ENVS} tf-agents obs.",
-            anchor=f"tf-agents observers ({NUM_ENVS} envs)",
+    managers = {}
+    for layout in _LAYOUTS.value:
+        tag = "" if layout == "nested" else f" [{layout}]"
+        manager = ReplayBufferManager(
+            spec,
+            2 * workload.steps,
+            os.path.join(root, f"ckpt_{layout}"),
+            SEQUENCE_LENGTH,
+            timeouts=Timeouts(sample=120),
+            layout=layout,
         )
-    )
-    rows += sample_rows(workload.name, manager, batches)
-    rows += checkpoint_rows(workload.name, manager, spec)
+        manager.create_replay_buffer()
+        managers[layout] = manager
+        # Ours first: the memory figure needs a fresh server (later runs reuse freed memory).
+        for name, insert in ours.items():
+            manager.clear()
+            before = rss_bytes()
+            seconds = insert(manager, steps)
+            grown = rss_bytes() - before
+            rate = len(steps) / seconds
+            rows.append(
+                Row(workload.name, "insert", name + tag, rate, "steps/s", "tf-agents observer")
+            )
+            if name == "ours observer":
+                rows.append(
+                    Row(
+                        workload.name,
+                        "memory",
+                        f"server RSS per stored step{tag}",
+                        grown / len(steps),
+                        "B",
+                    )
+                )
+    raw = np.prod(workload.observation_shape) * np.dtype(workload.observation_dtype).itemsize
+    rows.append(Row(workload.name, "memory", "raw observation bytes", float(raw), "B"))
+    anchor_manager = managers.get("nested")
+    if anchor_manager is None:
+        anchor_manager = ReplayBufferManager(
+            spec,
+            2 * workload.steps,
+            os.path.join(root, "ckpt_anchor"),
+            SEQUENCE_LENGTH,
+            timeouts=Timeouts(sample=120),
+        )
+        anchor_manager.create_replay_buffer()
+    for name, insert in anchors.items():
+        anchor_manager.clear()
+        seconds = insert(anchor_manager, steps)
+        rows.append(Row(workload.name, "insert", name, len(steps) / seconds, "steps/s"))
+    # add_multi also against the same work done the TF-Agents way: one observer per env.
+    for layout in _LAYOUTS.value:
+        tag = "" if layout == "nested" else f" [{layout}]"
+        multi = next(r for r in rows if r.path == f"ours add_multi ({NUM_ENVS} envs){tag}")
+        rows.append(
+            dataclasses.replace(
+                multi,
+                path=f"  same, vs {NUM_ENVS} tf-agents obs.{tag}",
+                anchor=f"tf-agents observers ({NUM_ENVS} envs)",
+            )
+        )
+    if "nested" not in managers:
+        # The anchors' sampling, on the nested table the anchor inserts filled.
+        anchor_manager.clear()
+        insert_ours(anchor_manager, steps)
+        rows += sample_rows(workload.name, anchor_manager, batches)
+        anchor_manager.close()
+    for layout, manager in managers.items():
+        tag = "" if layout == "nested" else f" [{layout}]"
+        manager.clear()  # the table holds what the observer writes, in every layout
+        insert_ours(manager, steps)
+        rows += sample_rows(workload.name, manager, batches, tag)
+        rows += checkpoint_rows(workload.name, manager, spec, tag)
     return rows
 
 
@@ -693,6 +772,8 @@ def main(argv: list[str]) -> None:
     unknown = sorted(set(_BACKENDS.value) - {"reverb", "local"})
     if unknown or _REPEATS.value < 1:
         raise app.UsageError(f"backends are reverb/local (got {unknown}), repeats >= 1")
+    global EPISODE
+    EPISODE = _EPISODE.value
     runs = []
     for _ in range(_REPEATS.value):
         run = [

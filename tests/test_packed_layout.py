@@ -1,0 +1,488 @@
+"""The packed layout returns exactly the items of the nested one, through every reader.
+
+Both layouts get the same recorded CartPole steps; the nested table's items (read with a plain
+client) are the reference, and every path of the packed table must yield items from that set
+and, sampled long enough, all of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import pytest
+import reverb
+import tensorflow as tf
+import tree
+from tf_agents.drivers import py_driver
+from tf_agents.replay_buffers import reverb_utils
+
+from replay_service import ReplayBufferManager, TableConfig, packed
+from replay_service.checkpoints import CheckpointStore
+from replay_service.config_file import load_config
+from replay_service.connection import pick_free_port
+from replay_service.errors import ConfigError, SpecMismatchError
+from replay_service.export import read_export
+from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
+from replay_service.writers import TransitionWriter
+from tests.conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, ServerProcess, all_items
+
+Item = tuple[bytes, ...]
+
+
+def record(env: Any, policy: Any, steps: int) -> list[Any]:
+    """`steps` environment steps of CartPole as unbatched trajectories (episodes end inside)."""
+    out: list[Any] = []
+    py_driver.PyDriver(env, policy, [out.append], max_steps=steps).run(env.reset())
+    return out
+
+
+def fill(manager: ReplayBufferManager, trajectories: Iterable[Any]) -> Any:
+    replay_buffer, observer = manager.create_replay_buffer()
+    for trajectory in trajectories:
+        observer(trajectory)
+    observer.flush()
+    return replay_buffer
+
+
+def batch_items(nest: Any) -> list[Item]:
+    """Per batch row: the bytes of every leaf (numpy, tf or torch leaves)."""
+    leaves = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in tree.flatten(nest)]
+    return [tuple(leaf[b].tobytes() for leaf in leaves) for b in range(leaves[0].shape[0])]
+
+
+def client_items(manager: ReplayBufferManager, table: str, count: int) -> set[Item]:
+    """Every item of a table through a plain `reverb.Client`, decoded with `packed.unpack`
+    when the table is packed."""
+    return {tuple(x.tobytes() for x in data) for data in client_arrays(manager, table, count)}
+
+
+def client_arrays(manager: ReplayBufferManager, table: str, count: int) -> list[list[Any]]:
+    """`client_items`, each item as its list of leaves."""
+    items = all_items(manager.py_client, table, count)
+    out = []
+    for data in items.values():
+        if manager.table_config.layout == "packed":
+            (rows,) = data
+            assert rows.dtype == np.uint8 and rows.ndim == 2
+            data = tree.flatten(
+                packed.unpack(
+                    rows,
+                    manager.data_spec,
+                    pad_end_of_episode=manager.table_config.pad_end_of_episode,
+                )
+            )
+        out.append([np.asarray(x) for x in data])
+    return out
+
+
+def drain(batches: Iterable[Any], expected: set[Item], extract: Callable[[Any], Any]) -> None:
+    """Reads batches until every expected item was seen; every item must be expected."""
+    seen: set[Item] = set()
+    for count, batch in enumerate(batches):
+        got = batch_items(extract(batch))
+        assert set(got) <= expected, "an item that the nested table does not hold"
+        seen.update(got)
+        if seen == expected:
+            return
+        assert count < 200, f"saw {len(seen)} of {len(expected)} items"
+
+
+@pytest.fixture()
+def steps(env: Any, policy: Any) -> list[Any]:
+    return record(env, policy, 120)
+
+
+@pytest.fixture()
+def pair(make_manager: Any, tmp_path: Any, steps: list[Any]) -> Any:
+    """A nested and a packed buffer of 3-step windows (and a 2-step extra table) holding the
+    same steps, and the nested one's items per table."""
+
+    def build(layout: str) -> ReplayBufferManager:
+        manager = make_manager(
+            sequence_length=3,
+            checkpoint_dir=str(tmp_path / layout),
+            extra_tables=[TableConfig(name="short", capacity=1000, sequence_length=2)],
+            layout=layout,
+        )
+        fill(manager, steps)
+        return manager
+
+    nested, packed_manager = build("nested"), build("packed")
+    expected = {
+        name: client_items(nested, name, nested.num_frames(table=name))
+        for name in (nested.table_name, "short")
+    }
+    return nested, packed_manager, expected
+
+
+def test_packed_table_stores_one_uint8_column_and_the_same_items(pair: Any) -> None:
+    nested, manager, expected = pair
+    info = manager.py_client.server_info()[manager.table_name]
+    layout = packed.layout_of(manager.stored_spec)
+    assert info.signature == tf.TensorSpec([3, layout.step_bytes], tf.uint8, "packed")
+    # CartPole: int32 step type, float64[4] observation, int64 action, int32, float32 x2.
+    assert layout.step_bytes == sum(
+        np.dtype(s.dtype.as_numpy_dtype).itemsize * int(np.prod(s.shape))
+        for s in tree.flatten(manager.data_spec)
+    )
+    for name, items in expected.items():
+        assert manager.num_frames(table=name) == nested.num_frames(table=name) == len(items)
+        assert client_items(manager, name, len(items)) == items
+
+
+def test_get_dataset_as_dataset_and_mixed_dataset_match(pair: Any) -> None:
+    nested, manager, expected = pair
+    primary = expected[manager.table_name]
+    drain(manager.get_dataset(16), primary, lambda b: b[0])
+    drain(manager.get_dataset(16, table="short"), expected["short"], lambda b: b[0])
+    replay_buffer, _ = manager.get_replay_buffer_and_observer()
+    drain(replay_buffer.as_dataset(sample_batch_size=8, num_steps=3), primary, lambda b: b[0])
+    mix = manager.mixed_dataset(16, {manager.table_name: 1.0})
+    drain(mix, primary, lambda b: b[0])
+    # Splitting items into shorter sequences (TF-Agents' pipeline): the same sub-sequences.
+    split_nested = {
+        tuple(x[t : t + 1].tobytes() for x in item)
+        for item in client_arrays(nested, nested.table_name, len(primary))
+        for t in range(3)
+    }
+    drain(manager.get_dataset(8, num_steps=1), split_nested, lambda b: b[0])
+    # Same element structure, dtypes and shapes as the nested table's datasets.
+    a = next(iter(nested.get_dataset(4)))
+    b = next(iter(manager.get_dataset(4)))
+    tf.nest.assert_same_structure(a, b)
+    for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+
+
+def fields(batch: Any) -> list[Any]:
+    """The tensors of a `TransitionBatch`."""
+    return [batch.states, batch.actions, batch.rewards, batch.next_states, batch.dones]
+
+
+def test_torch_paths_match(make_manager: Any, tmp_path: Any, steps: list[Any]) -> None:
+    expected = {}
+    for layout in ("nested", "packed"):
+        manager = make_manager(checkpoint_dir=str(tmp_path / layout), layout=layout)
+        fill(manager, steps)
+        expected[layout] = client_items(manager, manager.table_name, manager.num_frames())
+        if layout == "nested":
+            transitions = set()
+            stream = manager.torch_batches(16, transitions=True)
+            for _ in range(150):
+                transitions.update(batch_items(fields(next(stream))))
+            stream.close()
+    assert expected["nested"] == expected["packed"]
+    stream = manager.torch_batches(16)
+    drain(stream, expected["nested"], lambda b: b)
+    stream.close()
+    drain(manager.torch_batches(16, transitions=True), transitions, fields)
+    dataset = manager.torch_dataset(16)
+    drain(iter(dataset), expected["nested"], lambda b: b)
+
+
+def test_transition_writer_padding_strides_and_extra_tables(
+    make_manager: Any, tmp_path: Any
+) -> None:
+    """TransitionWriter.add / add_multi into padded tables with a stride: the same windows."""
+    rng = np.random.default_rng(0)
+    calls = []
+    for c in range(60):
+        states = rng.normal(size=(3, 4)).astype(np.float32)
+        dones = rng.random(3) < 0.15
+        calls.append((states, np.array([c % 2, 1, 0]), np.full(3, c, np.float32), dones))
+    got = {}
+    for layout in ("nested", "packed"):
+        manager = make_manager(
+            checkpoint_dir=str(tmp_path / layout),
+            sequence_length=4,
+            stride_length=3,
+            pad_end_of_episode=True,
+            extra_tables=[TableConfig(name="padded2", sequence_length=4, pad_end_of_episode=True)],
+            layout=layout,
+        )
+        manager.create_replay_buffer()
+        single = manager.transition_writer(check_continuity=False)
+        multi = manager.transition_writer(check_continuity=False)
+        for states, actions, rewards, dones in calls:
+            single.add(states[0], actions[0], rewards[0], states[1], bool(dones[0]))
+            multi.add_multi(states, actions, rewards, states[::-1], dones, final_states=states)
+        single.close()
+        multi.close()
+        got[layout] = {
+            name: client_items(manager, name, manager.num_frames(table=name))
+            for name in (manager.table_name, "padded2")
+        }
+        if layout == "packed":
+            masked = next(iter(manager.get_dataset(8)))[0]
+            assert masked.mask.dtype == tf.bool and masked.mask.shape == (8, 4)
+    assert got["nested"] == got["packed"]
+    assert any(
+        not np.frombuffer(item[-1], bool).all() for item in got["packed"][manager.table_name]
+    ), "no padded item was written"
+
+
+def test_observer_strides_like_the_structured_writer(
+    make_manager: Any, tmp_path: Any, steps: list[Any]
+) -> None:
+    """Stride longer than the window, carried across episodes as Reverb's StructuredWriter
+    does, into tables of several lengths."""
+    got = {}
+    for layout in ("nested", "packed"):
+        manager = make_manager(
+            checkpoint_dir=str(tmp_path / layout),
+            sequence_length=2,
+            stride_length=5,
+            extra_tables=[TableConfig(name="long", sequence_length=7)],
+            layout=layout,
+        )
+        fill(manager, steps)
+        got[layout] = {
+            name: client_items(manager, name, manager.num_frames(table=name))
+            for name in (manager.table_name, "long")
+        }
+    assert got["nested"] == got["packed"]
+    assert all(len(items) > 3 for items in got["packed"].values())
+
+
+def test_export_import_and_checkpoints_across_layouts(
+    pair: Any, make_manager: Any, tmp_path: Any, steps: list[Any]
+) -> None:
+    nested, manager, expected = pair
+    primary = expected[manager.table_name]
+    # Export: one table only, so a fresh pair without the extra table.
+    single = {}
+    for layout in ("nested", "packed"):
+        m = make_manager(
+            checkpoint_dir=str(tmp_path / f"single_{layout}"), sequence_length=3, layout=layout
+        )
+        fill(m, steps)
+        m.export(tmp_path / f"export_{layout}")
+        single[layout] = m
+    a = read_export(nested.table_config, nested.stored_spec, tmp_path / "export_nested")
+    b = read_export(nested.table_config, nested.stored_spec, tmp_path / "export_packed")
+    assert len(a.data) == len(b.data) and a.num_items == b.num_items > 0
+    for x, y in zip(a.data, b.data, strict=True):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(a.priorities, b.priorities)
+    # An export of either layout imports into the other, item for item.
+    imported = make_manager(
+        checkpoint_dir=str(tmp_path / "imported"), sequence_length=3, layout="packed"
+    )
+    imported.import_buffer(tmp_path / "export_nested")
+    reference = client_items(single["nested"], "uniform_table", a.num_items)
+    assert client_items(imported, "uniform_table", a.num_items) == reference
+    back = make_manager(checkpoint_dir=str(tmp_path / "back"), sequence_length=3)
+    back.import_buffer(tmp_path / "export_packed")
+    assert client_items(back, "uniform_table", a.num_items) == reference
+
+    # Checkpoints record the layout; a restore with the same layout has every item.
+    path = manager.checkpoint()
+    metadata = CheckpointStore(manager.checkpoint_dir).read_metadata()
+    assert metadata.layout == "packed"
+    with open(CheckpointStore(manager.checkpoint_dir).store_file) as f:
+        assert json.load(f)["layout"] == "packed"
+    assert path
+    manager.close()
+    restored = make_manager(
+        checkpoint_dir=manager.checkpoint_dir,
+        sequence_length=3,
+        extra_tables=[TableConfig(name="short", capacity=1000, sequence_length=2)],
+        layout="packed",
+    )
+    restored.load_replay_buffer()
+    assert client_items(restored, restored.table_name, len(primary)) == primary
+    drain(restored.get_dataset(16), primary, lambda b: b[0])
+    restored.close()
+    other = make_manager(
+        checkpoint_dir=manager.checkpoint_dir,
+        sequence_length=3,
+        extra_tables=[TableConfig(name="short", capacity=1000, sequence_length=2)],
+    )
+    with pytest.raises(SpecMismatchError, match="layout: requested 'nested', stored 'packed'"):
+        other.load_replay_buffer()
+
+
+def test_replay_server_and_shards_with_a_packed_config(
+    tmp_path: Any, steps: list[Any], data_spec: Any
+) -> None:
+    with open(CARTPOLE_CONFIG) as f:
+        text = f.read()
+    config = tmp_path / "packed.toml"
+    config.write_text(
+        text.replace("sequence_length = 2\n", 'sequence_length = 2\nlayout = "packed"\n')
+    )
+    assert load_config(config).table.layout == "packed"
+    servers = []
+    for i in range(2):
+        port = pick_free_port()
+        servers.append(
+            (
+                ServerProcess(
+                    f"--config={config}",
+                    f"--port={port}",
+                    f"--checkpoint_dir={tmp_path / f'server{i}'}",
+                    "--checkpoint_interval_s=0",
+                ),
+                f"localhost:{port}",
+            )
+        )
+    try:
+        for server, _ in servers:
+            server.wait_listening()
+        address = servers[0][1]
+        info = reverb.Client(address).server_info(timeout=5)["uniform_table"]
+        assert info.signature.dtype == tf.uint8
+        remote = ReplayBufferManager(
+            data_spec, 100000, server_address=address, timeouts=FAST_TIMEOUTS, layout="packed"
+        )
+        try:
+            fill(remote, steps[:40])
+            count = remote.num_frames()
+            assert count > 10
+            items = client_items(remote, "uniform_table", count)
+            drain(remote.get_dataset(8), items, lambda b: b[0])
+        finally:
+            remote.close()
+        wrong = ReplayBufferManager(
+            data_spec, 100000, server_address=address, timeouts=FAST_TIMEOUTS
+        )
+        try:
+            with pytest.raises(SpecMismatchError, match="does not match"):
+                wrong.load_replay_buffer()
+        finally:
+            wrong.close()
+
+        sharded = ShardedReplayBuffer(
+            ShardedConfig(tuple(a for _, a in servers)),
+            data_spec,
+            100000,
+            timeouts=FAST_TIMEOUTS,
+            layout="packed",
+        )
+        with sharded.create(overwrite=True):
+            for collector in range(2):
+                observer = sharded.observer(collector)
+                for trajectory in steps[collector * 50 : collector * 50 + 50]:
+                    observer(trajectory)
+                observer.flush()
+            expected = set()
+            for index, manager in enumerate(sharded.managers):
+                expected |= client_items(manager, "uniform_table", manager.num_frames())
+                assert manager.table_config.layout == "packed", index
+            drain(sharded.get_dataset(batch_size=16, seed=1), expected, lambda b: b[0])
+    finally:
+        for server, _ in servers:
+            server.finish()
+
+
+def test_items_of_tf_agents_own_observer_fail_to_sample_from_a_packed_table(
+    make_manager: Any, steps: list[Any]
+) -> None:
+    """TF-Agents' observer writes without validating items, so Reverb takes its nested items
+    into a packed table; sampling them then fails instead of returning wrong data."""
+    manager = make_manager(layout="packed")
+    manager.create_replay_buffer()
+    observer = reverb_utils.ReverbAddTrajectoryObserver(manager.py_client, manager.table_name, 2)
+    for trajectory in steps[:5]:
+        observer(trajectory)
+    observer.flush()
+    observer.close()
+    assert manager.num_frames() > 0
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        next(iter(manager.get_dataset(2)))
+
+
+def test_bad_layouts_are_refused(make_manager: Any, data_spec: Any, tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="layout must be 'nested' or 'packed'"):
+        make_manager(layout="columnar")
+    with pytest.raises(ConfigError, match="one layout"):
+        make_manager(layout="nested", extra_tables=[TableConfig(name="b", layout="packed")])
+    with pytest.raises(ConfigError, match="local backend"):
+        make_manager(layout="packed", backend="local")
+    # Extra tables left at the default take the manager's layout.
+    manager = make_manager(layout="packed", extra_tables=[TableConfig(name="b")])
+    assert [t.layout for t in manager.tables] == ["packed", "packed"]
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[table]\nlayout = "packed"\n[[extra_tables]]\nname = "b"\n'
+        '[data_spec]\nenv = "CartPole-v0"\n'
+    )
+    assert [t.layout for t in load_config(config).tables] == ["packed", "packed"]
+
+
+def test_pack_and_unpack_round_trip_every_dtype() -> None:
+    from replay_service.array_specs import ArraySpec
+    from replay_service.sequences import Masked
+
+    spec = Masked(
+        step={
+            "a": ArraySpec((2, 3), np.float64, "a"),
+            "b": ArraySpec((), np.int8, "b"),
+            "c": ArraySpec((4,), np.uint8, "c"),
+            "d": ArraySpec((), np.bool_, "d"),
+            "e": ArraySpec((1,), np.float16, "e"),
+        },
+        mask=ArraySpec((), np.bool_, "mask"),
+    )
+    layout = packed.PackedLayout(spec)
+    assert layout.step_bytes == 48 + 1 + 4 + 1 + 2 + 1
+    rng = np.random.default_rng(1)
+    steps = [
+        Masked(
+            step={
+                "a": rng.normal(size=(2, 3)),
+                "b": np.int8(-i),
+                "c": rng.integers(0, 255, 4).astype(np.uint8),
+                "d": np.bool_(i % 2),
+                "e": np.array([i / 3], np.float16),
+            },
+            mask=np.bool_(i != 2),
+        )
+        for i in range(5)
+    ]
+    rows = np.stack([layout.pack_nest(s) for s in steps])
+    back = layout.unpack(rows)
+    tf_back = layout.unpack_tf(tf.constant(rows[None]))
+    for i, step in enumerate(steps):
+        for x, y, z in zip(
+            tree.flatten(step), tree.flatten(back), tree.flatten(tf_back), strict=True
+        ):
+            np.testing.assert_array_equal(np.asarray(x), y[i])
+            np.testing.assert_array_equal(np.asarray(x), z.numpy()[0, i])
+    columns = [
+        np.stack([np.asarray(leaf) for leaf in col])
+        for col in zip(*map(tree.flatten, steps), strict=True)
+    ]
+    np.testing.assert_array_equal(layout.pack_items(columns), rows)
+    with pytest.raises(ValueError, match="field 'step/b'"):
+        layout.pack_nest(steps[0]._replace(step={**steps[0].step, "b": np.int16(1)}))
+    with pytest.raises(ValueError, match=r"uint8\[..., 57\]"):
+        layout.unpack(rows[:, :10])
+
+
+def test_packed_observer_names_a_wrong_field(make_manager: Any, steps: list[Any]) -> None:
+    manager = make_manager(layout="packed")
+    _, observer = manager.create_replay_buffer()
+    observer(steps[0])
+    bad = steps[1]._replace(observation=np.zeros(3, np.float32))
+    with pytest.raises(SpecMismatchError, match="observation"):
+        observer(bad)
+
+
+def test_chunk_length_is_bounded_by_bytes() -> None:
+    assert packed.chunk_length(40) == packed.MAX_CHUNK_LENGTH
+    assert packed.chunk_length(84 * 84 * 4 + 28) == 1
+    assert 1 <= packed.chunk_length(1000) <= packed.MAX_CHUNK_LENGTH
+
+
+def test_transition_writer_standalone_on_a_packed_server(make_manager: Any, data_spec: Any):
+    manager = make_manager(layout="packed")
+    manager.create_replay_buffer()
+    writer = TransitionWriter(manager.py_client, manager.table_name, 2, data_spec, layout="packed")
+    writer.add(np.zeros(4), 1, 1.0, np.ones(4), False)
+    writer.add(np.ones(4), 0, 1.0, np.full(4, 2.0), True)
+    writer.close()
+    assert manager.num_frames() == 2
