@@ -81,11 +81,18 @@ class LocalSampleSource:
           ManagerClosedError: If the manager was closed.
           BufferStateError: If nothing can be sampled within `sample_timeout`.
         """
-        if self.lifeline is not None and self.lifeline.closed:
-            raise ManagerClosedError(
-                f"the buffer of table {self.table_name!r} was closed; create or load a new one"
-            )
+        closed = self.closed_error()
+        if closed is not None:
+            raise closed
         return self.table.sample(batch_size, self.sample_timeout)
+
+    def closed_error(self) -> ManagerClosedError | None:
+        """The error every stream of this source raises once its manager was closed, else None."""
+        if self.lifeline is None or not self.lifeline.closed:
+            return None
+        return ManagerClosedError(
+            f"the buffer of table {self.table_name!r} was closed; create or load a new one"
+        )
 
     def torch_samples(
         self,

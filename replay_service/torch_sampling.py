@@ -57,7 +57,10 @@ if TYPE_CHECKING:
 
 LAST = StepType.LAST
 TRANSITION_SEQUENCE_LENGTH = 2
-DEFAULT_PREFETCH = 2
+# Batches prepared ahead by a Python thread. None by default: the Reverb pipeline prefetches in
+# tf.data's C++ threads, which do not hold the GIL, and a local table is sampled in
+# microseconds; a Python thread beside a collecting loop made every `add` wait for the GIL.
+DEFAULT_PREFETCH = 0
 # Samples requested ahead per Reverb worker, in batches (Reverb recommends 2-3x the batch size).
 IN_FLIGHT_BATCHES = 2
 # Reverb sampling workers behind one iterator; samplers whose order matters get one.
@@ -79,6 +82,10 @@ class TorchSampleSource(Protocol):
       sequence_length: Steps per item.
       signature: Nest of specs of one item (leading dimension `sequence_length`): TF specs or
         `array_specs.ArraySpec`; a `sequences.Masked` nest for padded tables.
+
+
+    A source may also have `closed_error()`, returning the exception to raise once its manager
+    was closed (else None): `TorchBatchStream` then fails at once, before batches sampled ahead.
     """
 
     @property
@@ -220,12 +227,18 @@ class SampleSource:
 
         from replay_service.datasets import sampling_timeout_message
 
-        to_torch = tensor_to_torch if convert is None else (lambda t: convert(tensor_to_torch(t)))
-        iterator = iter(self.tf_dataset(batch_size, num_workers=num_workers))
+        dataset = self.tf_dataset(batch_size, num_workers=num_workers)
+        get_next = _flat_getter(dataset)
+        structure = self.signature
+        info_fields = len(TorchSampleInfo._fields)
         while True:
+            # Batches the pipeline already holds must not outlive close().
+            closed = self.closed_error()
+            if closed is not None:
+                raise closed
             try:
-                sample = next(iterator)
-            except StopIteration:
+                flat = get_next()
+            except (StopIteration, tf.errors.OutOfRangeError):
                 raise BufferStateError(
                     sampling_timeout_message(self.table_name, self.sample_timeout)
                 ) from None
@@ -239,10 +252,49 @@ class SampleSource:
                 if ours is None:
                     raise
                 raise ours from e
-            yield (
-                tree.map_structure(to_torch, sample.data),
-                tuple(tensor_to_torch(t) for t in sample.info),
-            )
+            tensors = [tensor_to_torch(t) for t in flat]
+            data = tensors[info_fields:]
+            if convert is not None:
+                data = [convert(t) for t in data]
+            yield tree.unflatten_as(structure, data), tuple(tensors[:info_fields])
+
+    def closed_error(self) -> ManagerClosedError | None:
+        """The error every stream of this source raises once its manager was closed, else None."""
+        if self.lifeline is None or not self.lifeline.closed:
+            return None
+        from replay_service.datasets import MANAGER_CLOSED_MESSAGE
+
+        return ManagerClosedError(
+            f"{MANAGER_CLOSED_MESSAGE} (server {self.server_address}, table {self.table_name}): "
+            "datasets and batch streams stop with their ReplayBufferManager; create a new "
+            "manager, load the buffer and ask it for a new batch stream."
+        )
+
+
+def _flat_getter(dataset: tf.data.Dataset) -> Callable[[], list[tf.Tensor]]:
+    """Returns a call that gets the next element of `dataset` as its flat list of tensors.
+
+    It skips what `next(iter(dataset))` does in Python for every element (rebuilding the nest
+    and checking every component's shape against the element spec, about 0.3 ms a batch of
+    `ReplaySample`), which a training loop sampling small batches felt. Raises
+    `tf.errors.OutOfRangeError` at the end.
+    """
+    import tensorflow as tf
+
+    iterator = iter(dataset)
+    resource = getattr(iterator, "_iterator_resource", None)
+    specs = tf.nest.flatten(dataset.element_spec)
+    if resource is None or not all(isinstance(s, tf.TensorSpec) for s in specs):
+        return lambda: tf.nest.flatten(next(iterator))
+    from tensorflow.python.ops import gen_dataset_ops
+
+    types = [s.dtype for s in specs]
+    shapes = [s.shape for s in specs]
+
+    def get_next(owner: Any = iterator) -> list[tf.Tensor]:  # `owner` keeps the resource alive
+        return gen_dataset_ops.iterator_get_next(resource, output_types=types, output_shapes=shapes)
+
+    return get_next
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,22 +394,23 @@ def to_transitions(trajectory: Any) -> TransitionBatch:
 
 
 def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
-    """Hands an eager CPU tensor to torch without copying (DLPack) where the dtype allows.
+    """Hands an eager CPU tensor to torch without copying.
+
+    The tensor's buffer is shared through its numpy view (about 1 us, every dtype, bool
+    included), which keeps the tensor alive; DLPack does the same for most dtypes but turns
+    bool into uint8 and, through TF's Python wrapper, costs more per call.
 
     Args:
       value: An eager `tf.Tensor`.
 
     Returns:
-      A CPU `torch.Tensor` sharing (or, for dtypes DLPack lacks, copying) the data.
+      A CPU `torch.Tensor` sharing the data (a copy if the tensor is not in host memory).
     """
-    import tensorflow as tf
-
-    if value.dtype == tf.bool:  # TF exports bool through DLPack as uint8
-        return torch.from_numpy(value.numpy())
     try:
-        return torch.from_dlpack(tf.experimental.dlpack.to_dlpack(value))
-    except (tf.errors.OpError, RuntimeError, TypeError, ValueError, BufferError):
-        return torch.from_numpy(value.numpy())
+        array = value._numpy()
+    except AttributeError:  # not an EagerTensor
+        array = value.numpy()
+    return torch.from_numpy(array)
 
 
 def iterate_batches(
@@ -425,7 +478,13 @@ class TorchBatchStream:
 
     With `prefetch > 0`, one daemon thread samples, converts, pins and moves up to `prefetch`
     batches ahead into a bounded queue; `close()` (also on `with` exit and garbage collection)
-    stops it. With `prefetch == 0` everything happens inside `next()`.
+    stops it. With `prefetch == 0` (the default) everything happens inside `next()`; the
+    Reverb pipeline still samples ahead in tf.data's C++ threads, without the GIL. A thread
+    helps only when placing batches on `device` takes long; beside a collecting loop in the
+    same process it slows collection, which then waits for the GIL.
+
+    Once the source's manager is closed, `next()` raises `ManagerClosedError` at once, also
+    when batches were already sampled ahead.
 
     Args:
       source: The table to sample (a `TorchSampleSource`, e.g.
@@ -434,7 +493,7 @@ class TorchBatchStream:
       device: Where the tensors are placed ("cpu", "cuda", "cuda:1", a `torch.device`).
       pin_memory: Pin host memory before the transfer to `device`, making it asynchronous;
         ignored with a warning when no accelerator is available (as `DataLoader` does).
-      prefetch: Batches prepared ahead by the background thread; 0 disables the thread.
+      prefetch: Batches prepared ahead by a background thread; 0 (default): no thread.
       transitions: Yield `TransitionBatch` (needs `sequence_length == 2`) instead of the
         nested `Trajectory`.
       with_info: Yield `(batch, TorchSampleInfo)` pairs.
@@ -482,6 +541,10 @@ class TorchBatchStream:
         """
         if self._closed:
             raise ManagerClosedError("this batch stream is closed; ask the manager for a new one")
+        closed_error = getattr(self._source, "closed_error", None)
+        failure = closed_error() if closed_error is not None else None
+        if failure is not None:
+            raise failure
         if self._prefetch == 0:
             if self._failure is not None:
                 raise self._failure
