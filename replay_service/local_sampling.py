@@ -112,12 +112,15 @@ class LocalSampleSource:
         Raises:
           ManagerClosedError, BufferStateError: As `sample`.
         """
+        from replay_service.torch_sampling import nest_packer
+
         del num_workers
-        place = convert or (lambda t: t)
+        pack = nest_packer(self._structure)
         while True:
             data, info = self.sample(batch_size)
-            nest = tree.unflatten_as(self._structure, [place(t) for t in data])
-            yield nest, tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
+            if convert is not None:
+                data = [convert(t) for t in data]
+            yield pack(data), tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
 
 
 def _info_tensor(array: np.ndarray) -> torch.Tensor:

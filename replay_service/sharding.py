@@ -792,6 +792,7 @@ __all__ = [
     "ShardedReplayBuffer",
     "ShardedStats",
     "ShardedStatus",
+    "block_size",
     "find_adopted_checkpoint",
     "format_sharded_status",
     "load_sharded_config",

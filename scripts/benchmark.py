@@ -9,10 +9,15 @@ For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it me
            ReverbAddTrajectoryObserver, a raw TrajectoryWriter, a raw StructuredWriter
   sample   items/s at batch 256 through get_dataset (tf) and torch_batches (torch), and through
            TF-Agents' as_dataset with default settings, a tuned raw TrajectoryDataset and, if
-           installed, TorchRL's ReplayBuffer(LazyTensorStorage) (in-process, no server)
+           installed, TorchRL's ReplayBuffer(LazyTensorStorage) (in-process, no server); and
+           ShardedReplayBuffer.get_dataset over 2 servers in this process against one server
+           holding the same items, taking turns
   ckpt     checkpoint save and restore MB/s, against a plain sequential file write (with fsync)
            of the same number of bytes on the same disk
   memory   resident memory per stored step of the embedded server
+  loop     (workload "loop") a CleanRL-style DQN step: add one transition, sample 64 as torch
+           transitions, one small Adam step; ours (reverb, local) against a numpy ring buffer,
+           taking turns in blocks
   local    the in-process backend (`backend="local"`): observer and `add` inserts, torch and tf
            sampling (against TorchRL's ReplayBuffer used directly), checkpoint save/restore
            (against the plain write), resident memory per stored item (against its raw bytes)
@@ -338,6 +343,58 @@ def torchrl_rate(manager: ReplayBufferManager, batches: int) -> float | None:
     return rate(iter(buffer.sample, None), batches)
 
 
+SHARDS = 2
+SHARD_ROUNDS = 3
+
+
+def sharded_rows(workload: Workload, steps: list[Any], batches: int, root: str) -> list[Row]:
+    """`ShardedReplayBuffer.get_dataset` over `SHARDS` servers in this process against one
+    server's `get_dataset` holding the same items, taking turns in `SHARD_ROUNDS` rounds."""
+    from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
+
+    spec = workload.spec()
+    per_shard = len(steps) // SHARDS
+
+    def filled(name: str, part: list[Any]) -> ReplayBufferManager:
+        manager = ReplayBufferManager(
+            spec, 2 * workload.steps, os.path.join(root, name), SEQUENCE_LENGTH
+        )
+        manager.create_replay_buffer()
+        insert_ours(manager, part)
+        return manager
+
+    one = filled("one_server", steps[: per_shard * SHARDS])
+    shard_managers = [
+        filled(f"shard{i}", steps[i * per_shard : (i + 1) * per_shard]) for i in range(SHARDS)
+    ]
+    sharded = ShardedReplayBuffer(
+        ShardedConfig(tuple(m.server_address for m in shard_managers)), spec, 2 * workload.steps
+    ).load()
+    paths = {
+        "one server get_dataset": lambda: iter(one.get_dataset(BATCH, SEQUENCE_LENGTH)),
+        f"ours sharded ({SHARDS} shards)": lambda: iter(
+            sharded.get_dataset(BATCH, SEQUENCE_LENGTH)
+        ),
+    }
+    seconds = dict.fromkeys(paths, 0.0)
+    per_round = max(1, batches // SHARD_ROUNDS)
+    for _ in range(SHARD_ROUNDS):
+        for name, make in paths.items():
+            iterator = make()
+            next(iterator)  # warm-up: pipeline start
+            seconds[name] += timed(lambda it=iterator: [next(it) for _ in range(per_round)])
+            del iterator
+    sharded.close()
+    for manager in [one, *shard_managers]:
+        manager.close()
+    items = per_round * SHARD_ROUNDS * BATCH
+    names = list(paths)
+    return [
+        Row(workload.name, "sample", names[0], items / seconds[names[0]], "items/s"),
+        Row(workload.name, "sample", names[1], items / seconds[names[1]], "items/s", names[0]),
+    ]
+
+
 # -------------------------------------------------------------------------------- checkpoints
 
 
@@ -658,6 +715,7 @@ def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -
     )
     rows += sample_rows(workload.name, manager, batches)
     rows += checkpoint_rows(workload.name, manager, spec)
+    rows += sharded_rows(workload, steps, batches, root)
     return rows
 
 
