@@ -587,6 +587,7 @@ class TorchBatchStream:
         target = _resolve_device(device)
         place = _placer(target, _resolve_pin_memory(pin_memory))
         self._source = source
+        self._closed_error = getattr(source, "closed_error", None)
         self._produce = lambda: iterate_batches(
             source, batch_size, transitions=transitions, with_info=with_info, place=place
         )
@@ -608,8 +609,7 @@ class TorchBatchStream:
         """
         if self._closed:
             raise ManagerClosedError("this batch stream is closed; ask the manager for a new one")
-        closed_error = getattr(self._source, "closed_error", None)
-        failure = closed_error() if closed_error is not None else None
+        failure = self._closed_error() if self._closed_error is not None else None
         if failure is not None:
             raise failure
         if self._prefetch == 0:
