@@ -496,7 +496,7 @@ def sample_dataset(
       sequence_length: Steps per item.
       batch_size: Items per batch.
       sample_timeout: Seconds to wait for an item before raising; None waits forever.
-      num_workers: Sampling workers (1 keeps the order of FIFO/LIFO/heap samplers).
+      num_workers: Sample streams (1 keeps the order of FIFO/LIFO/heap samplers).
       max_in_flight: Samples requested ahead per worker; default `4 * batch_size` (>= 64).
       connect_timeout: `Timeouts.connect`, the limit of one liveness check.
       lifeline: Closed by the manager that hands the dataset out.

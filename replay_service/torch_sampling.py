@@ -64,7 +64,8 @@ TRANSITION_SEQUENCE_LENGTH = 2
 DEFAULT_PREFETCH = 0
 # Samples requested ahead per Reverb worker, in batches (Reverb recommends 2-3x the batch size).
 IN_FLIGHT_BATCHES = 2
-# Reverb sampling workers behind one iterator; samplers whose order matters get one.
+# Sample streams (one Reverb worker each, batched on their own tf.data thread) behind one
+# iterator; samplers whose order matters get one.
 SAMPLING_WORKERS = 2
 # How often a blocked producer or consumer looks at the stop flag.
 POLL_S = 0.1
@@ -181,8 +182,8 @@ class SampleSource:
 
         Args:
           batch_size: Items per batch.
-          num_workers: Reverb sampling workers behind the iterator; None: 1 for an ordered
-            sampler, else `SAMPLING_WORKERS`.
+          num_workers: Sample streams behind the iterator (see `datasets.read_pipeline`);
+            None: 1 for an ordered sampler, else `SAMPLING_WORKERS`.
         """
         from replay_service.datasets import read_pipeline
 
@@ -212,7 +213,7 @@ class SampleSource:
 
         Args:
           batch_size: Items per batch.
-          num_workers: Reverb sampling workers; None chooses (see `tf_dataset`).
+          num_workers: Sample streams; None chooses (see `tf_dataset`).
           convert: Applied to every data tensor after its conversion to torch.
 
         Yields:
