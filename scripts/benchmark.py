@@ -33,12 +33,16 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Measure the checkout this script belongs to, not whichever copy the interpreter has installed
+# (a worktree run with another checkout's virtual environment imported that checkout's code).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 import reverb
