@@ -58,7 +58,8 @@ from replay_service.specs import spec_from_description
 _WORKLOADS = flags.DEFINE_list(
     "workloads",
     ["cartpole", "image", "loop"],
-    "cartpole, image (inserts, sampling, checkpoints, memory) and/or loop (the training loop).",
+    "cartpole, image (inserts, sampling, checkpoints, memory), loop (the training loop) and/or "
+    "sharded (only the sharded sampling row, on CartPole steps).",
 )
 _STEPS = flags.DEFINE_integer("steps", 20_000, "Steps inserted per writer (cartpole).")
 _IMAGE_STEPS = flags.DEFINE_integer("image_steps", 2_000, "Steps inserted per writer (image).")
@@ -381,11 +382,12 @@ def sharded_rows(workload: Workload, steps: list[Any], batches: int, root: str) 
         ),
     }
     seconds = dict.fromkeys(paths, 0.0)
-    per_round = max(1, batches // SHARD_ROUNDS)
+    per_round = batches
     for _ in range(SHARD_ROUNDS):
         for name, make in paths.items():
             iterator = make()
-            next(iterator)  # warm-up: pipeline start
+            for _ in range(3):  # warm-up: pipeline start, sample streams filling
+                next(iterator)
             seconds[name] += timed(lambda it=iterator: [next(it) for _ in range(per_round)])
             del iterator
     sharded.close()
@@ -755,7 +757,7 @@ def main(argv: list[str]) -> None:
         "cartpole": Workload("cartpole", (4,), "float32", _STEPS.value),
         "image": Workload("image", (84, 84, 4), "uint8", _IMAGE_STEPS.value),
     }
-    unknown = sorted(set(_WORKLOADS.value) - set(workloads) - {"loop"})
+    unknown = sorted(set(_WORKLOADS.value) - set(workloads) - {"loop", "sharded"})
     if unknown:
         raise app.UsageError(f"unknown workloads {unknown}; choose from {sorted(workloads)}")
     print(
@@ -773,6 +775,11 @@ def main(argv: list[str]) -> None:
             if name in workloads
             for row in run_workload(workloads[name], _BATCHES.value, _BACKENDS.value)
         ]
+        if "sharded" in _WORKLOADS.value:  # the sharded row alone, on CartPole steps
+            root = tempfile.mkdtemp(prefix="replay_bench_sharded_")
+            cartpole = workloads["cartpole"]
+            run += sharded_rows(cartpole, cartpole.trajectories(), _BATCHES.value, root)
+            shutil.rmtree(root, ignore_errors=True)
         if "loop" in _WORKLOADS.value:
             root = tempfile.mkdtemp(prefix="replay_bench_loop_")
             run += loop_rows(root)
