@@ -414,7 +414,8 @@ def read_pipeline(
 ) -> tf.data.Dataset:
     """Batches of `ReplaySample(info, data)` of one table, bounded by `bound_sampling`.
 
-    One `reverb.TrajectoryDataset` with a deep in-flight window and a few workers, batched.
+    `num_workers` `reverb.TrajectoryDataset`s of one worker each with a deep in-flight window,
+    each batched on its own thread, their batches taken in the order they are ready.
 
     Args:
       server_address: "host:port" of the server.
@@ -423,8 +424,8 @@ def read_pipeline(
       batch_size: Items per batch.
       sample_timeout: Seconds to wait for an item before raising; None waits forever.
       connect_timeout: `Timeouts.connect`, the limit of one liveness check.
-      num_workers: Sampling workers (1 keeps the order of FIFO/LIFO/heap samplers).
-      max_in_flight: Samples requested ahead per worker; None: `default_in_flight`.
+      num_workers: Sample streams (1 keeps the order of FIFO/LIFO/heap samplers).
+      max_in_flight: Samples requested ahead per stream; None: `default_in_flight`.
       lifeline: Closed by the manager that hands the dataset out.
       layout: The table's layout; a packed table's rows are read and unpacked into
         `signature`'s nest once per batch.
@@ -437,14 +438,32 @@ def read_pipeline(
       when `lifeline` was closed (`MANAGER_CLOSED_MESSAGE`).
     """
     packed = step_layout(signature) if layout == PACKED else None
-    batches = _item_dataset(
-        server_address,
-        table_name,
-        signature if packed is None else packed.signature(_length(signature)),
-        sample_timeout=sample_timeout,
-        num_workers=num_workers,
-        max_in_flight=max_in_flight or default_in_flight(batch_size),
-    ).batch(batch_size, drop_remainder=True)
+    item_signature = signature if packed is None else packed.signature(_length(signature))
+    in_flight = max_in_flight or default_in_flight(batch_size)
+
+    def stream(_: Any = None) -> tf.data.Dataset:
+        return _item_dataset(
+            server_address,
+            table_name,
+            item_signature,
+            sample_timeout=sample_timeout,
+            num_workers=1,
+            max_in_flight=in_flight,
+        ).batch(batch_size, drop_remainder=True)
+
+    if num_workers == 1:
+        batches = stream()
+    else:
+        # One sample stream per worker, each batching its own items on its own tf.data thread:
+        # Reverb unpacks items and tf.data copies them into batches in the thread that pulls
+        # them, so one stream with several workers kept that work on one thread.
+        batches = tf.data.Dataset.range(num_workers).interleave(
+            tf.autograph.experimental.do_not_convert(stream),
+            cycle_length=num_workers,
+            block_length=1,
+            num_parallel_calls=num_workers,
+            deterministic=False,
+        )
     if packed is not None:
         batches = batches.map(_unpacker(packed))
     return bound_sampling(
@@ -486,7 +505,7 @@ def sample_dataset(
       sequence_length: Steps per item.
       batch_size: Items per batch.
       sample_timeout: Seconds to wait for an item before raising; None waits forever.
-      num_workers: Sampling workers (1 keeps the order of FIFO/LIFO/heap samplers).
+      num_workers: Sample streams (1 keeps the order of FIFO/LIFO/heap samplers).
       max_in_flight: Samples requested ahead per worker; default `4 * batch_size` (>= 64).
       connect_timeout: `Timeouts.connect`, the limit of one liveness check.
       lifeline: Closed by the manager that hands the dataset out.

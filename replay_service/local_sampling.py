@@ -81,11 +81,18 @@ class LocalSampleSource:
           ManagerClosedError: If the manager was closed.
           BufferStateError: If nothing can be sampled within `sample_timeout`.
         """
-        if self.lifeline is not None and self.lifeline.closed:
-            raise ManagerClosedError(
-                f"the buffer of table {self.table_name!r} was closed; create or load a new one"
-            )
+        closed = self.closed_error()
+        if closed is not None:
+            raise closed
         return self.table.sample(batch_size, self.sample_timeout)
+
+    def closed_error(self) -> ManagerClosedError | None:
+        """The error every stream of this source raises once its manager was closed, else None."""
+        if self.lifeline is None or not self.lifeline.closed:
+            return None
+        return ManagerClosedError(
+            f"the buffer of table {self.table_name!r} was closed; create or load a new one"
+        )
 
     def torch_samples(
         self,
@@ -105,12 +112,15 @@ class LocalSampleSource:
         Raises:
           ManagerClosedError, BufferStateError: As `sample`.
         """
+        from replay_service.torch_sampling import nest_packer
+
         del num_workers
-        place = convert or (lambda t: t)
+        pack = nest_packer(self._structure)
         while True:
             data, info = self.sample(batch_size)
-            nest = tree.unflatten_as(self._structure, [place(t) for t in data])
-            yield nest, tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
+            if convert is not None:
+                data = [convert(t) for t in data]
+            yield pack(data), tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
 
 
 def _info_tensor(array: np.ndarray) -> torch.Tensor:

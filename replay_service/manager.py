@@ -837,8 +837,8 @@ class ReplayBufferManager:
         """
         from replay_service import torch_sampling
 
-        if prefetch is None:  # a local table is sampled fastest in the calling thread
-            prefetch = 0 if self.backend == "local" else torch_sampling.DEFAULT_PREFETCH
+        if prefetch is None:  # sampled in the calling thread (see TorchBatchStream)
+            prefetch = torch_sampling.DEFAULT_PREFETCH
         return torch_sampling.TorchBatchStream(
             self._torch_source(table),
             batch_size,

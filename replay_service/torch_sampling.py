@@ -28,11 +28,12 @@ TensorFlow when sampling starts); the in-process backend has its own.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 import queue
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
@@ -57,10 +58,14 @@ if TYPE_CHECKING:
 
 LAST = StepType.LAST
 TRANSITION_SEQUENCE_LENGTH = 2
-DEFAULT_PREFETCH = 2
+# Batches prepared ahead by a Python thread. None by default: the Reverb pipeline prefetches in
+# tf.data's C++ threads, which do not hold the GIL, and a local table is sampled in
+# microseconds; a Python thread beside a collecting loop made every `add` wait for the GIL.
+DEFAULT_PREFETCH = 0
 # Samples requested ahead per Reverb worker, in batches (Reverb recommends 2-3x the batch size).
 IN_FLIGHT_BATCHES = 2
-# Reverb sampling workers behind one iterator; samplers whose order matters get one.
+# Sample streams (one Reverb worker each, batched on their own tf.data thread) behind one
+# iterator; samplers whose order matters get one.
 SAMPLING_WORKERS = 2
 # How often a blocked producer or consumer looks at the stop flag.
 POLL_S = 0.1
@@ -79,6 +84,10 @@ class TorchSampleSource(Protocol):
       sequence_length: Steps per item.
       signature: Nest of specs of one item (leading dimension `sequence_length`): TF specs or
         `array_specs.ArraySpec`; a `sequences.Masked` nest for padded tables.
+
+
+    A source may also have `closed_error()`, returning the exception to raise once its manager
+    was closed (else None): `TorchBatchStream` then fails at once, before batches sampled ahead.
     """
 
     @property
@@ -176,8 +185,8 @@ class SampleSource:
 
         Args:
           batch_size: Items per batch.
-          num_workers: Reverb sampling workers behind the iterator; None: 1 for an ordered
-            sampler, else `SAMPLING_WORKERS`.
+          num_workers: Sample streams behind the iterator (see `datasets.read_pipeline`);
+            None: 1 for an ordered sampler, else `SAMPLING_WORKERS`.
         """
         from replay_service.datasets import read_pipeline
 
@@ -208,7 +217,7 @@ class SampleSource:
 
         Args:
           batch_size: Items per batch.
-          num_workers: Reverb sampling workers; None chooses (see `tf_dataset`).
+          num_workers: Sample streams; None chooses (see `tf_dataset`).
           convert: Applied to every data tensor after its conversion to torch.
 
         Yields:
@@ -224,12 +233,18 @@ class SampleSource:
 
         from replay_service.datasets import sampling_timeout_message
 
-        to_torch = tensor_to_torch if convert is None else (lambda t: convert(tensor_to_torch(t)))
-        iterator = iter(self.tf_dataset(batch_size, num_workers=num_workers))
+        dataset = self.tf_dataset(batch_size, num_workers=num_workers)
+        get_next = _flat_getter(dataset)
+        pack = nest_packer(self.signature)
+        info_fields = len(TorchSampleInfo._fields)
         while True:
+            # Batches the pipeline already holds must not outlive close().
+            closed = self.closed_error()
+            if closed is not None:
+                raise closed
             try:
-                sample = next(iterator)
-            except StopIteration:
+                flat = get_next()
+            except (StopIteration, tf.errors.OutOfRangeError):
                 raise BufferStateError(
                     sampling_timeout_message(self.table_name, self.sample_timeout)
                 ) from None
@@ -243,10 +258,49 @@ class SampleSource:
                 if ours is None:
                     raise
                 raise ours from e
-            yield (
-                tree.map_structure(to_torch, sample.data),
-                tuple(tensor_to_torch(t) for t in sample.info),
-            )
+            tensors = [tensor_to_torch(t) for t in flat]
+            data = tensors[info_fields:]
+            if convert is not None:
+                data = [convert(t) for t in data]
+            yield pack(data), tuple(tensors[:info_fields])
+
+    def closed_error(self) -> ManagerClosedError | None:
+        """The error every stream of this source raises once its manager was closed, else None."""
+        if self.lifeline is None or not self.lifeline.closed:
+            return None
+        from replay_service.datasets import MANAGER_CLOSED_MESSAGE
+
+        return ManagerClosedError(
+            f"{MANAGER_CLOSED_MESSAGE} (server {self.server_address}, table {self.table_name}): "
+            "datasets and batch streams stop with their ReplayBufferManager; create a new "
+            "manager, load the buffer and ask it for a new batch stream."
+        )
+
+
+def _flat_getter(dataset: tf.data.Dataset) -> Callable[[], list[tf.Tensor]]:
+    """Returns a call that gets the next element of `dataset` as its flat list of tensors.
+
+    It skips what `next(iter(dataset))` does in Python for every element (rebuilding the nest
+    and checking every component's shape against the element spec, about 0.3 ms a batch of
+    `ReplaySample`), which a training loop sampling small batches felt. Raises
+    `tf.errors.OutOfRangeError` at the end.
+    """
+    import tensorflow as tf
+
+    iterator = iter(dataset)
+    resource = getattr(iterator, "_iterator_resource", None)
+    specs = tf.nest.flatten(dataset.element_spec)
+    if resource is None or not all(isinstance(s, tf.TensorSpec) for s in specs):
+        return lambda: tf.nest.flatten(next(iterator))
+    from tensorflow.python.ops import gen_dataset_ops
+
+    types = [s.dtype for s in specs]
+    shapes = [s.shape for s in specs]
+
+    def get_next(owner: Any = iterator) -> list[tf.Tensor]:  # `owner` keeps the resource alive
+        return gen_dataset_ops.iterator_get_next(resource, output_types=types, output_shapes=shapes)
+
+    return get_next
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,39 +383,106 @@ def to_transitions(trajectory: Any) -> TransitionBatch:
             f"transitions need windows of {TRANSITION_SEQUENCE_LENGTH} steps, got {steps}; "
             "sample nested trajectories instead (transitions=False)"
         )
-    ends = trajectory.next_step_type[:, 0] == LAST
-    terminated = ends & (trajectory.discount[:, 0] == 0)
+    dones, truncated = _episode_flags(trajectory.next_step_type, trajectory.discount)
     policy_info = trajectory.policy_info
     return TransitionBatch(
-        states=tree.map_structure(lambda x: x[:, 0], trajectory.observation),
-        actions=tree.map_structure(lambda x: x[:, 0], trajectory.action),
+        states=_step(trajectory.observation, 0),
+        actions=_step(trajectory.action, 0),
         rewards=trajectory.reward[:, 0],
-        next_states=tree.map_structure(lambda x: x[:, 1], trajectory.observation),
-        dones=terminated,
-        truncated=ends & ~terminated,
-        hiddens=tree.map_structure(lambda x: x[:, 0], policy_info)
-        if tree.flatten(policy_info)
-        else None,
+        next_states=_step(trajectory.observation, 1),
+        dones=dones,
+        truncated=truncated,
+        hiddens=_step(policy_info, 0) if tree.flatten(policy_info) else None,
     )
 
 
+def nest_packer(structure: Any) -> Callable[[Sequence[Any]], Any]:
+    """Returns `pack(flat)`, equal to `tree.unflatten_as(structure, flat)`, built once.
+
+    Tuples, lists, namedtuples and dicts (keys in sorted order, as `tree` flattens them) are
+    rebuilt by calls made ahead for this structure; `tree.unflatten_as` walks and checks the
+    whole structure on every call (about 10 us for a `Trajectory`, per batch). Other nests
+    (attrs classes, mappings that are not dicts...) fall back to `tree.unflatten_as`.
+
+    Args:
+      structure: The nest (its leaves are ignored).
+    """
+    count = len(tree.flatten(structure))
+    position = 0
+
+    def build(node: Any) -> Callable[[Sequence[Any]], Any] | None:
+        nonlocal position
+        if not tree.is_nested(node):
+            index = position
+            position += 1
+            return operator.itemgetter(index)
+        kind = type(node)
+        if kind in (tuple, list) or (isinstance(node, tuple) and hasattr(kind, "_fields")):
+            parts = [build(child) for child in node]
+            if any(part is None for part in parts):
+                return None
+            if kind is tuple:
+                return lambda flat: tuple([part(flat) for part in parts])
+            if kind is list:
+                return lambda flat: [part(flat) for part in parts]
+            return lambda flat: kind(*[part(flat) for part in parts])
+        if kind is dict:
+            keys = sorted(node)
+            parts = [build(node[key]) for key in keys]
+            if any(part is None for part in parts):
+                return None
+            return lambda flat: {key: part(flat) for key, part in zip(keys, parts, strict=True)}
+        return None
+
+    pack = build(structure)
+    if pack is None or position != count:
+        return lambda flat: tree.unflatten_as(structure, list(flat))
+    return pack
+
+
+def _episode_flags(
+    next_step_type: torch.Tensor, discount: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(dones, truncated)` of the first step of each window: a transition that ends its
+    episode (next step LAST) terminated if its discount is 0, else it was truncated.
+
+    On the CPU the flags are computed in numpy (a few microseconds for a batch against about
+    25 for the same torch calls, once per batch of a training loop), elsewhere in torch.
+    """
+    if next_step_type.device.type == "cpu" and discount.device.type == "cpu":
+        ends = next_step_type.numpy()[:, 0] == LAST
+        continuing = discount.numpy()[:, 0] != 0
+        return torch.from_numpy(ends & ~continuing), torch.from_numpy(ends & continuing)
+    ends = next_step_type[:, 0] == LAST
+    continuing = discount[:, 0] != 0
+    return ends & ~continuing, ends & continuing
+
+
+def _step(value: Any, index: int) -> Any:
+    """Step `index` of every tensor of `value` (a tensor or a nest), as views."""
+    if isinstance(value, torch.Tensor):
+        return value[:, index]
+    return tree.map_structure(lambda x: x[:, index], value)
+
+
 def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
-    """Hands an eager CPU tensor to torch without copying (DLPack) where the dtype allows.
+    """Hands an eager CPU tensor to torch without copying.
+
+    The tensor's buffer is shared through its numpy view (about 1 us, every dtype, bool
+    included), which keeps the tensor alive; DLPack does the same for most dtypes but turns
+    bool into uint8 and, through TF's Python wrapper, costs more per call.
 
     Args:
       value: An eager `tf.Tensor`.
 
     Returns:
-      A CPU `torch.Tensor` sharing (or, for dtypes DLPack lacks, copying) the data.
+      A CPU `torch.Tensor` sharing the data (a copy if the tensor is not in host memory).
     """
-    import tensorflow as tf
-
-    if value.dtype == tf.bool:  # TF exports bool through DLPack as uint8
-        return torch.from_numpy(value.numpy())
     try:
-        return torch.from_dlpack(tf.experimental.dlpack.to_dlpack(value))
-    except (tf.errors.OpError, RuntimeError, TypeError, ValueError, BufferError):
-        return torch.from_numpy(value.numpy())
+        array = value._numpy()
+    except AttributeError:  # not an EagerTensor
+        array = value.numpy()
+    return torch.from_numpy(array)
 
 
 def iterate_batches(
@@ -429,7 +550,13 @@ class TorchBatchStream:
 
     With `prefetch > 0`, one daemon thread samples, converts, pins and moves up to `prefetch`
     batches ahead into a bounded queue; `close()` (also on `with` exit and garbage collection)
-    stops it. With `prefetch == 0` everything happens inside `next()`.
+    stops it. With `prefetch == 0` (the default) everything happens inside `next()`; the
+    Reverb pipeline still samples ahead in tf.data's C++ threads, without the GIL. A thread
+    helps only when placing batches on `device` takes long; beside a collecting loop in the
+    same process it slows collection, which then waits for the GIL.
+
+    Once the source's manager is closed, `next()` raises `ManagerClosedError` at once, also
+    when batches were already sampled ahead.
 
     Args:
       source: The table to sample (a `TorchSampleSource`, e.g.
@@ -438,7 +565,7 @@ class TorchBatchStream:
       device: Where the tensors are placed ("cpu", "cuda", "cuda:1", a `torch.device`).
       pin_memory: Pin host memory before the transfer to `device`, making it asynchronous;
         ignored with a warning when no accelerator is available (as `DataLoader` does).
-      prefetch: Batches prepared ahead by the background thread; 0 disables the thread.
+      prefetch: Batches prepared ahead by a background thread; 0 (default): no thread.
       transitions: Yield `TransitionBatch` (needs `sequence_length == 2`) instead of the
         nested `Trajectory`.
       with_info: Yield `(batch, TorchSampleInfo)` pairs.
@@ -465,6 +592,7 @@ class TorchBatchStream:
         target = _resolve_device(device)
         place = _placer(target, _resolve_pin_memory(pin_memory))
         self._source = source
+        self._closed_error = getattr(source, "closed_error", None)
         self._produce = lambda: iterate_batches(
             source, batch_size, transitions=transitions, with_info=with_info, place=place
         )
@@ -486,6 +614,9 @@ class TorchBatchStream:
         """
         if self._closed:
             raise ManagerClosedError("this batch stream is closed; ask the manager for a new one")
+        failure = self._closed_error() if self._closed_error is not None else None
+        if failure is not None:
+            raise failure
         if self._prefetch == 0:
             if self._failure is not None:
                 raise self._failure

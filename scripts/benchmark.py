@@ -9,10 +9,15 @@ For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it me
            ReverbAddTrajectoryObserver, a raw TrajectoryWriter, a raw StructuredWriter
   sample   items/s at batch 256 through get_dataset (tf) and torch_batches (torch), and through
            TF-Agents' as_dataset with default settings, a tuned raw TrajectoryDataset and, if
-           installed, TorchRL's ReplayBuffer(LazyTensorStorage) (in-process, no server)
+           installed, TorchRL's ReplayBuffer(LazyTensorStorage) (in-process, no server); and
+           ShardedReplayBuffer.get_dataset over 2 servers in this process against one server
+           holding the same items, taking turns
   ckpt     checkpoint save and restore MB/s, against a plain sequential file write (with fsync)
            of the same number of bytes on the same disk
   memory   resident memory per stored step of the embedded server
+  loop     (workload "loop") a CleanRL-style DQN step: add one transition, sample 64 as torch
+           transitions, one small Adam step; ours (reverb, local) against a numpy ring buffer,
+           taking turns in blocks
   local    the in-process backend (`backend="local"`): observer and `add` inserts, torch and tf
            sampling (against TorchRL's ReplayBuffer used directly), checkpoint save/restore
            (against the plain write), resident memory per stored item (against its raw bytes)
@@ -28,12 +33,16 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Measure the checkout this script belongs to, not whichever copy the interpreter has installed
+# (a worktree run with another checkout's virtual environment imported that checkout's code).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 import reverb
@@ -49,7 +58,8 @@ from replay_service.specs import spec_from_description
 _WORKLOADS = flags.DEFINE_list(
     "workloads",
     ["cartpole", "image", "loop"],
-    "cartpole, image (inserts, sampling, checkpoints, memory) and/or loop (the training loop).",
+    "cartpole, image (inserts, sampling, checkpoints, memory), loop (the training loop) and/or "
+    "sharded (only the sharded sampling row, on CartPole steps).",
 )
 _STEPS = flags.DEFINE_integer("steps", 20_000, "Steps inserted per writer (cartpole).")
 _IMAGE_STEPS = flags.DEFINE_integer("image_steps", 2_000, "Steps inserted per writer (image).")
@@ -373,6 +383,59 @@ def torchrl_rate(manager: ReplayBufferManager, batches: int) -> float | None:
     return rate(iter(buffer.sample, None), batches)
 
 
+SHARDS = 2
+SHARD_ROUNDS = 3
+
+
+def sharded_rows(workload: Workload, steps: list[Any], batches: int, root: str) -> list[Row]:
+    """`ShardedReplayBuffer.get_dataset` over `SHARDS` servers in this process against one
+    server's `get_dataset` holding the same items, taking turns in `SHARD_ROUNDS` rounds."""
+    from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
+
+    spec = workload.spec()
+    per_shard = len(steps) // SHARDS
+
+    def filled(name: str, part: list[Any]) -> ReplayBufferManager:
+        manager = ReplayBufferManager(
+            spec, 2 * workload.steps, os.path.join(root, name), SEQUENCE_LENGTH
+        )
+        manager.create_replay_buffer()
+        insert_ours(manager, part)
+        return manager
+
+    one = filled("one_server", steps[: per_shard * SHARDS])
+    shard_managers = [
+        filled(f"shard{i}", steps[i * per_shard : (i + 1) * per_shard]) for i in range(SHARDS)
+    ]
+    sharded = ShardedReplayBuffer(
+        ShardedConfig(tuple(m.server_address for m in shard_managers)), spec, 2 * workload.steps
+    ).load()
+    paths = {
+        "one server get_dataset": lambda: iter(one.get_dataset(BATCH, SEQUENCE_LENGTH)),
+        f"ours sharded ({SHARDS} shards)": lambda: iter(
+            sharded.get_dataset(BATCH, SEQUENCE_LENGTH)
+        ),
+    }
+    seconds = dict.fromkeys(paths, 0.0)
+    per_round = batches
+    for _ in range(SHARD_ROUNDS):
+        for name, make in paths.items():
+            iterator = make()
+            for _ in range(3):  # warm-up: pipeline start, sample streams filling
+                next(iterator)
+            seconds[name] += timed(lambda it=iterator: [next(it) for _ in range(per_round)])
+            del iterator
+    sharded.close()
+    for manager in [one, *shard_managers]:
+        manager.close()
+    items = per_round * SHARD_ROUNDS * BATCH
+    names = list(paths)
+    return [
+        Row(workload.name, "sample", names[0], items / seconds[names[0]], "items/s"),
+        Row(workload.name, "sample", names[1], items / seconds[names[1]], "items/s", names[0]),
+    ]
+
+
 # -------------------------------------------------------------------------------- checkpoints
 
 
@@ -529,6 +592,9 @@ def step_bytes(spec: Any) -> int:
 LOOP_STEPS = 3_000
 LOOP_WARMUP = 500
 LOOP_BATCH = 64
+# The timed steps are run in blocks, the ring buffer's and ours taking turns, so that a change
+# in the machine's load falls on all of them alike.
+LOOP_BLOCKS = 6
 
 
 def loop_rows(root: str) -> list[Row]:
@@ -559,8 +625,10 @@ def loop_rows(root: str) -> list[Row]:
         loss.backward()
         optimizer.step()
 
+    block = LOOP_STEPS // LOOP_BLOCKS
+
     def ring() -> float:
-        capacity = LOOP_STEPS + LOOP_WARMUP
+        capacity = LOOP_WARMUP + block
         s = np.zeros((capacity, 4), np.float32)
         a = np.zeros(capacity, np.int64)
         r = np.zeros(capacity, np.float32)
@@ -574,12 +642,12 @@ def loop_rows(root: str) -> list[Row]:
 
         for i in range(LOOP_WARMUP):
             step(i)
-        return timed(lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + LOOP_STEPS)])
+        return timed(lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + block)])
 
     def ours(backend: str) -> float:
-        directory = os.path.join(root, f"loop_{backend}")
+        directory = tempfile.mkdtemp(prefix=f"loop_{backend}_", dir=root)
         with ReplayBufferManager(
-            spec, LOOP_STEPS + LOOP_WARMUP, directory, SEQUENCE_LENGTH, backend=backend
+            spec, LOOP_WARMUP + block, directory, SEQUENCE_LENGTH, backend=backend
         ) as manager:
             manager.create_replay_buffer()
             writer = manager.transition_writer()
@@ -594,24 +662,29 @@ def loop_rows(root: str) -> list[Row]:
 
                 for i in range(LOOP_BATCH, LOOP_WARMUP):
                     step(i)
-                return timed(
-                    lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + LOOP_STEPS)]
-                )
+                return timed(lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + block)])
 
-    per_step = 1e6 / LOOP_STEPS
-    rows = [Row("loop", "train", "numpy ring buffer", ring() * per_step, "us/step")]
-    for backend in ("reverb", "local"):
-        rows.append(
-            Row(
-                "loop",
-                "train",
-                f"ours {backend}",
-                ours(backend) * per_step,
-                "us/step",
-                "numpy ring buffer",
-            )
+    paths = {
+        "numpy ring buffer": ring,
+        "ours reverb": lambda: ours("reverb"),
+        "ours local": lambda: ours("local"),
+    }
+    seconds = dict.fromkeys(paths, 0.0)
+    for _ in range(LOOP_BLOCKS):
+        for name, run in paths.items():
+            seconds[name] += run()
+    per_step = 1e6 / (block * LOOP_BLOCKS)
+    return [
+        Row(
+            "loop",
+            "train",
+            name,
+            value * per_step,
+            "us/step",
+            None if name == "numpy ring buffer" else "numpy ring buffer",
         )
-    return rows
+        for name, value in seconds.items()
+    ]
 
 
 # ---------------------------------------------------------------------------------------- run
@@ -727,6 +800,7 @@ def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -
         insert_ours(manager, steps)
         rows += sample_rows(workload.name, manager, batches, tag)
         rows += checkpoint_rows(workload.name, manager, spec, tag)
+    rows += sharded_rows(workload, steps, batches, root)
     return rows
 
 
@@ -762,7 +836,7 @@ def main(argv: list[str]) -> None:
         "cartpole": Workload("cartpole", (4,), "float32", _STEPS.value),
         "image": Workload("image", (84, 84, 4), "uint8", _IMAGE_STEPS.value),
     }
-    unknown = sorted(set(_WORKLOADS.value) - set(workloads) - {"loop"})
+    unknown = sorted(set(_WORKLOADS.value) - set(workloads) - {"loop", "sharded"})
     if unknown:
         raise app.UsageError(f"unknown workloads {unknown}; choose from {sorted(workloads)}")
     print(
@@ -782,6 +856,11 @@ def main(argv: list[str]) -> None:
             if name in workloads
             for row in run_workload(workloads[name], _BATCHES.value, _BACKENDS.value)
         ]
+        if "sharded" in _WORKLOADS.value:  # the sharded row alone, on CartPole steps
+            root = tempfile.mkdtemp(prefix="replay_bench_sharded_")
+            cartpole = workloads["cartpole"]
+            run += sharded_rows(cartpole, cartpole.trajectories(), _BATCHES.value, root)
+            shutil.rmtree(root, ignore_errors=True)
         if "loop" in _WORKLOADS.value:
             root = tempfile.mkdtemp(prefix="replay_bench_loop_")
             run += loop_rows(root)

@@ -29,6 +29,7 @@ from replay_service.datasets import EMPTY_BUFFER_MESSAGE
 from replay_service.sharding import (
     ShardedConfig,
     ShardedReplayBuffer,
+    block_size,
     find_adopted_checkpoint,
     format_sharded_status,
     load_sharded_config,
@@ -309,3 +310,11 @@ def test_a_shard_that_is_down_is_named_within_the_timeout(servers, data_spec):
             with pytest.raises(ServerUnavailableError, match=victim.address):
                 call()
             assert time.monotonic() - started < TIMEOUTS.connect + 10
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "block"), [(256, 16), (100, 5), (64, 4), (48, 3), (31, 1), (7, 1), (1, 1)]
+)
+def test_the_mixture_draws_a_shard_per_block_that_divides_the_batch(batch_size, block):
+    assert block_size(batch_size) == block
+    assert batch_size % block == 0 and batch_size // block >= min(batch_size, 16)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import torch
+import tree
 from tf_agents.trajectories import policy_step
 from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory as trajectory_lib
@@ -17,11 +18,13 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from conftest import FAST_TIMEOUTS, collect
 from replay_service import BufferStateError, ConfigError, ManagerClosedError, Timeouts
+from replay_service.sequences import Masked
 from replay_service.specs import normalize_spec
 from replay_service.torch_sampling import (
     TorchReplayDataset,
     TorchSampleInfo,
     TransitionBatch,
+    nest_packer,
     to_transitions,
 )
 
@@ -220,6 +223,45 @@ def test_close_stops_the_prefetch_thread(make_manager, env, policy):
     assert not prefetchers()
     with pytest.raises(ManagerClosedError, match="closed"):
         next(stream)
+
+
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_closing_the_manager_fails_streams_before_batches_sampled_ahead(
+    make_manager, env, policy, prefetch
+):
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 40)
+    stream = manager.torch_batches(4, prefetch=prefetch)
+    for _ in range(3):
+        next(stream)  # the pipeline (and the thread, if any) now holds batches sampled ahead
+    manager.close()
+    with pytest.raises(ManagerClosedError, match="manager of this dataset was closed"):
+        next(stream)
+    with pytest.raises(ManagerClosedError):
+        next(stream)
+    stream.close()
+
+
+@pytest.mark.parametrize(
+    "structure",
+    [
+        trajectory_lib.Trajectory(1, {"b": 2, "a": (3, [4, 5])}, 6, (), 7, 8, 9),
+        Masked(trajectory_lib.Trajectory(1, 2, 3, (), 5, 6, 7), 8),
+        {"x": 1, "a": [2, {"z": 3, "c": 4}]},
+        (1,),
+        [],
+        1,
+    ],
+    ids=["trajectory", "masked", "dict", "tuple", "empty", "leaf"],
+)
+def test_nest_packer_rebuilds_what_tree_does(structure):
+    flat = [torch.tensor(i) for i in range(len(tree.flatten(structure)))]
+    packed = nest_packer(structure)(flat)
+    expected = tree.unflatten_as(structure, flat)
+    assert type(packed) is type(expected)
+    tree.assert_same_structure(packed, expected)
+    assert all(a is b for a, b in zip(tree.flatten(packed), tree.flatten(expected), strict=True))
 
 
 def test_remote_manager_samples_into_torch(make_manager, env, policy):
