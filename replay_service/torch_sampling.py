@@ -40,6 +40,7 @@ import torch
 import tree
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from replay_service import reverb_internals
 from replay_service.array_specs import StepType
 from replay_service.config import require_int
 from replay_service.errors import (
@@ -234,7 +235,7 @@ class SampleSource:
         from replay_service.datasets import sampling_timeout_message
 
         dataset = self.tf_dataset(batch_size, num_workers=num_workers)
-        get_next = _flat_getter(dataset)
+        get_next = reverb_internals.flat_getter(dataset)
         pack = nest_packer(self.signature)
         info_fields = len(TorchSampleInfo._fields)
         while True:
@@ -275,32 +276,6 @@ class SampleSource:
             "datasets and batch streams stop with their ReplayBufferManager; create a new "
             "manager, load the buffer and ask it for a new batch stream."
         )
-
-
-def _flat_getter(dataset: tf.data.Dataset) -> Callable[[], list[tf.Tensor]]:
-    """Returns a call that gets the next element of `dataset` as its flat list of tensors.
-
-    It skips what `next(iter(dataset))` does in Python for every element (rebuilding the nest
-    and checking every component's shape against the element spec, about 0.3 ms a batch of
-    `ReplaySample`), which a training loop sampling small batches felt. Raises
-    `tf.errors.OutOfRangeError` at the end.
-    """
-    import tensorflow as tf
-
-    iterator = iter(dataset)
-    resource = getattr(iterator, "_iterator_resource", None)
-    specs = tf.nest.flatten(dataset.element_spec)
-    if resource is None or not all(isinstance(s, tf.TensorSpec) for s in specs):
-        return lambda: tf.nest.flatten(next(iterator))
-    from tensorflow.python.ops import gen_dataset_ops
-
-    types = [s.dtype for s in specs]
-    shapes = [s.shape for s in specs]
-
-    def get_next(owner: Any = iterator) -> list[tf.Tensor]:  # `owner` keeps the resource alive
-        return gen_dataset_ops.iterator_get_next(resource, output_types=types, output_shapes=shapes)
-
-    return get_next
 
 
 @dataclasses.dataclass(frozen=True)
@@ -478,11 +453,7 @@ def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
     Returns:
       A CPU `torch.Tensor` sharing the data (a copy if the tensor is not in host memory).
     """
-    try:
-        array = value._numpy()
-    except AttributeError:  # not an EagerTensor
-        array = value.numpy()
-    return torch.from_numpy(array)
+    return torch.from_numpy(reverb_internals.numpy_view(value))
 
 
 def iterate_batches(
