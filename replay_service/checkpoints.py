@@ -580,7 +580,12 @@ class CheckpointStore:
         entries = self.entries()
         return entries[-1][0] + 1 if entries else 1
 
-    def adopt(self, reverb_path: str, metadata: StoreMetadata) -> Checkpoint:
+    def adopt(
+        self,
+        reverb_path: str,
+        metadata: StoreMetadata,
+        verified: tuple[int, dict[str, dict[str, Any]]] | None = None,
+    ) -> Checkpoint:
         """Verifies a finished Reverb checkpoint, moves it into `checkpoints/`, applies retention.
 
         Every data file is read to its end (see `reverb_internals.verify_files`); the item count
@@ -590,6 +595,8 @@ class CheckpointStore:
         Args:
           reverb_path: Directory Reverb wrote (must contain `DONE`).
           metadata: Store metadata recorded with the checkpoint.
+          verified: `(num_items, files)` of a checkpoint its writer already read back and
+            compared with what it meant to write (a local checkpoint); None reads it back here.
 
         Returns:
           The adopted checkpoint.
@@ -598,7 +605,7 @@ class CheckpointStore:
           CheckpointError: If `reverb_path` is incomplete or damaged (left where it is), or it
             cannot be moved (e.g. the disk is full); the message names the path.
         """
-        num_items, files = verify_checkpoint_files(reverb_path)
+        num_items, files = verified or verify_checkpoint_files(reverb_path)
         sequence = self.next_sequence()
         info = {
             "format": FORMAT,

@@ -44,7 +44,7 @@ import math
 import os
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -542,11 +542,11 @@ def _write_files(
         os.makedirs(directory, exist_ok=True)
         state_tmp, metadata_tmp = f"{state_path}.tmp", f"{metadata_path}.tmp"
         with open(state_tmp, "wb") as f:
-            # The digest is that of the bytes meant (hashed while they are written), not of a
-            # read-back: verifying a file compares its read-back with it.
-            digest = write_safetensors(f, tensors, {"format": FORMAT})
-            f.flush()
-            os.fsync(f.fileno())
+            # The digest is that of the bytes meant (hashed while they are written and synced),
+            # and the file must read back as exactly those bytes.
+            digest = write_safetensors(
+                f, tensors, {"format": FORMAT}, then=lambda: _sync(f), read_back=state_tmp
+            )
         metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: digest}}
         with open(metadata_tmp, "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
@@ -557,6 +557,39 @@ def _write_files(
         os.replace(metadata_tmp, metadata_path)
     except OSError as e:
         raise CheckpointError(f"cannot write the export into {directory!r}: {e}") from e
+
+
+def _sync(f: Any) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+# Bytes compared per read when a written file is read back.
+_READ_BACK_BLOCK = 8 << 20
+
+
+def _compare_read_back(path: str, chunks: list[Any]) -> None:
+    """Reads `path` back and compares it with the `chunks` it was written from.
+
+    Raises:
+      CheckpointError: If it differs or is shorter or longer (naming the file and offset).
+    """
+    offset = 0
+    buffer = np.empty(_READ_BACK_BLOCK, np.uint8)
+    with open(path, "rb", buffering=0) as f:
+        for chunk in chunks:
+            view = np.frombuffer(chunk, np.uint8)
+            for start in range(0, len(view), _READ_BACK_BLOCK):
+                want = view[start : start + _READ_BACK_BLOCK]
+                got = buffer[: f.readinto(memoryview(buffer)[: len(want)])]
+                if not np.array_equal(got, want):
+                    raise CheckpointError(
+                        f"{path!r} does not read back as written near byte {offset + start} "
+                        f"({len(got)} of {len(want)} bytes read)"
+                    )
+            offset += len(view)
+        if f.read(1):
+            raise CheckpointError(f"{path!r} is longer than the {offset} bytes written")
 
 
 # safetensors' dtype names, in the order its serializer sorts tensors by (largest first).
@@ -578,18 +611,33 @@ _SAFETENSORS_RANK = {name: rank for rank, name in enumerate(_SAFETENSORS_DTYPES.
 
 
 def write_safetensors(
-    f: Any, tensors: dict[str, np.ndarray | Concatenated], metadata: dict[str, str]
+    f: Any,
+    tensors: dict[str, np.ndarray | Concatenated],
+    metadata: dict[str, str],
+    *,
+    then: Callable[[], None] | None = None,
+    read_back: str | None = None,
 ) -> str:
     """Writes `tensors` to the binary file `f` in the safetensors format, byte for byte what
     `safetensors.numpy.save(tensors, metadata)` gives, without building the file in memory:
     each array goes to the file as it is, and its SHA-256 is computed in a second thread while
     the file is written (both release the GIL).
 
+    Args:
+      f: A binary file open for writing.
+      tensors: Name -> array (or `Concatenated` parts).
+      metadata: safetensors' `__metadata__`.
+      then: Called once everything is written, while the digest may still be computing (e.g.
+        to flush and fsync `f`).
+      read_back: Path of `f`: after `then`, the file is read back and compared byte for byte
+        with what was written.
+
     Returns:
       The SHA-256 hex digest of the bytes written.
 
     Raises:
       ConfigError: For a dtype safetensors does not have.
+      CheckpointError: If `read_back` does not read back as written.
     """
     entries = []
     for name, array in tensors.items():
@@ -626,6 +674,10 @@ def write_safetensors(
     try:
         for chunk in chunks:
             f.write(chunk)
+        if then is not None:
+            then()
+        if read_back is not None:
+            _compare_read_back(read_back, chunks)
     finally:
         thread.join()
     return hasher.hexdigest()

@@ -322,14 +322,14 @@ class LocalBackend:
                 with contextlib.ExitStack() as frozen:
                     for table in self._tables.values():
                         frozen.enter_context(table.frozen())
-                    local_checkpoint.write(path, self._snapshot(copy=False))
+                    verified = local_checkpoint.write(path, self._snapshot(copy=False))
             except Exception as e:
                 store.discard_staging()
                 raise CheckpointError(
                     f"checkpoint into {store.reverb_root!r} failed: {type(e).__name__}: {e}"
                 ) from e
             try:
-                checkpoint = store.adopt(path, self.metadata)
+                checkpoint = store.adopt(path, self.metadata, verified)
             except CheckpointError as e:
                 remove_path(path)
                 raise CheckpointError(

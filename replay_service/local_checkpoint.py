@@ -42,32 +42,50 @@ def table_prefix(index: int) -> str:
 def write(
     path: str,
     tables: Sequence[tuple[TableConfig, Any, export_lib.ExportedItems]],
-) -> None:
+) -> tuple[int, dict[str, dict[str, Any]]]:
     """Writes a complete local checkpoint into the new directory `path`.
+
+    Each state file is read back and compared with the bytes meant while it is written (see
+    `export.write_safetensors`), so its digest is known without hashing it again.
 
     Args:
       path: Directory to create (must not exist).
       tables: `(config, stored_spec, items)` per table, the primary table first.
 
+    Returns:
+      `(num_items, files)` as `verify` gives them, for `CheckpointStore.adopt`.
+
     Raises:
-      CheckpointError: If a file cannot be written (a full disk, permissions); the message
-        names the path. A partial directory is left for the caller to discard.
+      CheckpointError: If a file cannot be written (a full disk, permissions) or does not read
+        back as written; the message names the path. A partial directory is left for the
+        caller to discard.
     """
     try:
         os.makedirs(path)
     except OSError as e:
         raise CheckpointError(f"cannot create checkpoint directory {path!r}: {e}") from e
+    num_items = 0
+    files: dict[str, dict[str, Any]] = {}
     for index, (config, stored_spec, items) in enumerate(tables):
         # The directory is new and holds only this checkpoint's tables: no target check.
-        export_lib.write_export(
+        state_path, metadata_path = export_lib.write_export(
             path, table_prefix(index), config, stored_spec, items, overwrite=True
         )
+        metadata = export_lib.read_metadata(metadata_path)
+        files[os.path.basename(state_path)] = {
+            "size": os.path.getsize(state_path),
+            "sha256": metadata[export_lib.CHECKSUMS][export_lib.STATE_SUFFIX],
+        }
+        files[os.path.basename(metadata_path)] = _digest(metadata_path)
+        num_items += items.num_items
     index_data = {"format": FORMAT, "tables": [config.name for config, _, _ in tables]}
     try:
         _write_synced(os.path.join(path, INDEX_FILE), json.dumps(index_data, indent=2) + "\n")
         _write_synced(os.path.join(path, DONE_FILE), "")
     except OSError as e:
         raise CheckpointError(f"cannot write checkpoint {path!r}: {e}") from e
+    files[INDEX_FILE] = _digest(os.path.join(path, INDEX_FILE))
+    return num_items, files
 
 
 def read_index(path: str) -> list[str]:

@@ -574,3 +574,24 @@ def test_the_export_writer_gives_safetensors_bytes_for_every_dtype_and_split_arr
         assert digest == hashlib.sha256(expected).hexdigest()
     with pytest.raises(ConfigError, match="complex128"):
         write_safetensors(io.BytesIO(), {"x": np.zeros(2, np.complex128)}, metadata)
+
+
+@pytest.mark.local
+def test_a_written_file_that_does_not_read_back_as_written_is_refused(tmp_path) -> None:
+    from replay_service.export import _compare_read_back
+
+    chunks = [b"header00", np.arange(3 << 20, dtype=np.uint8) % 251]
+    path = tmp_path / "state.safetensors"
+    path.write_bytes(b"".join(bytes(c) for c in chunks))
+    _compare_read_back(str(path), chunks)  # reads back as written
+    data = bytearray(path.read_bytes())
+    data[(2 << 20) + 5] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="does not read back as written near byte"):
+        _compare_read_back(str(path), chunks)
+    path.write_bytes(bytes(data[:-1]))
+    with pytest.raises(CheckpointError, match="does not read back"):
+        _compare_read_back(str(path), chunks)
+    path.write_bytes(b"".join(bytes(c) for c in chunks) + b"x")
+    with pytest.raises(CheckpointError, match="longer than"):
+        _compare_read_back(str(path), chunks)
