@@ -36,15 +36,17 @@ exported items had never been sampled, and otherwise differs only in "times_samp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
 import json
 import math
+import mmap
 import os
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -328,7 +330,7 @@ def read_export(
     """
     state_path, metadata_path = export_paths(dirpath, prefix)
     metadata = read_metadata(metadata_path)
-    _check_compatible(metadata, table.sequence_length, stored_spec, metadata_path)
+    check_compatible(metadata, table.sequence_length, stored_spec, metadata_path)
     verify_state(state_path, metadata, metadata_path)
     fields = item_fields(stored_spec, table.sequence_length)
     items = read_state_fields(state_path, fields, int(metadata["num_items"]))
@@ -466,6 +468,7 @@ def read_state(path: str, signature: Any, num_items: int) -> ExportedItems:
       signature: A nest of specs of one item (`specs.table_signature`, or `ArraySpec` with the
         leading `sequence_length` dimension).
       num_items: The number of items the metadata records.
+      tensors: The file's tensors when already mapped (`mapped_state`); None reads the file.
 
     Returns:
       The items, oldest first.
@@ -478,7 +481,10 @@ def read_state(path: str, signature: Any, num_items: int) -> ExportedItems:
 
 
 def read_state_fields(
-    path: str, fields: list[specs.FieldDescription], num_items: int
+    path: str,
+    fields: list[specs.FieldDescription],
+    num_items: int,
+    tensors: dict[str, np.ndarray] | None = None,
 ) -> ExportedItems:
     """`read_state` from field descriptions of one item (see `item_fields`): no TensorFlow.
 
@@ -495,12 +501,13 @@ def read_state_fields(
         has the wrong dtype or shape (naming the file and the tensor), or a field's dtype is
         not a numpy dtype.
     """
-    try:
-        tensors = load_file(path)
-    except FileNotFoundError as e:
-        raise CheckpointError(f"export state {path!r} does not exist") from e
-    except (OSError, ValueError, safetensors.SafetensorError) as e:
-        raise CheckpointError(f"export state {path!r} is corrupt or truncated: {e}") from e
+    if tensors is None:
+        try:
+            tensors = load_file(path)
+        except FileNotFoundError as e:
+            raise CheckpointError(f"export state {path!r} does not exist") from e
+        except (OSError, ValueError, safetensors.SafetensorError) as e:
+            raise CheckpointError(f"export state {path!r} is corrupt or truncated: {e}") from e
     names = _data_names(fields)
     expected: dict[str, tuple[Any, tuple[int, ...]]] = {}
     for name, field in zip(names, fields, strict=True):
@@ -557,6 +564,71 @@ def _write_files(
         os.replace(metadata_tmp, metadata_path)
     except OSError as e:
         raise CheckpointError(f"cannot write the export into {directory!r}: {e}") from e
+
+
+@contextlib.contextmanager
+def mapped_state(path: str, expected_sha256: str) -> Iterator[dict[str, np.ndarray]]:
+    """Maps a state file and yields its tensors as read-only views of the mapping, while its
+    SHA-256 is computed in a second thread; on leaving the block the digest must equal
+    `expected_sha256` (copy what you need out of the views inside the block, and treat it as
+    unverified until the block exits without error).
+
+    Raises:
+      CheckpointError: If the file is missing, not a well-formed safetensors file, or its
+        digest differs from `expected_sha256` (naming the file and both digests).
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+    except FileNotFoundError as e:
+        raise CheckpointError(f"export state {path!r} does not exist") from e
+    except OSError as e:
+        raise CheckpointError(f"export state {path!r} cannot be read: {e}") from e
+    if mapping is None:
+        raise CheckpointError(f"export state {path!r} is empty")
+    hasher = hashlib.sha256()
+    thread = threading.Thread(target=hasher.update, args=(memoryview(mapping),), daemon=True)
+    thread.start()
+    tensors: dict[str, np.ndarray] = {}
+    try:
+        tensors = _tensor_views(path, mapping)
+        yield tensors
+    finally:
+        thread.join()
+        tensors.clear()
+        # A view that escaped the block keeps the mapping open until it is freed.
+        with contextlib.suppress(BufferError):
+            mapping.close()
+    actual = hasher.hexdigest()
+    if actual != expected_sha256:
+        raise CheckpointError(
+            f"export state {path!r} is corrupt or truncated: its sha256 is {actual}, but its "
+            f"metadata records {expected_sha256}"
+        )
+
+
+def _tensor_views(path: str, mapping: Any) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file's bytes, as views (no copy)."""
+    dtypes = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
+    try:
+        length = int.from_bytes(mapping[:8], "little")
+        header = json.loads(bytes(mapping[8 : 8 + length]))
+        base = 8 + length
+        views = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = (int(x) for x in entry["data_offsets"])
+            dtype = dtypes[entry["dtype"]].newbyteorder("<")
+            shape = tuple(int(d) for d in entry["shape"])
+            count = int(np.prod(shape, dtype=np.int64))
+            if end - begin != count * dtype.itemsize or base + end > len(mapping):
+                raise ValueError(f"tensor {name!r} does not fit the file")
+            views[name] = np.frombuffer(mapping, dtype, count, base + begin).reshape(shape)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"export state {path!r} is corrupt or truncated: {e}") from e
+    return views
 
 
 def _sync(f: Any) -> None:
@@ -705,9 +777,14 @@ def check_target(dirpath: str, overwrite: bool) -> None:
         )
 
 
-def _check_compatible(
+def check_compatible(
     metadata: dict[str, Any], sequence_length: int, stored_spec: Any, path: str
 ) -> None:
+    """Checks an export's metadata against the table it goes into.
+
+    Raises:
+      SpecMismatchError: If the sequence length or the data spec differ (naming every field).
+    """
     problems = []
     if metadata["sequence_length"] != sequence_length:
         problems.append(

@@ -404,8 +404,9 @@ class LocalBackend:
         self._start()
         total = 0
         for index, config in enumerate(self._configs):
-            items = local_checkpoint.read_table(path, index, config, self._stored_spec)
-            self._tables[config.name].restore(items.data, items.priorities, items.times_sampled)
+            local_checkpoint.restore_table(
+                path, index, self._stored_spec, self._tables[config.name]
+            )
             total += self._tables[config.name].size
         if checkpoint.num_items is not None and total != checkpoint.num_items:
             raise CheckpointError(

@@ -170,17 +170,30 @@ def recorded_names(path: str) -> list[str]:
     return names
 
 
-def read_table(path: str, index: int, config: TableConfig, stored_spec: Any) -> Any:
-    """Reads the `index`-th table of a local checkpoint (checked like an import).
+def restore_table(path: str, index: int, stored_spec: Any, table: Any) -> None:
+    """Fills the empty `table` (a `LocalTable`) with the `index`-th table of a checkpoint.
 
-    Returns:
-      Its `ExportedItems`, oldest first.
+    The state file is mapped and copied once, straight into the table's storage, while its
+    SHA-256 is computed beside the copy; a digest that differs from the one its metadata
+    records raises after the copy (the caller then drops the table).
 
     Raises:
       CheckpointError: If a file is missing or damaged.
-      SpecMismatchError: If its data spec or sequence length differ from `config`'s.
+      SpecMismatchError: If its data spec or sequence length differ from the table's.
     """
-    return export_lib.read_export(config, stored_spec, path, table_prefix(index))
+    config = table.config
+    state_path, metadata_path = export_lib.export_paths(path, table_prefix(index))
+    metadata = export_lib.read_metadata(metadata_path)
+    export_lib.check_compatible(metadata, config.sequence_length, stored_spec, metadata_path)
+    recorded = metadata.get(export_lib.CHECKSUMS, {}).get(export_lib.STATE_SUFFIX)
+    if not isinstance(recorded, str):
+        raise CheckpointError(f"{metadata_path!r} records no sha256 of {state_path!r}")
+    fields = export_lib.item_fields(stored_spec, config.sequence_length)
+    with export_lib.mapped_state(state_path, recorded) as tensors:
+        items = export_lib.read_state_fields(
+            state_path, fields, int(metadata["num_items"]), tensors
+        )
+        table.restore(items.data, items.priorities, items.times_sampled)
 
 
 def _write_synced(path: str, text: str) -> None:
