@@ -43,6 +43,7 @@ from replay_service.errors import (
     CheckpointError,
     ReplayServiceError,
     ServerError,
+    ServerUnavailableError,
     SpecMismatchError,
 )
 from replay_service.tables import check_variable_tables, make_replay_tables, make_variable_table
@@ -263,7 +264,24 @@ class CheckpointedServer:
             if view is not None:
                 remove_path(view)
         self._client = self._server.localhost_client()
+        self._first_contact()
         _log.info("Reverb server listening on port %d (all interfaces)", port)
+
+    def _first_contact(self) -> None:
+        """Waits for the new server's first answer to this process's client.
+
+        Seen rarely in the test suite: the in-process client's first call to a server started a
+        moment ago does not complete. A new client is then asked once more.
+
+        Raises:
+          ServerUnavailableError: If neither answers within `INFO_TIMEOUT_S` each.
+        """
+        try:
+            server_info(self.client, INFO_TIMEOUT_S)
+        except ServerUnavailableError as e:
+            _log.warning("the new server did not answer its first call (%s); asking again", e)
+            self._client = self._require_server().localhost_client()
+            server_info(self._client, INFO_TIMEOUT_S)
 
     def _check_stored(self, stored: StoreMetadata, where: str) -> None:
         problems = stored.differences(self.metadata)
