@@ -243,18 +243,26 @@ class StoreMetadata:
         return problems
 
 
-def _extra_table_differences(
-    requested: Sequence[TableSummary], stored: Sequence[TableSummary]
-) -> list[str]:
+def _by_name(
+    kind: str, requested: Sequence[Any], stored: Sequence[Any]
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Both lists of tables by name, and the difference of their name sets (if any)."""
     wanted = {t.name: t for t in requested}
     found = {t.name: t for t in stored}
     problems = []
     if wanted.keys() != found.keys():
         problems.append(
-            f"extra_tables: requested {sorted(wanted)}, stored {sorted(found)} (missing from the "
+            f"{kind}: requested {sorted(wanted)}, stored {sorted(found)} (missing from the "
             f"checkpoint: {sorted(wanted.keys() - found.keys())}; not requested: "
             f"{sorted(found.keys() - wanted.keys())})"
         )
+    return wanted, found, problems
+
+
+def _extra_table_differences(
+    requested: Sequence[TableSummary], stored: Sequence[TableSummary]
+) -> list[str]:
+    wanted, found, problems = _by_name("extra_tables", requested, stored)
     for name in sorted(wanted.keys() & found.keys()):
         for field in ("sequence_length", "capacity"):
             want, have = getattr(wanted[name], field), getattr(found[name], field)
@@ -268,15 +276,7 @@ def _extra_table_differences(
 def _variable_table_differences(
     requested: Sequence[VariableTableSummary], stored: Sequence[VariableTableSummary]
 ) -> list[str]:
-    wanted = {t.name: t for t in requested}
-    found = {t.name: t for t in stored}
-    problems = []
-    if wanted.keys() != found.keys():
-        problems.append(
-            f"variable_tables: requested {sorted(wanted)}, stored {sorted(found)} (missing from "
-            f"the checkpoint: {sorted(wanted.keys() - found.keys())}; not requested: "
-            f"{sorted(found.keys() - wanted.keys())})"
-        )
+    wanted, found, problems = _by_name("variable_tables", requested, stored)
     for name in sorted(wanted.keys() & found.keys()):
         problems += [
             f"variable table {name!r} spec {p}"
