@@ -644,10 +644,10 @@ def loop_rows(root: str) -> list[Row]:
             step(i)
         return timed(lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + block)])
 
-    def ours(backend: str) -> float:
+    def ours(backend: str, layout: str = "nested") -> float:
         directory = tempfile.mkdtemp(prefix=f"loop_{backend}_", dir=root)
         with ReplayBufferManager(
-            spec, LOOP_WARMUP + block, directory, SEQUENCE_LENGTH, backend=backend
+            spec, LOOP_WARMUP + block, directory, SEQUENCE_LENGTH, backend=backend, layout=layout
         ) as manager:
             manager.create_replay_buffer()
             writer = manager.transition_writer()
@@ -667,24 +667,34 @@ def loop_rows(root: str) -> list[Row]:
     paths = {
         "numpy ring buffer": ring,
         "ours reverb": lambda: ours("reverb"),
+        "ours reverb, packed layout": lambda: ours("reverb", "packed"),
         "ours local": lambda: ours("local"),
     }
-    seconds = dict.fromkeys(paths, 0.0)
-    for _ in range(LOOP_BLOCKS):
-        for name, run in paths.items():
-            seconds[name] += run()
-    per_step = 1e6 / (block * LOOP_BLOCKS)
-    return [
-        Row(
-            "loop",
-            "train",
-            name,
-            value * per_step,
-            "us/step",
-            None if name == "numpy ring buffer" else "numpy ring buffer",
-        )
-        for name, value in seconds.items()
-    ]
+    rows: list[Row] = []
+    default_threads = torch.get_num_threads()
+    # torch's default (one intra-op thread per core) and one thread, the setting for a small
+    # model on a machine whose other cores sample: the same for the ring buffer and ours.
+    for threads in sorted({default_threads, 1}, reverse=True):
+        torch.set_num_threads(threads)
+        seconds = dict.fromkeys(paths, 0.0)
+        for _ in range(LOOP_BLOCKS):
+            for name, run in paths.items():
+                seconds[name] += run()
+        per_step = 1e6 / (block * LOOP_BLOCKS)
+        suffix = f", torch threads {threads}"
+        rows += [
+            Row(
+                "loop",
+                "train",
+                name + suffix,
+                value * per_step,
+                "us/step",
+                None if name == "numpy ring buffer" else "numpy ring buffer" + suffix,
+            )
+            for name, value in seconds.items()
+        ]
+    torch.set_num_threads(default_threads)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------- run
