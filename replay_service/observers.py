@@ -293,9 +293,8 @@ class TrajectoryObserver:
         except ValueError as e:
             self._raise_mismatch(trajectory, e)
         self._episode_steps += 1
-        if trajectory.step_type == LAST:  # `is_boundary()`, without its tensor check
-            self._end_episode()
-            return
+        if trajectory.step_type == LAST and self._end_episode(confirm=False):
+            return  # (`is_boundary()`, without its tensor check)
         since_flush = self._steps_since_flush + 1
         if since_flush >= self._flush_every:
             self._target.wait(
@@ -364,14 +363,32 @@ class TrajectoryObserver:
         self._writer = self._target.open_writer()
         return self._writer
 
-    def _end_episode(self) -> None:
+    def _end_episode(self, *, confirm: bool = True) -> bool:
+        """Ends the episode (padding it first where the table pads).
+
+        Args:
+          confirm: Wait until the writer's items are confirmed (reset, close). False, at a
+            boundary step: a writer that can end an episode without waiting
+            (`PackedWindowWriter.next_episode`) does, and its items stay counted for the
+            periodic wait, which bounds them as within an episode.
+
+        Returns:
+          Whether every item written so far is confirmed.
+        """
         writer = self._writer
-        for _ in range(self._target.padding(self._episode_steps)):
+        padding = self._target.padding(self._episode_steps)
+        for _ in range(padding):
             writer.append(self._padding)
         self._episode_steps = 0
+        next_episode = None if confirm else getattr(writer, "next_episode", None)
+        if next_episode is not None:
+            next_episode()
+            self._steps_since_flush += padding
+            return False
         self._steps_since_flush = 0
         target = self._target
         target.wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=target.timeout_ms))
+        return True
 
     def _check(self, trajectory: Any) -> None:
         problems = diff_value(trajectory, self._data_spec)

@@ -379,7 +379,7 @@ class TransitionWriter:
         )
         if ended:
             self._append(0, [plan.last, *next_states, *plan.boundary_tail])
-            self._end_episode(0)
+            self._end_episode(0, confirm=False)
         if self._check_continuity:
             self._expected = [a.tobytes() for a in next_states]
         self._has_expected[0] = not ended
@@ -466,7 +466,7 @@ class TransitionWriter:
                     else [leaf[index] for leaf in final_leaves]
                 )
                 self._append(index, [plan.last, *final, *plan.boundary_tail])
-                self._end_episode(index)
+                self._end_episode(index, confirm=False)
         if self._check_continuity:
             self._expected = [a.tobytes() for a in next_leaves]
         self._has_expected = [True] * size
@@ -549,7 +549,7 @@ class TransitionWriter:
                     index,
                     [plan.last, *[leaf[index] for leaf in final_states], *plan.boundary_tail],
                 )
-                self._end_episode(index)
+                self._end_episode(index, confirm=False)
 
     def _remember(self, next_states: list[np.ndarray], known: list[bool]) -> None:
         if self._check_continuity:
@@ -576,19 +576,32 @@ class TransitionWriter:
             since_flush = 0
         self._since_flush[index] = since_flush
 
-    def _end_episode(self, index: int) -> None:
+    def _end_episode(self, index: int, *, confirm: bool = True) -> None:
+        """Ends env `index`'s episode (padding it first where the table pads).
+
+        Args:
+          index: The env.
+          confirm: Wait until the writer's items are confirmed (reset, close). False, at an
+            episode boundary inside a stream of steps: a writer that can end an episode
+            without waiting (`PackedWindowWriter.next_episode`) does, and its items stay
+            counted for the periodic wait, which bounds them as within an episode.
+        """
         writer = self._writers[index]
         if self._padding is not None and writer is not None:
             steps = int(self._steps[index])
             for _ in range(self._target.padding(steps)):
                 self._append_raw(index, self._padding)
         self._steps[index] = 0
+        if writer is None:
+            self._since_flush[index] = 0
+            return
+        next_episode = None if confirm else getattr(writer, "next_episode", None)
+        if next_episode is not None:
+            next_episode()
+            return
         self._since_flush[index] = 0
-        if writer is not None:
-            target = self._target
-            target.wait(
-                lambda: writer.end_episode(clear_buffers=True, timeout_ms=target.timeout_ms)
-            )
+        target = self._target
+        target.wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=target.timeout_ms))
 
 
 class _Leaf:

@@ -491,3 +491,58 @@ def test_transition_writer_standalone_on_a_packed_server(make_manager: Any, data
     writer.add(np.ones(4), 0, 1.0, np.full(4, 2.0), True)
     writer.close()
     assert manager.num_frames() == 2
+
+
+def test_episode_ends_do_not_wait_and_close_confirms_every_item(
+    make_manager: Any, tmp_path: Any, monkeypatch: Any
+) -> None:
+    """At an episode boundary the packed writers start the next episode without Reverb's
+    confirming `end_episode` (one round trip per episode); `close()` still confirms all."""
+    confirming = []
+    original = packed.PackedWindowWriter.end_episode
+
+    def end_episode(self: Any, *args: Any, **kwargs: Any) -> None:
+        confirming.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(packed.PackedWindowWriter, "end_episode", end_episode)
+    rng = np.random.default_rng(3)
+    counts = {}
+    for layout in ("nested", "packed"):
+        manager = make_manager(checkpoint_dir=str(tmp_path / layout), layout=layout)
+        manager.create_replay_buffer()
+        writer = manager.transition_writer()
+        for _ in range(30):  # two transitions per episode: 2 windows of 2 steps
+            s0, s1, s2 = rng.normal(size=(3, 4))
+            writer.add(s0, 0, 1.0, s1, False)
+            writer.add(s1, 1, 1.0, s2, True)
+        assert not confirming
+        writer.close()
+        counts[layout] = manager.num_frames()
+    assert len(confirming) == 1  # the packed writer's close
+    assert counts == {"nested": 60, "packed": 60}
+
+
+def test_observer_episode_ends_do_not_wait_and_close_confirms(
+    make_manager: Any, tmp_path: Any, steps: list[Any], monkeypatch: Any
+) -> None:
+    confirming = []
+    original = packed.PackedWindowWriter.end_episode
+
+    def end_episode(self: Any, *args: Any, **kwargs: Any) -> None:
+        confirming.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(packed.PackedWindowWriter, "end_episode", end_episode)
+    assert sum(int(t.step_type) == 2 for t in steps) >= 2  # episodes end inside
+    counts = {}
+    for layout in ("nested", "packed"):
+        manager = make_manager(checkpoint_dir=str(tmp_path / layout), layout=layout)
+        _, observer = manager.create_replay_buffer()
+        for trajectory in steps:
+            observer(trajectory)
+        assert not confirming
+        observer.close()
+        counts[layout] = manager.num_frames()
+    assert len(confirming) == 1
+    assert counts["packed"] == counts["nested"] > 100
