@@ -493,19 +493,25 @@ def test_transition_writer_standalone_on_a_packed_server(make_manager: Any, data
     assert manager.num_frames() == 2
 
 
-def test_episode_ends_do_not_wait_and_close_confirms_every_item(
-    make_manager: Any, tmp_path: Any, monkeypatch: Any
-) -> None:
-    """At an episode boundary the packed writers start the next episode without Reverb's
-    confirming `end_episode` (one round trip per episode); `close()` still confirms all."""
-    confirming = []
+@pytest.fixture()
+def confirming(monkeypatch: Any) -> list[Any]:
+    """The packed writers whose confirming `end_episode` was called, one entry per call."""
+    calls: list[Any] = []
     original = packed.PackedWindowWriter.end_episode
 
     def end_episode(self: Any, *args: Any, **kwargs: Any) -> None:
-        confirming.append(self)
+        calls.append(self)
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(packed.PackedWindowWriter, "end_episode", end_episode)
+    return calls
+
+
+def test_episode_ends_do_not_wait_and_close_confirms_every_item(
+    make_manager: Any, tmp_path: Any, confirming: list[Any]
+) -> None:
+    """At an episode boundary the packed writers start the next episode without Reverb's
+    confirming `end_episode` (one round trip per episode); `close()` still confirms all."""
     rng = np.random.default_rng(3)
     counts = {}
     for layout in ("nested", "packed"):
@@ -524,16 +530,8 @@ def test_episode_ends_do_not_wait_and_close_confirms_every_item(
 
 
 def test_observer_episode_ends_do_not_wait_and_close_confirms(
-    make_manager: Any, tmp_path: Any, steps: list[Any], monkeypatch: Any
+    make_manager: Any, tmp_path: Any, steps: list[Any], confirming: list[Any]
 ) -> None:
-    confirming = []
-    original = packed.PackedWindowWriter.end_episode
-
-    def end_episode(self: Any, *args: Any, **kwargs: Any) -> None:
-        confirming.append(self)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(packed.PackedWindowWriter, "end_episode", end_episode)
     assert sum(int(t.step_type) == 2 for t in steps) >= 2  # episodes end inside
     counts = {}
     for layout in ("nested", "packed"):
