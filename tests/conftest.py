@@ -101,6 +101,16 @@ def collect(env: Any, policy: Any, observer: Any, steps: int) -> None:
     observer.flush()
 
 
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Polls `condition` until it holds; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 def all_items(client: reverb.Client, table: str, expected: int) -> dict[int, list[np.ndarray]]:
     """Samples a uniform table until every one of its `expected` items was seen.
 

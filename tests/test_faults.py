@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from tf_agents.trajectories import trajectory as trajectory_lib
 
-from conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, REPO, all_items, tree_digest
+from conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, REPO, all_items, tree_digest, wait_for
 from replay_service import ReplayBufferManager
 from replay_service.checkpoints import (
     CHECKPOINT_META_FILE,
@@ -97,16 +97,6 @@ def newest_checkpoint(root: Path) -> Path | None:
     """The newest directory under `root/checkpoints/`, or None."""
     names = checkpoint_dirs(root)
     return root / CHECKPOINTS_DIR / names[-1] if names else None
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Polls `condition` until it holds; fails the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def free_bytes(path: Path) -> int:

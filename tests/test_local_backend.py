@@ -25,6 +25,7 @@ import tree
 from gymnasium import spaces
 from safetensors.numpy import load_file
 
+from conftest import wait_for
 from replay_service import (
     BufferStateError,
     CheckpointError,
@@ -108,15 +109,6 @@ def checkpoint_names(root: Path) -> list[str]:
 def recorded_items(checkpoint: Path) -> int:
     metadata = next(checkpoint.glob("*checkpoint.json"))
     return int(json.loads(metadata.read_text())["num_items"])
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # ----------------------------------------------------------------------------- spaces
