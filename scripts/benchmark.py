@@ -78,6 +78,7 @@ BATCH = 256
 SEQUENCE_LENGTH = 2
 EPISODE = 200
 NUM_ENVS = 8
+_RAW = "raw observation bytes"
 MID, FIRST, LAST = 1, 0, 2
 
 
@@ -115,11 +116,15 @@ class Workload:
         )
 
     def trajectories(self) -> list[trajectory_lib.Trajectory]:
-        """Pre-built steps in episodes of `EPISODE` steps (building them is not timed)."""
+        """Pre-built steps in episodes of `EPISODE` steps (building them is not timed). Every
+        observation is distinct and random: repeated ones would let Reverb's chunk compression
+        understate the memory of real data."""
         rng = np.random.default_rng(0)
-        observations = rng.integers(0, 255, (64, *self.observation_shape)).astype(
-            self.observation_dtype
-        )
+        shape = (self.steps, *self.observation_shape)
+        if np.dtype(self.observation_dtype).kind == "f":
+            observations = rng.standard_normal(shape).astype(self.observation_dtype)
+        else:
+            observations = rng.integers(0, 255, shape, dtype=self.observation_dtype)
         out = []
         for i in range(self.steps):
             t = i % EPISODE
@@ -128,7 +133,7 @@ class Workload:
             out.append(
                 trajectory_lib.Trajectory(
                     np.int32(step_type),
-                    observations[i % 64],
+                    observations[i],
                     np.int64(i % 2),
                     (),
                     np.int32(next_type),
@@ -164,15 +169,30 @@ def dir_bytes(path: str) -> int:
 # ------------------------------------------------------------------------------------ inserts
 
 
-def insert_ours(manager: ReplayBufferManager, steps: list[Any]) -> float:
+def insert_ours(
+    manager: ReplayBufferManager, steps: list[Any], rss: list[int] | None = None
+) -> float:
+    """The observer's insert time; with `rss`, also appends the process's RSS before, after a
+    quarter of the steps and at the end (read between the two timed parts)."""
     _, observer = manager.get_replay_buffer_and_observer()
 
-    def run() -> None:
-        for step in steps:
-            observer(step)
-        observer.flush()
+    def run(part: list[Any]) -> Callable[[], None]:
+        def insert() -> None:
+            for step in part:
+                observer(step)
+            observer.flush()
 
-    return timed(run)
+        return insert
+
+    if rss is None:
+        return timed(run(steps))
+    quarter = len(steps) // 4
+    rss.append(rss_bytes())
+    seconds = timed(run(steps[:quarter]))
+    rss.append(rss_bytes())
+    seconds += timed(run(steps[quarter:]))
+    rss.append(rss_bytes())
+    return seconds
 
 
 def insert_transition_writer(manager: ReplayBufferManager, steps: list[Any]) -> float:
@@ -193,12 +213,11 @@ def insert_add_multi(manager: ReplayBufferManager, steps: list[Any]) -> float:
     """`add_multi` from `NUM_ENVS` auto-resetting envs, `len(steps)` env steps in all; each env's
     episodes are `EPISODE - 1` transitions, as in the other inserts, but end at other calls."""
     writer = manager.transition_writer()
-    observations = [step.observation for step in steps[:64]]
-    batches = [
-        np.stack([observations[(c + 7 * e) % len(observations)] for e in range(NUM_ENVS)])
-        for c in range(len(observations))
-    ]
     calls = len(steps) // NUM_ENVS
+    batches = [
+        np.stack([step.observation for step in steps[c * NUM_ENVS : (c + 1) * NUM_ENVS]])
+        for c in range(calls)
+    ]
     offsets = np.arange(NUM_ENVS) * (EPISODE // NUM_ENVS)
     dones = [(c + offsets) % (EPISODE - 1) == EPISODE - 2 for c in range(calls)]
     actions = np.array([steps[e].action for e in range(NUM_ENVS)])
@@ -207,9 +226,9 @@ def insert_add_multi(manager: ReplayBufferManager, steps: list[Any]) -> float:
 
     def run() -> None:
         for c in range(calls):
-            nexts = batches[(c + 1) % len(batches)]
+            nexts = batches[(c + 1) % calls]
             writer.add_multi(
-                batches[c % len(batches)],
+                batches[c],
                 actions,
                 rewards,
                 nexts,
@@ -722,6 +741,19 @@ def anchor_rows(workload: Workload, steps: list[Any], root: str) -> list[Row]:
     return [Row(workload.name, "insert", "tf-agents observer", len(steps) / seconds, "steps/s")]
 
 
+def memory_rows(workload: str, rss: list[int], steps: int, tag: str) -> list[Row]:
+    """The server's memory per stored step, from `insert_ours`'s three RSS readings: the growth
+    over the last three quarters of the steps (what each further step costs), and the growth
+    over all steps divided by them (that plus the writer's and allocator's fixed cost spread
+    over this buffer's steps)."""
+    start, quarter, end = rss
+    marginal = (end - quarter) / (steps - steps // 4)
+    return [
+        Row(workload, "memory", f"server RSS per stored step{tag}", marginal, "B", _RAW),
+        Row(workload, "memory", f"  same, incl. fixed cost{tag}", (end - start) / steps, "B", _RAW),
+    ]
+
+
 def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -> list[Row]:
     """Our inserts, memory, sampling and checkpoints per layout (our rows of layouts other than
     "nested" get a `[layout]` suffix), and the anchors on a nested table."""
@@ -754,25 +786,19 @@ def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -
         # Ours first: the memory figure needs a fresh server (later runs reuse freed memory).
         for name, insert in ours.items():
             manager.clear()
-            before = rss_bytes()
-            seconds = insert(manager, steps)
-            grown = rss_bytes() - before
+            rss: list[int] = []
+            if name == "ours observer":
+                seconds = insert_ours(manager, steps, rss)
+            else:
+                seconds = insert(manager, steps)
             rate = len(steps) / seconds
             rows.append(
                 Row(workload.name, "insert", name + tag, rate, "steps/s", "tf-agents observer")
             )
-            if name == "ours observer":
-                rows.append(
-                    Row(
-                        workload.name,
-                        "memory",
-                        f"server RSS per stored step{tag}",
-                        grown / len(steps),
-                        "B",
-                    )
-                )
+            if rss:
+                rows += memory_rows(workload.name, rss, len(steps), tag)
     raw = np.prod(workload.observation_shape) * np.dtype(workload.observation_dtype).itemsize
-    rows.append(Row(workload.name, "memory", "raw observation bytes", float(raw), "B"))
+    rows.append(Row(workload.name, "memory", _RAW, float(raw), "B"))
     anchor_manager = managers.get("nested")
     if anchor_manager is None:
         anchor_manager = ReplayBufferManager(
