@@ -74,8 +74,11 @@ class LocalSampleSource:
             "and needs no workers) or backend='reverb'"
         )
 
-    def sample(self, batch_size: int) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
-        """One batch: flat field tensors `[batch, sequence_length, ...]` and numpy info.
+    def sample(
+        self, batch_size: int, *, with_info: bool = True
+    ) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+        """One batch: flat field tensors `[batch, sequence_length, ...]` and numpy info (an
+        empty dict without `with_info`).
 
         Raises:
           ManagerClosedError: If the manager was closed.
@@ -84,7 +87,7 @@ class LocalSampleSource:
         closed = self.closed_error()
         if closed is not None:
             raise closed
-        return self.table.sample(batch_size, self.sample_timeout)
+        return self.table.sample(batch_size, self.sample_timeout, with_info=with_info)
 
     def closed_error(self) -> ManagerClosedError | None:
         """The error every stream of this source raises once its manager was closed, else None."""
@@ -100,14 +103,19 @@ class LocalSampleSource:
         *,
         num_workers: int | None = None,
         convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...]]]:
-        """Samples batches forever as `(data nest, info tuple)` of torch tensors.
+        pack: Callable[[list[torch.Tensor]], Any] | None = None,
+        with_info: bool = True,
+    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
+        """Samples batches forever as `(data, info tuple)` of torch tensors (see
+        `torch_sampling.TorchSampleSource`).
 
         Args:
           batch_size: Items per batch.
           num_workers: Ignored (sampling runs in the calling thread).
           convert: Applied to every data tensor (pinning, device transfer); the info tensors
             stay on the CPU (`iterate_batches` moves them when asked).
+          pack: Flat data tensors -> what is yielded; None: the item nest.
+          with_info: Whether to read and yield the info (else None).
 
         Raises:
           ManagerClosedError, BufferStateError: As `sample`.
@@ -115,12 +123,18 @@ class LocalSampleSource:
         from replay_service.torch_sampling import nest_packer
 
         del num_workers
-        pack = nest_packer(self._structure)
+        if pack is None:
+            pack = nest_packer(self._structure)
         while True:
-            data, info = self.sample(batch_size)
+            data, info = self.sample(batch_size, with_info=with_info)
             if convert is not None:
                 data = [convert(t) for t in data]
-            yield pack(data), tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
+            yield (
+                pack(data),
+                tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
+                if with_info
+                else None,
+            )
 
 
 def _info_tensor(array: np.ndarray) -> torch.Tensor:

@@ -83,15 +83,6 @@ def check_local_table(config: TableConfig) -> None:
         )
 
 
-def sampler_repeats(slots: np.ndarray) -> bool:
-    """Whether a batch of sampled slots holds one slot twice (then `times_sampled` must count
-    each draw)."""
-    if len(slots) < 2:
-        return False
-    ordered = np.sort(slots)
-    return bool((ordered[1:] == ordered[:-1]).any())
-
-
 class SumTree:
     """Sums of non-negative weights over `capacity` slots; samples slots by weight.
 
@@ -335,13 +326,15 @@ class LocalTable:
     # --------------------------------------------------------------------------- sampling
 
     def sample(
-        self, batch_size: int, timeout: float | None
+        self, batch_size: int, timeout: float | None, *, with_info: bool = True
     ) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
         """Samples `batch_size` items with the table's sampler.
 
         Args:
           batch_size: Items to sample.
           timeout: Seconds to wait for `min_size_to_sample` items; None waits forever.
+          with_info: Whether to return the info (else an empty dict; the items are counted
+            as sampled all the same).
 
         Returns:
           `(data, info)`: one tensor per field, `[batch, sequence_length, *field_shape]`, and
@@ -358,13 +351,13 @@ class LocalTable:
         with self._changed:
             if not limit:
                 self._wait_for_items(deadline, timeout)
-                return self._sample_slots(batch_size)
+                return self._sample_slots(batch_size, with_info)
             # As Reverb: an item reaching `max_times_sampled` is removed before the next item
             # of the batch is selected (a FIFO queue gives the oldest items, each once).
             parts = []
             for _ in range(batch_size):
                 self._wait_for_items(deadline, timeout)
-                parts.append(self._sample_slots(1))
+                parts.append(self._sample_slots(1, with_info))
         data = [torch.cat([p[0][j] for p in parts]) for j in range(len(self.fields))]
         info = {name: np.concatenate([p[1][name] for p in parts]) for name in parts[0][1]}
         return data, info
@@ -382,22 +375,23 @@ class LocalTable:
                 )
             self._changed.wait(remaining)
 
-    def _sample_slots(self, batch_size: int) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+    def _sample_slots(
+        self, batch_size: int, with_info: bool = True
+    ) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
         """Selects, counts and reads `batch_size` items (the lock held, the table not empty);
         removes those that reached `max_times_sampled`."""
         slots, probability = self._select(batch_size)
-        table_size = np.full(batch_size, self._size, dtype=np.int64)
-        if sampler_repeats(slots):
-            np.add.at(self._times_sampled, slots, 1)
-        else:
-            self._times_sampled[slots] += 1
-        info = {
-            "key": self._slot_key[slots].copy(),
-            "probability": probability,
-            "table_size": table_size,
-            "priority": self._priority[slots].copy(),
-            "times_sampled": self._times_sampled[slots].copy(),
-        }
+        # Counts every draw, a slot drawn twice in the batch too.
+        np.add.at(self._times_sampled, slots, 1)
+        info = {}
+        if with_info:
+            info = {
+                "key": self._slot_key.take(slots),
+                "probability": probability,
+                "table_size": np.full(batch_size, self._size, dtype=np.int64),
+                "priority": self._priority.take(slots),
+                "times_sampled": self._times_sampled.take(slots),
+            }
         data = self._read_slots(slots)
         self.samples += batch_size
         limit = self.config.sampling.max_times_sampled

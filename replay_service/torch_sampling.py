@@ -106,19 +106,24 @@ class TorchSampleSource(Protocol):
         *,
         num_workers: int | None,
         convert: Callable[[torch.Tensor], torch.Tensor] | None,
-    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...]]]:
+        pack: Callable[[list[torch.Tensor]], Any] | None = None,
+        with_info: bool = True,
+    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
         """Samples batches of exactly `batch_size` items, forever.
 
         Args:
           batch_size: Items per batch.
           num_workers: Sampling workers behind the iterator; None lets the source choose.
           convert: Applied to every data tensor (pinning, device transfer); None: none.
+          pack: Turns the flat data tensors (in `tree.flatten(signature)` order) into what
+            is yielded; None: the item nest (`nest_packer(signature)`).
+          with_info: Whether to yield the sample info (else None: a source may skip it).
 
         Yields:
-          `(data, info)`: `data` the item nest (same nest type as the data spec) of torch
-          tensors shaped `[batch_size, sequence_length, ...]`, `info` the five CPU tensors of
-          `TorchSampleInfo` (key, probability, table_size, priority, times_sampled), each
-          `[batch_size]`.
+          `(data, info)`: `data` the packed item (by default the nest, same nest type as the
+          data spec, of torch tensors shaped `[batch_size, sequence_length, ...]`), `info` the
+          five CPU tensors of `TorchSampleInfo` (key, probability, table_size, priority,
+          times_sampled), each `[batch_size]`, or None without `with_info`.
 
         Raises:
           BufferStateError: If nothing could be sampled within the source's sample timeout.
@@ -213,13 +218,17 @@ class SampleSource:
         *,
         num_workers: int | None = None,
         convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...]]]:
+        pack: Callable[[list[torch.Tensor]], Any] | None = None,
+        with_info: bool = True,
+    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
         """Samples `tf_dataset` batches as torch tensors (see `TorchSampleSource`).
 
         Args:
           batch_size: Items per batch.
           num_workers: Sample streams; None chooses (see `tf_dataset`).
           convert: Applied to every data tensor after its conversion to torch.
+          pack: Flat data tensors -> what is yielded; None: the item nest.
+          with_info: Whether to yield the info tensors (else None).
 
         Yields:
           `(data, info)` pairs of torch tensors; `info` stays on the CPU.
@@ -236,7 +245,8 @@ class SampleSource:
 
         dataset = self.tf_dataset(batch_size, num_workers=num_workers)
         get_next = reverb_internals.flat_getter(dataset)
-        pack = nest_packer(self.signature)
+        if pack is None:
+            pack = nest_packer(self.signature)
         info_fields = len(TorchSampleInfo._fields)
         while True:
             # Batches the pipeline already holds must not outlive close().
@@ -259,11 +269,11 @@ class SampleSource:
                 if ours is None:
                     raise
                 raise ours from e
-            tensors = [tensor_to_torch(t) for t in flat]
-            data = tensors[info_fields:]
+            data = [tensor_to_torch(t) for t in flat[info_fields:]]
             if convert is not None:
                 data = [convert(t) for t in data]
-            yield pack(data), tuple(tensors[:info_fields])
+            info = tuple(tensor_to_torch(t) for t in flat[:info_fields]) if with_info else None
+            yield pack(data), info
 
     def closed_error(self) -> ManagerClosedError | None:
         """The error every stream of this source raises once its manager was closed, else None."""
@@ -352,12 +362,7 @@ def to_transitions(trajectory: Any) -> TransitionBatch:
     Raises:
       ConfigError: If the windows do not have exactly 2 steps.
     """
-    steps = trajectory.step_type.shape[1]
-    if steps != TRANSITION_SEQUENCE_LENGTH:
-        raise ConfigError(
-            f"transitions need windows of {TRANSITION_SEQUENCE_LENGTH} steps, got {steps}; "
-            "sample nested trajectories instead (transitions=False)"
-        )
+    _check_transition_steps(trajectory.step_type.shape[1])
     dones, truncated = _episode_flags(trajectory.next_step_type, trajectory.discount)
     policy_info = trajectory.policy_info
     return TransitionBatch(
@@ -369,6 +374,73 @@ def to_transitions(trajectory: Any) -> TransitionBatch:
         truncated=truncated,
         hiddens=_step(policy_info, 0) if tree.flatten(policy_info) else None,
     )
+
+
+_TRANSITION_FIELDS = ("step_type", "observation", "action", "policy_info", "next_step_type")
+_TRANSITION_SCALARS = ("step_type", "next_step_type", "reward", "discount")
+
+
+def transition_packer(structure: Any) -> Callable[[Sequence[torch.Tensor]], TransitionBatch]:
+    """Returns `pack(flat)`, equal to `to_transitions(nest_packer(structure)(flat))`, with the
+    positions of the fields in the flat list found once.
+
+    Args:
+      structure: The item nest: a TF-Agents `Trajectory` (any namedtuple with its fields).
+        Other nests (e.g. the `Masked` items of padded tables), and trajectories whose
+        reward, discount or step types are nests, are packed and passed to `to_transitions`.
+    """
+    nested = nest_packer(structure)
+    fields = getattr(type(structure), "_fields", ())
+    positions = tree.unflatten_as(structure, list(range(len(tree.flatten(structure)))))
+    if not (
+        isinstance(structure, tuple)
+        and set(_TRANSITION_FIELDS) | {"reward", "discount"} <= set(fields)
+        and all(not tree.is_nested(getattr(positions, f)) for f in _TRANSITION_SCALARS)
+    ):
+        return lambda flat: to_transitions(nested(flat))
+    step_type, next_step_type, reward, discount = (
+        getattr(positions, f) for f in _TRANSITION_SCALARS
+    )
+    observation = _field_stepper(structure.observation, positions.observation)
+    action = _field_stepper(structure.action, positions.action)
+    hidden = (
+        _field_stepper(structure.policy_info, positions.policy_info)
+        if tree.flatten(structure.policy_info)
+        else None
+    )
+
+    def pack(flat: Sequence[torch.Tensor]) -> TransitionBatch:
+        _check_transition_steps(flat[step_type].shape[1])
+        dones, truncated = _episode_flags(flat[next_step_type], flat[discount])
+        return TransitionBatch(
+            states=observation(flat, 0),
+            actions=action(flat, 0),
+            rewards=flat[reward].select(1, 0),
+            next_states=observation(flat, 1),
+            dones=dones,
+            truncated=truncated,
+            hiddens=None if hidden is None else hidden(flat, 0),
+        )
+
+    return pack
+
+
+def _check_transition_steps(steps: int) -> None:
+    if steps != TRANSITION_SEQUENCE_LENGTH:
+        raise ConfigError(
+            f"transitions need windows of {TRANSITION_SEQUENCE_LENGTH} steps, got {steps}; "
+            "sample nested trajectories instead (transitions=False)"
+        )
+
+
+def _field_stepper(structure: Any, positions: Any) -> Callable[[Sequence[torch.Tensor], int], Any]:
+    """`step(flat, index)`: step `index` of a field whose leaves sit at `positions` of the
+    flat list, as views, in the field's nest."""
+    if not tree.is_nested(positions):
+        return lambda flat, index: flat[positions].select(1, index)
+    indices = tree.flatten(positions)
+    pack = nest_packer(structure)
+    return lambda flat, index: pack([flat[i].select(1, index) for i in indices])
 
 
 def nest_packer(structure: Any) -> Callable[[Sequence[Any]], Any]:
@@ -426,8 +498,8 @@ def _episode_flags(
     """
     if next_step_type.device.type == "cpu" and discount.device.type == "cpu":
         ends = next_step_type.numpy()[:, 0] == LAST
-        continuing = discount.numpy()[:, 0] != 0
-        return torch.from_numpy(ends & ~continuing), torch.from_numpy(ends & continuing)
+        terminated = ends & (discount.numpy()[:, 0] == 0)
+        return torch.from_numpy(terminated), torch.from_numpy(ends ^ terminated)
     ends = next_step_type[:, 0] == LAST
     continuing = discount[:, 0] != 0
     return ends & ~continuing, ends & continuing
@@ -485,14 +557,17 @@ def iterate_batches(
         (within `datasets.liveness_bound(sample_timeout, connect_timeout)` seconds).
       ManagerClosedError: If the manager was closed (`source.lifeline`).
     """
-    for data, info in source.torch_samples(batch_size, num_workers=num_workers, convert=place):
-        if transitions:
-            data = to_transitions(data)
-        if with_info:
-            placed = info if place is None else (place(t) for t in info)
-            yield data, TorchSampleInfo(*placed)
-        else:
+    pack = transition_packer(source.signature) if transitions else None
+    samples = source.torch_samples(
+        batch_size, num_workers=num_workers, convert=place, pack=pack, with_info=with_info
+    )
+    if not with_info:
+        for data, _ in samples:
             yield data
+        return
+    for data, info in samples:
+        assert info is not None
+        yield data, TorchSampleInfo(*(info if place is None else (place(t) for t in info)))
 
 
 def _sampling_error(error: tf.errors.InvalidArgumentError) -> Exception | None:

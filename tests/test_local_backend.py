@@ -693,3 +693,16 @@ def test_a_gymnasium_vector_env_with_discrete_actions_fills_and_restores(tmp_pat
     ) as restored:
         restored.load_replay_buffer()
         assert restored.num_frames() == items
+
+
+def test_batches_without_info_count_every_draw(make, tmp_path):
+    manager = make()
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 1)  # one item: every draw of every batch is that item
+    with manager.torch_batches(4, transitions=True, prefetch=0) as stream:
+        for _ in range(3):
+            next(stream)
+    assert exported(manager, tmp_path / "export")["times_sampled"].tolist() == [12]
+    with manager.torch_batches(4, transitions=True, with_info=True, prefetch=0) as stream:
+        _, info = next(stream)
+    assert info.times_sampled.tolist() == [16] * 4

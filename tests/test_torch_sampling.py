@@ -26,6 +26,7 @@ from replay_service.torch_sampling import (
     TransitionBatch,
     nest_packer,
     to_transitions,
+    transition_packer,
 )
 
 TERMINATED_EPISODE = 1.0
@@ -301,3 +302,59 @@ def test_timeouts_are_those_of_the_manager(make_manager):
     manager.create_replay_buffer()
     assert manager.timeouts == FAST_TIMEOUTS
     assert manager.torch_dataset(4).source.sample_timeout == FAST_TIMEOUTS.sample
+
+
+def _random_batch(structure, steps=2, batch=64, seed=0):
+    """Flat random tensors `[batch, steps, 3]` for every leaf of `structure`; step types LAST
+    and discounts 0 in about a third of the items each."""
+    rng = np.random.default_rng(seed)
+    flat = []
+    for _ in tree.flatten(structure):
+        flat.append(torch.from_numpy(rng.integers(0, 3, (batch, steps, 3)).astype(np.float32)))
+    fields = tree.unflatten_as(structure, list(range(len(flat))))
+    if isinstance(structure, trajectory_lib.Trajectory):
+        for name in ("step_type", "next_step_type", "discount", "reward"):
+            index = getattr(fields, name)
+            if isinstance(index, int):
+                values = rng.integers(0, 3, (batch, steps))
+                flat[index] = torch.from_numpy(
+                    values.astype(np.int32 if "step" in name else np.float32)
+                )
+    return flat
+
+
+@pytest.mark.parametrize(
+    "structure",
+    [
+        trajectory_lib.Trajectory(1, 2, 3, (), 5, 6, 7),
+        trajectory_lib.Trajectory(1, {"b": 2, "a": (3, [4])}, {"x": 5}, (8, {"h": 9}), 10, 11, 12),
+        trajectory_lib.Trajectory(1, 2, 3, (), 5, (6, 7), 8),
+        Masked(trajectory_lib.Trajectory(1, 2, 3, (), 5, 6, 7), 8),
+    ],
+    ids=["flat", "nests and hidden state", "nested reward", "masked"],
+)
+def test_transition_packer_equals_to_transitions_of_the_nest(structure):
+    flat = _random_batch(structure)
+    pack = transition_packer(structure)
+    try:
+        expected = to_transitions(nest_packer(structure)(flat))
+    except (AttributeError, TypeError) as e:  # nests to_transitions cannot read
+        with pytest.raises(type(e)):
+            pack(flat)
+        return
+    got = pack(flat)
+    assert got.dones.any() and got.truncated.any()  # the batch exercises both flags
+    for field in ("states", "actions", "rewards", "next_states", "dones", "truncated", "hiddens"):
+        a, b = getattr(got, field), getattr(expected, field)
+        if b is None:
+            assert a is None, field
+            continue
+        tree.assert_same_structure(a, b)
+        for x, y in zip(tree.flatten(a), tree.flatten(b), strict=True):
+            assert x.dtype == y.dtype and torch.equal(x, y), field
+
+
+def test_transition_packer_refuses_longer_windows():
+    structure = trajectory_lib.Trajectory(1, 2, 3, (), 5, 6, 7)
+    with pytest.raises(ConfigError, match="windows of 2 steps, got 3"):
+        transition_packer(structure)(_random_batch(structure, steps=3))
