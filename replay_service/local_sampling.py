@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,11 +20,18 @@ import tree
 from replay_service.errors import ConfigError, ManagerClosedError
 from replay_service.local_table import LocalTable
 
+if TYPE_CHECKING:
+    from replay_service.torch_sampling import Packer
+
 # Reverb's `SampleInfo` fields, in its order.
 SampleInfo = collections.namedtuple(
     "SampleInfo", ["key", "probability", "table_size", "priority", "times_sampled"]
 )
 _INFO_DTYPES = ("uint64", "float64", "int64", "float64", "int32")
+# A torch stream of a uniform table draws this many items per table call (at least one
+# batch), then hands them out batch by batch: the per-call work (lock, selection, one copy
+# per field, flags) is paid once for several small batches.
+DRAW_ITEMS = 256
 
 
 class Lifeline:
@@ -103,7 +110,7 @@ class LocalSampleSource:
         *,
         num_workers: int | None = None,
         convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        pack: Callable[[list[torch.Tensor]], Any] | None = None,
+        pack: Packer | None = None,
         with_info: bool = True,
     ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
         """Samples batches forever as `(data, info tuple)` of torch tensors (see
@@ -117,24 +124,53 @@ class LocalSampleSource:
           pack: Flat data tensors -> what is yielded; None: the item nest.
           with_info: Whether to read and yield the info (else None).
 
+        A uniform table without `max_times_sampled` is drawn `draws_per_call(batch_size)`
+        batches at a time (independent draws with replacement, as one batch at a time): a
+        batch handed out later may miss items inserted since its draw, as a prefetched Reverb
+        stream's may; its info tells the table size at the draw. Other samplers draw each
+        batch when it is asked for, so priority updates and removals apply to the next batch.
+
         Raises:
           ManagerClosedError, BufferStateError: As `sample`.
         """
-        from replay_service.torch_sampling import nest_packer
+        from replay_service.torch_sampling import item_packer
 
         del num_workers
         if pack is None:
-            pack = nest_packer(self._structure)
+            pack = item_packer(self._structure)
+        draws = self.draws_per_call(batch_size)
         while True:
-            data, info = self.sample(batch_size, with_info=with_info)
+            data, info = self.sample(batch_size * draws, with_info=with_info)
             if convert is not None:
                 data = [convert(t) for t in data]
-            yield (
-                pack(data),
+            infos = (
                 tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
                 if with_info
-                else None,
+                else None
             )
+            if draws == 1:
+                yield pack(data), infos
+                continue
+            # Prepared once for all the drawn batches, built per batch from views.
+            parts = [t.split(batch_size) for t in pack.prepare(data)]
+            info_parts = None if infos is None else [t.split(batch_size) for t in infos]
+            for k in range(draws):
+                if k:
+                    closed = self.closed_error()
+                    if closed is not None:
+                        raise closed
+                yield (
+                    pack.build([part[k] for part in parts]),
+                    None if info_parts is None else tuple(part[k] for part in info_parts),
+                )
+
+    def draws_per_call(self, batch_size: int) -> int:
+        """Batches a torch stream draws per table call: `DRAW_ITEMS // batch_size` (at least
+        1) for a uniform table without `max_times_sampled`, else 1."""
+        sampling = self.table.config.sampling
+        if sampling.sampler != "uniform" or sampling.max_times_sampled:
+            return 1
+        return max(1, DRAW_ITEMS // batch_size)
 
 
 def _info_tensor(array: np.ndarray) -> torch.Tensor:

@@ -28,6 +28,7 @@ TensorFlow when sampling starts); the in-process backend has its own.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import operator
 import os
 import queue
@@ -89,6 +90,8 @@ class TorchSampleSource(Protocol):
 
     A source may also have `closed_error()`, returning the exception to raise once its manager
     was closed (else None): `TorchBatchStream` then fails at once, before batches sampled ahead.
+    A source whose `torch_samples` takes no `pack` (nor `with_info`) yields the item nest and
+    its info; `iterate_batches` then turns the nest into transitions itself.
     """
 
     @property
@@ -106,7 +109,7 @@ class TorchSampleSource(Protocol):
         *,
         num_workers: int | None,
         convert: Callable[[torch.Tensor], torch.Tensor] | None,
-        pack: Callable[[list[torch.Tensor]], Any] | None = None,
+        pack: Packer | None = None,
         with_info: bool = True,
     ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
         """Samples batches of exactly `batch_size` items, forever.
@@ -116,7 +119,7 @@ class TorchSampleSource(Protocol):
           num_workers: Sampling workers behind the iterator; None lets the source choose.
           convert: Applied to every data tensor (pinning, device transfer); None: none.
           pack: Turns the flat data tensors (in `tree.flatten(signature)` order) into what
-            is yielded; None: the item nest (`nest_packer(signature)`).
+            is yielded; None: the item nest (`item_packer(signature)`).
           with_info: Whether to yield the sample info (else None: a source may skip it).
 
         Yields:
@@ -218,7 +221,7 @@ class SampleSource:
         *,
         num_workers: int | None = None,
         convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        pack: Callable[[list[torch.Tensor]], Any] | None = None,
+        pack: Packer | None = None,
         with_info: bool = True,
     ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
         """Samples `tf_dataset` batches as torch tensors (see `TorchSampleSource`).
@@ -246,7 +249,7 @@ class SampleSource:
         dataset = self.tf_dataset(batch_size, num_workers=num_workers)
         get_next = reverb_internals.flat_getter(dataset)
         if pack is None:
-            pack = nest_packer(self.signature)
+            pack = item_packer(self.signature)
         info_fields = len(TorchSampleInfo._fields)
         while True:
             # Batches the pipeline already holds must not outlive close().
@@ -310,8 +313,10 @@ class TransitionBatch:
 
     `dones` and `truncated` are `torch.bool` of shape `[batch]`, never both True. The seeds'
     `dones = terminated | truncated` is `dones | truncated`. Windows written by replay_service
-    never start at a boundary step, so every item is a real transition. Tensors are views into
-    the sampled batch (no copies); `rewards` keeps the spec's shape (`[batch]` for a scalar).
+    never start at a boundary step, so every item is a real transition. Each tensor is its
+    step of the sampled windows in contiguous memory (one small copy: a network's forward and
+    backward pass over strided views of the windows costs more than it; measured with the
+    benchmark's training loop); `rewards` keeps the spec's shape (`[batch]` for a scalar).
 
     Attributes:
       states: Observations before the action.
@@ -368,7 +373,7 @@ def to_transitions(trajectory: Any) -> TransitionBatch:
     return TransitionBatch(
         states=_step(trajectory.observation, 0),
         actions=_step(trajectory.action, 0),
-        rewards=trajectory.reward[:, 0],
+        rewards=step_of(trajectory.reward, 0),
         next_states=_step(trajectory.observation, 1),
         dones=dones,
         truncated=truncated,
@@ -380,9 +385,36 @@ _TRANSITION_FIELDS = ("step_type", "observation", "action", "policy_info", "next
 _TRANSITION_SCALARS = ("step_type", "next_step_type", "reward", "discount")
 
 
-def transition_packer(structure: Any) -> Callable[[Sequence[torch.Tensor]], TransitionBatch]:
-    """Returns `pack(flat)`, equal to `to_transitions(nest_packer(structure)(flat))`, with the
-    positions of the fields in the flat list found once.
+@dataclasses.dataclass(frozen=True)
+class Packer:
+    """Turns a batch's flat data tensors (in `tree.flatten(signature)` order) into what a
+    stream yields: `build(prepare(flat))`, also `packer(flat)`.
+
+    `prepare` does the per-batch work on whole tensors and returns flat tensors whose first
+    dimension is still the batch, so a source that draws several batches at once prepares
+    them together and builds each from slices (`build([t[a:b] for t in prepared])`).
+
+    Attributes:
+      prepare: Flat data tensors -> flat tensors `[batch, ...]`.
+      build: Those (or slices of them along the batch) -> the yielded object.
+    """
+
+    prepare: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+    build: Callable[[Sequence[torch.Tensor]], Any]
+
+    def __call__(self, flat: Sequence[torch.Tensor]) -> Any:
+        return self.build(self.prepare(flat))
+
+
+def item_packer(structure: Any) -> Packer:
+    """A `Packer` of the item nest of `structure` (`nest_packer`)."""
+    return Packer(list, nest_packer(structure))
+
+
+def transition_packer(structure: Any) -> Packer:
+    """A `Packer` of `TransitionBatch`: `packer(flat)` equals
+    `to_transitions(nest_packer(structure)(flat))`, with the positions of the fields in the
+    flat list found once.
 
     Args:
       structure: The item nest: a TF-Agents `Trajectory` (any namedtuple with its fields).
@@ -397,32 +429,48 @@ def transition_packer(structure: Any) -> Callable[[Sequence[torch.Tensor]], Tran
         and set(_TRANSITION_FIELDS) | {"reward", "discount"} <= set(fields)
         and all(not tree.is_nested(getattr(positions, f)) for f in _TRANSITION_SCALARS)
     ):
-        return lambda flat: to_transitions(nested(flat))
+        return Packer(list, lambda flat: to_transitions(nested(flat)))
     step_type, next_step_type, reward, discount = (
         getattr(positions, f) for f in _TRANSITION_SCALARS
     )
-    observation = _field_stepper(structure.observation, positions.observation)
-    action = _field_stepper(structure.action, positions.action)
-    hidden = (
-        _field_stepper(structure.policy_info, positions.policy_info)
-        if tree.flatten(structure.policy_info)
-        else None
-    )
+    observations = tree.flatten(positions.observation)
+    actions = tree.flatten(positions.action)
+    hiddens = tree.flatten(positions.policy_info)
+    # The prepared list: states, actions, reward (first steps), next states (second steps),
+    # dones, truncated, hiddens (first steps).
+    first_steps = [*observations, *actions, reward]
+    n_obs = len(observations)
+    pack_states = nest_packer(structure.observation)
+    pack_actions = nest_packer(structure.action)
+    pack_hiddens = nest_packer(structure.policy_info)
+    at_reward = n_obs + len(actions)
+    at_next = at_reward + 1
+    at_dones = at_next + n_obs
+    at_hiddens = at_dones + 2
 
-    def pack(flat: Sequence[torch.Tensor]) -> TransitionBatch:
+    def prepare(flat: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         _check_transition_steps(flat[step_type].shape[1])
         dones, truncated = _episode_flags(flat[next_step_type], flat[discount])
+        return [
+            *(step_of(flat[i], 0) for i in first_steps),
+            *(step_of(flat[i], 1) for i in observations),
+            dones,
+            truncated,
+            *(step_of(flat[i], 0) for i in hiddens),
+        ]
+
+    def build(prepared: Sequence[torch.Tensor]) -> TransitionBatch:
         return TransitionBatch(
-            states=observation(flat, 0),
-            actions=action(flat, 0),
-            rewards=flat[reward].select(1, 0),
-            next_states=observation(flat, 1),
-            dones=dones,
-            truncated=truncated,
-            hiddens=None if hidden is None else hidden(flat, 0),
+            states=pack_states(prepared[:n_obs]),
+            actions=pack_actions(prepared[n_obs:at_reward]),
+            rewards=prepared[at_reward],
+            next_states=pack_states(prepared[at_next:at_dones]),
+            dones=prepared[at_dones],
+            truncated=prepared[at_dones + 1],
+            hiddens=pack_hiddens(prepared[at_hiddens:]) if hiddens else None,
         )
 
-    return pack
+    return Packer(prepare, build)
 
 
 def _check_transition_steps(steps: int) -> None:
@@ -431,16 +479,6 @@ def _check_transition_steps(steps: int) -> None:
             f"transitions need windows of {TRANSITION_SEQUENCE_LENGTH} steps, got {steps}; "
             "sample nested trajectories instead (transitions=False)"
         )
-
-
-def _field_stepper(structure: Any, positions: Any) -> Callable[[Sequence[torch.Tensor], int], Any]:
-    """`step(flat, index)`: step `index` of a field whose leaves sit at `positions` of the
-    flat list, as views, in the field's nest."""
-    if not tree.is_nested(positions):
-        return lambda flat, index: flat[positions].select(1, index)
-    indices = tree.flatten(positions)
-    pack = nest_packer(structure)
-    return lambda flat, index: pack([flat[i].select(1, index) for i in indices])
 
 
 def nest_packer(structure: Any) -> Callable[[Sequence[Any]], Any]:
@@ -506,10 +544,18 @@ def _episode_flags(
 
 
 def _step(value: Any, index: int) -> Any:
-    """Step `index` of every tensor of `value` (a tensor or a nest), as views."""
+    """Step `index` of every tensor of `value` (a tensor or a nest): `step_of` each."""
     if isinstance(value, torch.Tensor):
-        return value[:, index]
-    return tree.map_structure(lambda x: x[:, index], value)
+        return step_of(value, index)
+    return tree.map_structure(lambda x: step_of(x, index), value)
+
+
+def step_of(tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """`tensor[:, index]` in contiguous memory (a copy; on the CPU through numpy, about 2 us
+    for a small batch against 3 for torch's own calls)."""
+    if tensor.device.type == "cpu":
+        return torch.from_numpy(tensor.numpy()[:, index].copy())
+    return tensor.select(1, index).contiguous()
 
 
 def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
@@ -557,10 +603,15 @@ def iterate_batches(
         (within `datasets.liveness_bound(sample_timeout, connect_timeout)` seconds).
       ManagerClosedError: If the manager was closed (`source.lifeline`).
     """
-    pack = transition_packer(source.signature) if transitions else None
-    samples = source.torch_samples(
-        batch_size, num_workers=num_workers, convert=place, pack=pack, with_info=with_info
-    )
+    if _takes_pack(source):
+        pack = transition_packer(source.signature) if transitions else item_packer(source.signature)
+        samples = source.torch_samples(
+            batch_size, num_workers=num_workers, convert=place, pack=pack, with_info=with_info
+        )
+    else:  # a source without `pack`: it yields the item nest
+        samples = source.torch_samples(batch_size, num_workers=num_workers, convert=place)
+        if transitions:
+            samples = ((to_transitions(data), info) for data, info in samples)
     if not with_info:
         for data, _ in samples:
             yield data
@@ -568,6 +619,18 @@ def iterate_batches(
     for data, info in samples:
         assert info is not None
         yield data, TorchSampleInfo(*(info if place is None else (place(t) for t in info)))
+
+
+def _takes_pack(source: TorchSampleSource) -> bool:
+    """Whether `source.torch_samples` takes `pack` and `with_info` (sources written before
+    they were added to `TorchSampleSource` take neither)."""
+    try:
+        parameters = inspect.signature(source.torch_samples).parameters
+    except (TypeError, ValueError):
+        return False
+    return "pack" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
 
 
 def _sampling_error(error: tf.errors.InvalidArgumentError) -> Exception | None:

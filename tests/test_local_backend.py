@@ -699,10 +699,35 @@ def test_batches_without_info_count_every_draw(make, tmp_path):
     manager = make()
     manager.create_replay_buffer()
     write_episode(manager, 0, 1)  # one item: every draw of every batch is that item
-    with manager.torch_batches(4, transitions=True, prefetch=0) as stream:
+    with manager.torch_batches(256, transitions=True, prefetch=0) as stream:
         for _ in range(3):
             next(stream)
-    assert exported(manager, tmp_path / "export")["times_sampled"].tolist() == [12]
-    with manager.torch_batches(4, transitions=True, with_info=True, prefetch=0) as stream:
+    assert exported(manager, tmp_path / "export")["times_sampled"].tolist() == [768]
+    with manager.torch_batches(256, transitions=True, with_info=True, prefetch=0) as stream:
         _, info = next(stream)
-    assert info.times_sampled.tolist() == [16] * 4
+    assert info.times_sampled.tolist() == [1024] * 256
+
+
+@pytest.mark.parametrize(
+    ("sampler", "drawn"), [("uniform", 256), ("prioritized", 64)], ids=["uniform", "prioritized"]
+)
+def test_small_uniform_batches_are_drawn_together(make, tmp_path, sampler, drawn):
+    manager = make(sampling=SamplingConfig(sampler=sampler))
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 1)
+    with manager.torch_batches(64, with_info=True, prefetch=0) as stream:
+        batch, info = next(stream)
+        assert tuple(batch.observation.shape) == (64, 2, 4)
+        assert tuple(info.key.shape) == (64,)
+        assert exported(manager, tmp_path / "first")["times_sampled"].tolist() == [drawn]
+        write_episode(manager, 1, 1)  # a drawn uniform batch does not see it; the next draw does
+        episodes = set()
+        for _ in range(8):
+            batch, info = next(stream)
+            episodes.update(batch.observation[:, 0, 0].tolist())
+            size = int(info.table_size[0])
+            assert info.table_size.tolist() == [size] * 64 and size in (1, 2)
+        assert episodes == {0.0, 1.0}
+        manager.close()
+        with pytest.raises(ManagerClosedError):
+            next(stream)
