@@ -313,10 +313,11 @@ class TransitionBatch:
 
     `dones` and `truncated` are `torch.bool` of shape `[batch]`, never both True. The seeds'
     `dones = terminated | truncated` is `dones | truncated`. Windows written by replay_service
-    never start at a boundary step, so every item is a real transition. Each tensor is its
-    step of the sampled windows in contiguous memory (one small copy: a network's forward and
-    backward pass over strided views of the windows costs more than it; measured with the
-    benchmark's training loop); `rewards` keeps the spec's shape (`[batch]` for a scalar).
+    never start at a boundary step, so every item is a real transition. A field whose step
+    holds at most `STEP_COPY_BYTES` per item (vectors, scalars) is a contiguous copy of its
+    step (a small network's forward and backward pass over strided views of the windows costs
+    more than the copy: measured with the benchmark's training loop); larger ones (images) are
+    views into the sampled windows. `rewards` keeps the spec's shape (`[batch]` for a scalar).
 
     Attributes:
       states: Observations before the action.
@@ -550,9 +551,17 @@ def _step(value: Any, index: int) -> Any:
     return tree.map_structure(lambda x: step_of(x, index), value)
 
 
+# Steps of at most this many bytes per item are copied out of their windows; larger ones
+# (images) stay views, which a learner's first operation (a cast, a scale) copies anyway.
+STEP_COPY_BYTES = 4096
+
+
 def step_of(tensor: torch.Tensor, index: int) -> torch.Tensor:
-    """`tensor[:, index]` in contiguous memory (a copy; on the CPU through numpy, about 2 us
-    for a small batch against 3 for torch's own calls)."""
+    """`tensor[:, index]`: a contiguous copy if one item's step holds at most
+    `STEP_COPY_BYTES` (on the CPU through numpy: about 2 us for a small batch, against 3 for
+    torch's own calls), else a view."""
+    if tensor.stride(1) * tensor.element_size() > STEP_COPY_BYTES:  # a step's bytes
+        return tensor.select(1, index)
     if tensor.device.type == "cpu":
         return torch.from_numpy(tensor.numpy()[:, index].copy())
     return tensor.select(1, index).contiguous()

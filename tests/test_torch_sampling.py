@@ -25,6 +25,7 @@ from replay_service.torch_sampling import (
     TorchSampleInfo,
     TransitionBatch,
     nest_packer,
+    step_of,
     to_transitions,
     transition_packer,
 )
@@ -358,3 +359,13 @@ def test_transition_packer_refuses_longer_windows():
     structure = trajectory_lib.Trajectory(1, 2, 3, (), 5, 6, 7)
     with pytest.raises(ConfigError, match="windows of 2 steps, got 3"):
         transition_packer(structure)(_random_batch(structure, steps=3))
+
+
+def test_small_steps_are_contiguous_copies_and_large_steps_views():
+    small = torch.arange(64 * 2 * 4, dtype=torch.float32).reshape(64, 2, 4)
+    large = torch.zeros([3, 2, 84, 84, 4], dtype=torch.uint8)
+    for index in (0, 1):
+        step = step_of(small, index)
+        assert step.is_contiguous() and torch.equal(step, small[:, index])
+        assert step.data_ptr() != small[:, index].data_ptr()  # a copy
+        assert step_of(large, index).data_ptr() == large[:, index].data_ptr()  # a view
