@@ -104,7 +104,7 @@ class LocalWindowWriter:
           SpecMismatchError: If the step has the wrong number of fields, or a field the wrong
             shape or a value that does not convert to its dtype (naming the field).
         """
-        leaves = tree.flatten(step)
+        leaves = step if type(step) is list else tree.flatten(step)
         fields = self._fields
         if len(leaves) != len(fields):
             raise SpecMismatchError(
@@ -113,6 +113,9 @@ class LocalWindowWriter:
             )
         arrays = []
         for value, (path, dtype, shape) in zip(leaves, fields, strict=True):
+            if type(value) is np.ndarray and value.dtype == dtype and value.shape == shape:
+                arrays.append(value)  # what the collectors' fast paths hand over
+                continue
             try:
                 array = np.asarray(value, dtype=dtype)
             except (TypeError, ValueError) as e:
