@@ -28,10 +28,11 @@ SampleInfo = collections.namedtuple(
     "SampleInfo", ["key", "probability", "table_size", "priority", "times_sampled"]
 )
 _INFO_DTYPES = ("uint64", "float64", "int64", "float64", "int32")
-# A torch stream of a uniform table draws this many items per table call (at least one
-# batch), then hands them out batch by batch: the per-call work (lock, selection, one copy
-# per field, flags) is paid once for several small batches.
+# A torch stream of a uniform table draws up to this many items, and this many bytes, per
+# table call (at least one batch), then hands them out batch by batch: the per-call work
+# (lock, selection, one copy per field, flags) is paid once for several small batches.
 DRAW_ITEMS = 256
+DRAW_BYTES = 1 << 20
 
 
 class Lifeline:
@@ -127,8 +128,10 @@ class LocalSampleSource:
         A uniform table without `max_times_sampled` is drawn `draws_per_call(batch_size)`
         batches at a time (independent draws with replacement, as one batch at a time): a
         batch handed out later may miss items inserted since its draw, as a prefetched Reverb
-        stream's may; its info tells the table size at the draw. Other samplers draw each
-        batch when it is asked for, so priority updates and removals apply to the next batch.
+        stream's may; its info tells the table size and times sampled at the draw (all the
+        drawn batches counted). Batches drawn ahead are dropped when the table is cleared.
+        Other samplers draw each batch when it is asked for, so priority updates and removals
+        apply to the next batch.
 
         Raises:
           ManagerClosedError, BufferStateError: As `sample`.
@@ -139,7 +142,9 @@ class LocalSampleSource:
         if pack is None:
             pack = item_packer(self._structure)
         draws = self.draws_per_call(batch_size)
+        table = self.table
         while True:
+            resets = table.resets
             data, info = self.sample(batch_size * draws, with_info=with_info)
             if convert is not None:
                 data = [convert(t) for t in data]
@@ -159,18 +164,22 @@ class LocalSampleSource:
                     closed = self.closed_error()
                     if closed is not None:
                         raise closed
+                    if table.resets != resets:  # cleared: these items were removed
+                        break
                 yield (
                     pack.build([part[k] for part in parts]),
                     None if info_parts is None else tuple(part[k] for part in info_parts),
                 )
 
     def draws_per_call(self, batch_size: int) -> int:
-        """Batches a torch stream draws per table call: `DRAW_ITEMS // batch_size` (at least
-        1) for a uniform table without `max_times_sampled`, else 1."""
+        """Batches a torch stream draws per table call: as many as fit in `DRAW_ITEMS` items
+        and `DRAW_BYTES` bytes (at least 1) for a uniform table without
+        `max_times_sampled`, else 1."""
         sampling = self.table.config.sampling
         if sampling.sampler != "uniform" or sampling.max_times_sampled:
             return 1
-        return max(1, DRAW_ITEMS // batch_size)
+        by_bytes = DRAW_BYTES // max(1, batch_size * self.table.item_bytes)
+        return max(1, min(DRAW_ITEMS // batch_size, by_bytes))
 
 
 def _info_tensor(array: np.ndarray) -> torch.Tensor:

@@ -185,6 +185,7 @@ class LocalTable:
         self.samples = 0
         self.deletes = 0
         self.evictions = 0
+        self.resets = 0  # streams holding items drawn ahead drop them when this changes
 
     # ------------------------------------------------------------------------------ state
 
@@ -199,14 +200,18 @@ class LocalTable:
         return self._size
 
     @property
+    def item_bytes(self) -> int:
+        """Bytes of one item's data (every field, every step)."""
+        return sum(
+            int(np.prod(s)) * d.itemsize for s, d in zip(self._shapes, self._dtypes, strict=True)
+        )
+
+    @property
     def nbytes(self) -> int:
         """Bytes of item data the storage holds (allocated for `capacity` once written)."""
         if self._columns is None:
             return 0
-        per_item = sum(
-            int(np.prod(s)) * d.itemsize for s, d in zip(self._shapes, self._dtypes, strict=True)
-        )
-        return per_item * self.config.capacity
+        return self.item_bytes * self.config.capacity
 
     def close(self) -> None:
         """Wakes and fails every waiting sampler; the items stay readable for a checkpoint."""
@@ -312,8 +317,9 @@ class LocalTable:
             return len(pairs)
 
     def reset(self) -> None:
-        """Removes every item (keys are not reused)."""
+        """Removes every item (keys are not reused) and counts the reset in `resets`."""
         with self._changed:
+            self.resets += 1
             self.deletes += self._size
             self._size = 0
             self._order.clear()

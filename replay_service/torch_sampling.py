@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import operator
 import os
 import queue
@@ -374,7 +375,7 @@ def to_transitions(trajectory: Any) -> TransitionBatch:
     return TransitionBatch(
         states=_step(trajectory.observation, 0),
         actions=_step(trajectory.action, 0),
-        rewards=step_of(trajectory.reward, 0),
+        rewards=_step(trajectory.reward, 0),
         next_states=_step(trajectory.observation, 1),
         dones=dones,
         truncated=truncated,
@@ -420,7 +421,8 @@ def transition_packer(structure: Any) -> Packer:
     Args:
       structure: The item nest: a TF-Agents `Trajectory` (any namedtuple with its fields).
         Other nests (e.g. the `Masked` items of padded tables), and trajectories whose
-        reward, discount or step types are nests, are packed and passed to `to_transitions`.
+        reward, discount or step types are nests, are packed and passed to `to_transitions`
+        (which takes a nested reward; the others fail there as they are not trajectories).
     """
     nested = nest_packer(structure)
     fields = getattr(type(structure), "_fields", ())
@@ -559,12 +561,16 @@ STEP_COPY_BYTES = 4096
 def step_of(tensor: torch.Tensor, index: int) -> torch.Tensor:
     """`tensor[:, index]`: a contiguous copy if one item's step holds at most
     `STEP_COPY_BYTES` (on the CPU through numpy: about 2 us for a small batch, against 3 for
-    torch's own calls), else a view."""
-    if tensor.stride(1) * tensor.element_size() > STEP_COPY_BYTES:  # a step's bytes
+    torch's own calls; pinned memory stays pinned), else a view."""
+    if math.prod(tensor.shape[2:]) * tensor.element_size() > STEP_COPY_BYTES:
         return tensor.select(1, index)
-    if tensor.device.type == "cpu":
-        return torch.from_numpy(tensor.numpy()[:, index].copy())
-    return tensor.select(1, index).contiguous()
+    if tensor.device.type == "cpu" and not tensor.is_pinned():
+        try:
+            return torch.from_numpy(tensor.numpy()[:, index].copy())
+        except (TypeError, RuntimeError):  # no numpy view: autograd, bfloat16, conjugate...
+            pass
+    step = tensor.select(1, index).contiguous()
+    return step.pin_memory() if tensor.is_pinned() else step
 
 
 def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
@@ -637,9 +643,7 @@ def _takes_pack(source: TorchSampleSource) -> bool:
         parameters = inspect.signature(source.torch_samples).parameters
     except (TypeError, ValueError):
         return False
-    return "pack" in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )
+    return {"pack", "with_info"} <= parameters.keys()
 
 
 def _sampling_error(error: tf.errors.InvalidArgumentError) -> Exception | None:

@@ -731,3 +731,27 @@ def test_small_uniform_batches_are_drawn_together(make, tmp_path, sampler, drawn
         manager.close()
         with pytest.raises(ManagerClosedError):
             next(stream)
+
+
+def test_batches_drawn_ahead_are_dropped_when_the_table_is_cleared(make):
+    manager = make()
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 1)
+    with manager.torch_batches(64, prefetch=0) as stream:
+        assert set(next(stream).observation[:, 0, 0].tolist()) == {0.0}
+        manager.clear()  # the stream holds three more batches of episode 0, now removed
+        write_episode(manager, 1, 1)
+        for _ in range(5):
+            assert set(next(stream).observation[:, 0, 0].tolist()) == {1.0}
+
+
+def test_large_items_are_drawn_one_batch_at_a_time(make, tmp_path):
+    frames = spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    manager = make(observation_space=frames, capacity=4)
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    frame = np.zeros((84, 84, 4), np.uint8)
+    writer.add(frame, 0, 1.0, frame, True)
+    with manager.torch_batches(64, transitions=True, prefetch=0) as stream:
+        assert tuple(next(stream).states.shape) == (64, 84, 84, 4)
+    assert exported(manager, tmp_path / "export")["times_sampled"].tolist() == [64]

@@ -369,3 +369,19 @@ def test_small_steps_are_contiguous_copies_and_large_steps_views():
         assert step.is_contiguous() and torch.equal(step, small[:, index])
         assert step.data_ptr() != small[:, index].data_ptr()  # a copy
         assert step_of(large, index).data_ptr() == large[:, index].data_ptr()  # a view
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.ones([5, 2, 3], requires_grad=True),
+        torch.ones([5, 2, 3], dtype=torch.bfloat16),
+        torch.ones([5, 2, 3], dtype=torch.complex64).conj(),
+        torch.arange(30, dtype=torch.float32).reshape(2, 5, 3).permute(1, 0, 2),
+    ],
+    ids=["autograd", "bfloat16", "conjugate", "time-major"],
+)
+def test_step_of_tensors_without_a_numpy_view(tensor):
+    step = step_of(tensor, 1)
+    assert step.is_contiguous() and step.dtype == tensor.dtype
+    assert torch.equal(step.detach().resolve_conj(), tensor[:, 1].detach().resolve_conj())
