@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -73,6 +74,13 @@ _LAYOUTS = flags.DEFINE_list(
     "Reverb table layouts measured side by side (our rows get a [layout] suffix).",
 )
 _EPISODE = flags.DEFINE_integer("episode", 200, "Steps per episode of the inserted steps.")
+_MEASURE_MEMORY = flags.DEFINE_string(
+    "measure_memory",
+    None,
+    "Internal, 'workload:backend:layout': only measure the RSS while one observer fills a "
+    "fresh buffer, in this process, and print the readings (every memory row runs this in a "
+    "process of its own: a process reuses the memory earlier measurements freed).",
+)
 
 BATCH = 256
 SEQUENCE_LENGTH = 2
@@ -515,7 +523,6 @@ def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) ->
         spec, capacity, directory, SEQUENCE_LENGTH, timeouts=Timeouts(sample=120), backend="local"
     )
     manager.create_replay_buffer()
-    before = rss_bytes()
     rows.append(
         Row(
             name,
@@ -526,17 +533,12 @@ def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) ->
             "tf-agents observer",
         )
     )
-    items = manager.num_frames()
+    start, _, end, items = fresh_process_memory(workload, "local", "nested")
     item_bytes = SEQUENCE_LENGTH * step_bytes(spec)
     rows.append(Row(name, "local", "raw item bytes", float(item_bytes), "B"))
     rows.append(
         Row(
-            name,
-            "local",
-            "local RSS per stored item",
-            (rss_bytes() - before) / items,
-            "B",
-            "raw item bytes",
+            name, "local", "local RSS per stored item", (end - start) / items, "B", "raw item bytes"
         )
     )
     manager.clear()
@@ -741,11 +743,49 @@ def anchor_rows(workload: Workload, steps: list[Any], root: str) -> list[Row]:
     return [Row(workload.name, "insert", "tf-agents observer", len(steps) / seconds, "steps/s")]
 
 
+def fresh_process_memory(workload: Workload, backend: str, layout: str) -> list[int]:
+    """`measure_memory` run in a new process: the RSS before, after a quarter and after all
+    of `workload`'s steps written by one observer, then the items stored."""
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        f"--measure_memory={workload.name}:{backend}:{layout}",
+        f"--steps={_STEPS.value}",
+        f"--image_steps={_IMAGE_STEPS.value}",
+        f"--episode={EPISODE}",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RSS ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][4:])
+
+
+def measure_memory(workload: Workload, backend: str, layout: str) -> list[int]:
+    """The RSS readings of `insert_ours` filling a fresh buffer, then the items it holds."""
+    steps = workload.trajectories()
+    with tempfile.TemporaryDirectory(prefix="replay_bench_memory_") as root:
+        manager = ReplayBufferManager(
+            workload.spec(),
+            2 * workload.steps,
+            os.path.join(root, "ckpt"),
+            SEQUENCE_LENGTH,
+            timeouts=Timeouts(sample=120),
+            backend=backend,
+            layout=layout,
+        )
+        with manager:
+            manager.create_replay_buffer()
+            rss: list[int] = []
+            insert_ours(manager, steps, rss)
+            return [*rss, manager.num_frames()]
+
+
 def memory_rows(workload: str, rss: list[int], steps: int, tag: str) -> list[Row]:
-    """The server's memory per stored step, from `insert_ours`'s three RSS readings: the growth
-    over the last three quarters of the steps (what each further step costs), and the growth
-    over all steps divided by them (that plus the writer's and allocator's fixed cost spread
-    over this buffer's steps)."""
+    """The server's memory per stored step, from `insert_ours`'s three RSS readings in a fresh
+    process: the growth over the last three quarters of the steps (what each further step
+    costs), and the growth over all steps divided by them (that plus the writer's and
+    allocator's fixed cost spread over this buffer's steps)."""
     start, quarter, end = rss
     marginal = (end - quarter) / (steps - steps // 4)
     return [
@@ -786,17 +826,12 @@ def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -
         # Ours first: the memory figure needs a fresh server (later runs reuse freed memory).
         for name, insert in ours.items():
             manager.clear()
-            rss: list[int] = []
-            if name == "ours observer":
-                seconds = insert_ours(manager, steps, rss)
-            else:
-                seconds = insert(manager, steps)
-            rate = len(steps) / seconds
+            rate = len(steps) / insert(manager, steps)
             rows.append(
                 Row(workload.name, "insert", name + tag, rate, "steps/s", "tf-agents observer")
             )
-            if rss:
-                rows += memory_rows(workload.name, rss, len(steps), tag)
+        rss = fresh_process_memory(workload, "reverb", layout)
+        rows += memory_rows(workload.name, rss[:3], len(steps), tag)
     raw = np.prod(workload.observation_shape) * np.dtype(workload.observation_dtype).itemsize
     rows.append(Row(workload.name, "memory", _RAW, float(raw), "B"))
     anchor_manager = managers.get("nested")
@@ -884,6 +919,10 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"backends are reverb/local (got {unknown}), repeats >= 1")
     global EPISODE
     EPISODE = _EPISODE.value
+    if _MEASURE_MEMORY.value:
+        name, backend, layout = _MEASURE_MEMORY.value.split(":")
+        print("RSS " + json.dumps(measure_memory(workloads[name], backend, layout)))
+        return
     runs = []
     for _ in range(_REPEATS.value):
         run = [
