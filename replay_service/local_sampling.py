@@ -10,7 +10,7 @@ leading dimensions `[batch, sequence_length]`, the info broadcast along the sequ
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -153,12 +153,9 @@ class LocalSampleSource:
                 if with_info
                 else None
             )
-            if draws == 1:
-                yield pack(data), infos
-                continue
             # Prepared once for all the drawn batches, built per batch from views.
-            parts = [t.split(batch_size) for t in pack.prepare(data)]
-            info_parts = None if infos is None else [t.split(batch_size) for t in infos]
+            parts = _batches(pack.prepare(data), batch_size, draws)
+            info_parts = None if infos is None else _batches(infos, batch_size, draws)
             for k in range(draws):
                 if k:
                     closed = self.closed_error()
@@ -180,6 +177,15 @@ class LocalSampleSource:
             return 1
         by_bytes = DRAW_BYTES // max(1, batch_size * self.table.item_bytes)
         return max(1, min(DRAW_ITEMS // batch_size, by_bytes))
+
+
+def _batches(
+    tensors: Sequence[torch.Tensor], batch_size: int, draws: int
+) -> list[Sequence[torch.Tensor]]:
+    """Per tensor, its `draws` consecutive batches of `batch_size` items (views)."""
+    if draws == 1:
+        return [(t,) for t in tensors]
+    return [t.split(batch_size) for t in tensors]
 
 
 def _info_tensor(array: np.ndarray) -> torch.Tensor:

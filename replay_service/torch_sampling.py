@@ -564,13 +564,14 @@ def step_of(tensor: torch.Tensor, index: int) -> torch.Tensor:
     torch's own calls; pinned memory stays pinned), else a view."""
     if math.prod(tensor.shape[2:]) * tensor.element_size() > STEP_COPY_BYTES:
         return tensor.select(1, index)
-    if tensor.device.type == "cpu" and not tensor.is_pinned():
+    pinned = tensor.is_pinned()
+    if tensor.device.type == "cpu" and not pinned:
         try:
             return torch.from_numpy(tensor.numpy()[:, index].copy())
         except (TypeError, RuntimeError):  # no numpy view: autograd, bfloat16, conjugate...
             pass
     step = tensor.select(1, index).contiguous()
-    return step.pin_memory() if tensor.is_pinned() else step
+    return step.pin_memory() if pinned else step
 
 
 def tensor_to_torch(value: tf.Tensor) -> torch.Tensor:
