@@ -29,6 +29,7 @@ machine now: compare ratios, not absolute numbers, across machines.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -74,10 +75,17 @@ _LAYOUTS = flags.DEFINE_list(
     "Reverb table layouts measured side by side (our rows get a [layout] suffix).",
 )
 _EPISODE = flags.DEFINE_integer("episode", 200, "Steps per episode of the inserted steps.")
+_MEMORY_SCALE = flags.DEFINE_integer(
+    "memory_scale",
+    4,
+    "Every memory row fills a fresh buffer with this many times the workload's steps: the "
+    "writer's and allocator's fixed costs and the RSS's jumps then weigh less per step.",
+)
 _MEASURE_MEMORY = flags.DEFINE_string(
     "measure_memory",
     None,
-    "Internal, 'workload:backend:layout': only measure the RSS while one observer fills a "
+    "Internal, 'workload:backend:layout' (layout 'tf-agents': TF-Agents' observer on a "
+    "nested table): only measure the RSS while one observer fills a "
     "fresh buffer, in this process, and print the readings (every memory row runs this in a "
     "process of its own: a process reuses the memory earlier measurements freed).",
 )
@@ -86,6 +94,10 @@ BATCH = 256
 SEQUENCE_LENGTH = 2
 EPISODE = 200
 NUM_ENVS = 8
+# A memory row fills a fresh buffer in MEMORY_PARTS parts, reading the RSS after each; the
+# figure per step is the slope fitted to the readings after the first MEMORY_SKIP parts.
+MEMORY_PARTS = 8
+MEMORY_SKIP = 2
 _RAW = "raw observation bytes"
 MID, FIRST, LAST = 1, 0, 2
 
@@ -180,27 +192,49 @@ def dir_bytes(path: str) -> int:
 def insert_ours(
     manager: ReplayBufferManager, steps: list[Any], rss: list[int] | None = None
 ) -> float:
-    """The observer's insert time; with `rss`, also appends the process's RSS before, after a
-    quarter of the steps and at the end (read between the two timed parts)."""
+    """The observer's insert time; with `rss`, see `insert_with`."""
     _, observer = manager.get_replay_buffer_and_observer()
+    return insert_with(observer, steps, rss)
+
+
+def insert_with(
+    observer: Callable[[Any], None], steps: list[Any], rss: list[int] | None = None
+) -> float:
+    """Times `observer` writing `steps` and flushing. With `rss`, the steps are written in
+    `MEMORY_PARTS` equal parts, each flushed, and the process's RSS is appended before the
+    first and after every part (read between the timed parts).
+
+    Args:
+      observer: A trajectory observer with a `flush()` method.
+      steps: The steps to write, in order.
+      rss: Where to append the RSS readings, or None.
+
+    Returns:
+      The seconds spent writing and flushing.
+    """
 
     def run(part: list[Any]) -> Callable[[], None]:
         def insert() -> None:
             for step in part:
                 observer(step)
-            observer.flush()
+            observer.flush()  # type: ignore[attr-defined]
 
         return insert
 
     if rss is None:
         return timed(run(steps))
-    quarter = len(steps) // 4
+    bounds = memory_bounds(len(steps))
     rss.append(rss_bytes())
-    seconds = timed(run(steps[:quarter]))
-    rss.append(rss_bytes())
-    seconds += timed(run(steps[quarter:]))
-    rss.append(rss_bytes())
+    seconds = 0.0
+    for lo, hi in itertools.pairwise(bounds):
+        seconds += timed(run(steps[lo:hi]))
+        rss.append(rss_bytes())
     return seconds
+
+
+def memory_bounds(steps: int) -> list[int]:
+    """The step counts at which `insert_with` reads the RSS."""
+    return [steps * k // MEMORY_PARTS for k in range(MEMORY_PARTS + 1)]
 
 
 def insert_transition_writer(manager: ReplayBufferManager, steps: list[Any]) -> float:
@@ -533,14 +567,11 @@ def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) ->
             "tf-agents observer",
         )
     )
-    start, _, end, items = fresh_process_memory(workload, "local", "nested")
+    rss = fresh_process_memory(workload, "local", "nested")
+    per_item = memory_per_step(rss)[0] * rss[-2] / rss[-1]  # x steps written / items stored
     item_bytes = SEQUENCE_LENGTH * step_bytes(spec)
     rows.append(Row(name, "local", "raw item bytes", float(item_bytes), "B"))
-    rows.append(
-        Row(
-            name, "local", "local RSS per stored item", (end - start) / items, "B", "raw item bytes"
-        )
-    )
+    rows.append(Row(name, "local", "local RSS per stored item", per_item, "B", "raw item bytes"))
     manager.clear()
     rows.append(
         Row(
@@ -744,14 +775,14 @@ def anchor_rows(workload: Workload, steps: list[Any], root: str) -> list[Row]:
 
 
 def fresh_process_memory(workload: Workload, backend: str, layout: str) -> list[int]:
-    """`measure_memory` run in a new process: the RSS before, after a quarter and after all
-    of `workload`'s steps written by one observer, then the items stored."""
+    """`measure_memory` run in a new process, on `--memory_scale` times `workload`'s steps:
+    the RSS readings of `insert_with`, then the steps written and the items stored."""
     command = [
         sys.executable,
         os.path.abspath(__file__),
         f"--measure_memory={workload.name}:{backend}:{layout}",
-        f"--steps={_STEPS.value}",
-        f"--image_steps={_IMAGE_STEPS.value}",
+        f"--steps={_STEPS.value * _MEMORY_SCALE.value}",
+        f"--image_steps={_IMAGE_STEPS.value * _MEMORY_SCALE.value}",
         f"--episode={EPISODE}",
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
@@ -762,7 +793,9 @@ def fresh_process_memory(workload: Workload, backend: str, layout: str) -> list[
 
 
 def measure_memory(workload: Workload, backend: str, layout: str) -> list[int]:
-    """The RSS readings of `insert_ours` filling a fresh buffer, then the items it holds."""
+    """The RSS readings of one observer filling a fresh buffer (`insert_with`), then the
+    steps written and the items the buffer holds. Layout "tf-agents" fills a nested table
+    with TF-Agents' observer."""
     steps = workload.trajectories()
     with tempfile.TemporaryDirectory(prefix="replay_bench_memory_") as root:
         manager = ReplayBufferManager(
@@ -772,25 +805,38 @@ def measure_memory(workload: Workload, backend: str, layout: str) -> list[int]:
             SEQUENCE_LENGTH,
             timeouts=Timeouts(sample=120),
             backend=backend,
-            layout=layout,
+            layout="nested" if layout == "tf-agents" else layout,
         )
         with manager:
             manager.create_replay_buffer()
             rss: list[int] = []
-            insert_ours(manager, steps, rss)
-            return [*rss, manager.num_frames()]
+            if layout == "tf-agents":
+                observer = reverb_utils.ReverbAddTrajectoryObserver(
+                    manager.py_client, manager.table_name, SEQUENCE_LENGTH
+                )
+                insert_with(observer, steps, rss)
+                observer.close()
+            else:
+                insert_ours(manager, steps, rss)
+            return [*rss, len(steps), manager.num_frames()]
 
 
-def memory_rows(workload: str, rss: list[int], steps: int, tag: str) -> list[Row]:
-    """The server's memory per stored step, from `insert_ours`'s three RSS readings in a fresh
-    process: the growth over the last three quarters of the steps (what each further step
-    costs), and the growth over all steps divided by them (that plus the writer's and
-    allocator's fixed cost spread over this buffer's steps)."""
-    start, quarter, end = rss
-    marginal = (end - quarter) / (steps - steps // 4)
+def memory_per_step(rss: list[int]) -> tuple[float, float]:
+    """From `fresh_process_memory`'s readings: the RSS growth per step (the least-squares
+    slope over the readings after the first `MEMORY_SKIP` parts: what each further step
+    costs) and the growth over all steps divided by them (that plus the fixed costs)."""
+    readings, steps = rss[:-2], rss[-2]
+    bounds = memory_bounds(steps)
+    slope = float(np.polyfit(bounds[MEMORY_SKIP:], readings[MEMORY_SKIP:], 1)[0])
+    return slope, (readings[-1] - readings[0]) / steps
+
+
+def memory_rows(workload: str, rss: list[int], tag: str, anchor: str = _RAW) -> list[Row]:
+    """The server's memory per stored step (`memory_per_step`), as two rows."""
+    marginal, total = memory_per_step(rss)
     return [
-        Row(workload, "memory", f"server RSS per stored step{tag}", marginal, "B", _RAW),
-        Row(workload, "memory", f"  same, incl. fixed cost{tag}", (end - start) / steps, "B", _RAW),
+        Row(workload, "memory", f"server RSS per stored step{tag}", marginal, "B", anchor),
+        Row(workload, "memory", f"  same, incl. fixed cost{tag}", total, "B", anchor),
     ]
 
 
@@ -830,8 +876,11 @@ def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -
             rows.append(
                 Row(workload.name, "insert", name + tag, rate, "steps/s", "tf-agents observer")
             )
-        rss = fresh_process_memory(workload, "reverb", layout)
-        rows += memory_rows(workload.name, rss[:3], len(steps), tag)
+        rows += memory_rows(workload.name, fresh_process_memory(workload, "reverb", layout), tag)
+    tf_agents = memory_per_step(fresh_process_memory(workload, "reverb", "tf-agents"))[0]
+    rows.append(
+        Row(workload.name, "memory", "tf-agents observer RSS per step", tf_agents, "B", _RAW)
+    )
     raw = np.prod(workload.observation_shape) * np.dtype(workload.observation_dtype).itemsize
     rows.append(Row(workload.name, "memory", _RAW, float(raw), "B"))
     anchor_manager = managers.get("nested")
