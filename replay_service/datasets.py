@@ -18,6 +18,7 @@ Two things can leave a learner waiting in `next()`:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import math
 import numbers
@@ -161,6 +162,42 @@ def liveness_bound(sample_timeout: float | None, connect_timeout: float | None) 
     return LivenessRules.from_timeouts(sample_timeout, connect_timeout).bound
 
 
+# Watch rounds call Python (`tf.py_function`) from TensorFlow's threads. Once the interpreter
+# is finalizing, such a thread exits when it asks for the GIL, and a round's function never
+# returns: destroying an iterator that is still alive then (a stream or dataset iterator never
+# closed) waited for it forever, and the process did not exit. At exit, `_stop_rounds` sets a
+# flag that rounds read in the graph before calling Python.
+_ROUNDS_STOPPED = threading.Event()
+_STOP_FLAG: list[tf.Variable] = []
+_STOP_FLAG_LOCK = threading.Lock()
+# How long `_stop_rounds` lets rounds that read the flag just before it was set finish.
+_STOP_DRAIN_S = 0.05
+
+
+def _rounds_stopped_flag() -> tf.Variable:
+    """The process's flag read by every watch round (created, and `_stop_rounds` registered
+    with `atexit`, on first use)."""
+    with _STOP_FLAG_LOCK:
+        if not _STOP_FLAG:
+            with tf.init_scope():
+                _STOP_FLAG.append(
+                    tf.Variable(False, trainable=False, name="replay_service_rounds_stopped")
+                )
+            atexit.register(_stop_rounds)
+        return _STOP_FLAG[0]
+
+
+def _stop_rounds() -> None:
+    """Makes every watch round of this process a plain wait that calls no Python (run at
+    exit, before the interpreter finalizes); datasets are no longer guarded afterwards."""
+    _ROUNDS_STOPPED.set()
+    with _STOP_FLAG_LOCK:
+        flags = list(_STOP_FLAG)
+    for flag in flags:
+        flag.assign(True)
+        time.sleep(_STOP_DRAIN_S)  # releases the GIL to rounds already past the flag
+
+
 class _Watch:
     """The state behind one guarded dataset: when the server was last seen, shared by rounds."""
 
@@ -191,6 +228,8 @@ class _Watch:
         Returns:
           "" while the dataset may go on, else the message it fails with.
         """
+        if _ROUNDS_STOPPED.is_set():
+            return ""
         if self._lifeline is not None and self._lifeline.closed:
             return self._closed_message()
         now = time.monotonic()
@@ -275,8 +314,13 @@ def guard_liveness(
     rules = LivenessRules.from_timeouts(sample_timeout, connect_timeout)
     watch = _Watch(server_address, table_name, rules, lifeline)
 
+    stopped = _rounds_stopped_flag()
+
+    def call_watch() -> tf.Tensor:
+        return tf.reshape(tf.py_function(watch.round, [], tf.string), [])
+
     def watch_round() -> tf.Tensor:
-        message = tf.reshape(tf.py_function(watch.round, [], tf.string), [])
+        message = tf.cond(stopped, lambda: tf.constant(""), call_watch)
         check = tf.debugging.Assert(tf.equal(message, ""), [message], name="server_liveness")
         with tf.control_dependencies([check]):
             return tf.constant(False)
@@ -411,6 +455,7 @@ def read_pipeline(
     max_in_flight: int | None = None,
     lifeline: Lifeline | None = None,
     layout: str = NESTED,
+    unpack: bool = True,
 ) -> tf.data.Dataset:
     """Batches of `ReplaySample(info, data)` of one table, bounded by `bound_sampling`.
 
@@ -429,6 +474,9 @@ def read_pipeline(
       lifeline: Closed by the manager that hands the dataset out.
       layout: The table's layout; a packed table's rows are read and unpacked into
         `signature`'s nest once per batch.
+      unpack: Whether a packed table's rows are unpacked; False: `data` is the batch of
+        packed rows, `uint8[batch_size, sequence_length, step_bytes]` (for readers that
+        unpack them outside TensorFlow, see `PackedLayout.unpack_leaves`).
 
     Returns:
       An endless dataset of batches with leading dim `batch_size`. Iterating raises
@@ -464,7 +512,7 @@ def read_pipeline(
             num_parallel_calls=num_workers,
             deterministic=False,
         )
-    if packed is not None:
+    if packed is not None and unpack:
         batches = batches.map(_unpacker(packed))
     return bound_sampling(
         batches,

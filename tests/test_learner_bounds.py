@@ -195,3 +195,68 @@ def test_every_sampling_path_fails_at_once_after_an_embedded_manager_closes(
         while True:
             train_step(in_graph)
     assert time.monotonic() - start < CLOSED_BOUND_S + SLACK_S
+
+
+_EXIT_SCRIPT = """
+import json, sys, time
+import numpy as np
+from replay_service import ReplayBufferManager, Timeouts, datasets
+from replay_service.specs import spec_from_description
+
+calls = []
+original = datasets._Watch.round
+def counted(self):
+    calls.append(time.monotonic())
+    return original(self)
+datasets._Watch.round = counted
+
+spec = spec_from_description([
+    {"path": "observation", "dtype": "float32", "shape": [4]},
+    {"path": "action", "dtype": "int64", "shape": []},
+])
+manager = ReplayBufferManager(spec, 1000, sys.argv[1], 2, timeouts=Timeouts(sample=1.0))
+manager.create_replay_buffer()
+writer = manager.transition_writer()
+obs = np.zeros(4, np.float32)
+for i in range(40):
+    writer.add(obs + i, 0, 1.0, obs + i + 1, i % 10 == 9, False)
+writer.flush()
+stream = manager.torch_batches(4)
+dataset = iter(manager.get_dataset(4))
+
+def run(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        next(stream), next(dataset)
+        time.sleep(0.01)
+
+run(1.0)
+before = len(calls)
+datasets._stop_rounds()  # what atexit runs
+stopped = len(calls)
+run(1.0)
+print(json.dumps({"before": before, "stopped": stopped, "after": len(calls)}), flush=True)
+# Exits with the stream, the iterator and the manager still open.
+"""
+
+
+def test_watch_rounds_stop_calling_python_at_exit_and_the_process_exits(tmp_path) -> None:
+    """Watch rounds call Python from TensorFlow's threads; one that did so while the
+    interpreter finalized never returned and the process hung at exit. At exit
+    (`datasets._stop_rounds`, registered with atexit) rounds stop calling Python, datasets
+    still yield, and a process that never closed its streams exits."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts["before"] >= 5, counts  # rounds ran (about 20 a second per dataset)
+    assert counts["after"] - counts["stopped"] <= 2, counts  # at most rounds already past the flag
