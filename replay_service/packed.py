@@ -148,6 +148,22 @@ class PackedLayout:
     def unpack(self, rows: Any) -> Any:
         """numpy `uint8[..., step_bytes]` rows back into the stored nest of `[..., *shape]`
         arrays (views of `rows` where the alignment allows, else copies)."""
+        return tree.unflatten_as(self.structure, self.unpack_leaves(rows))
+
+    def unpack_leaves(self, rows: Any, *, copy: bool = False) -> list[np.ndarray]:
+        """`unpack`'s leaves, in `fields` order.
+
+        Args:
+          rows: numpy `uint8[..., step_bytes]`.
+          copy: Whether every leaf is a contiguous array of its own (else views of `rows`
+            where the alignment allows).
+
+        Returns:
+          One `[..., *shape]` array per field.
+
+        Raises:
+          ValueError: If `rows` is not `uint8[..., step_bytes]`.
+        """
         rows = np.asarray(rows)
         if rows.dtype != np.uint8 or rows.shape[-1:] != (self.step_bytes,):
             raise ValueError(
@@ -159,10 +175,10 @@ class PackedLayout:
         leaves = []
         for field in self.fields:
             part = flat[:, field.start : field.stop]
-            if field.dtype.itemsize > 1:
+            if copy or field.dtype.itemsize > 1:
                 part = np.ascontiguousarray(part)
             leaves.append(part.view(field.dtype).reshape(*lead, *field.shape))
-        return tree.unflatten_as(self.structure, leaves)
+        return leaves
 
     def unpack_tf(self, rows: Any) -> Any:
         """`unpack` of a `tf.uint8` tensor `[..., step_bytes]` (static rank), in TF ops."""

@@ -179,7 +179,17 @@ def test_torch_paths_match(make_manager: Any, tmp_path: Any, steps: list[Any]) -
             for _ in range(150):
                 transitions.update(batch_items(fields(next(stream))))
             stream.close()
+            with manager.torch_batches(16) as stream:
+                nested_batch = next(stream)
     assert expected["nested"] == expected["packed"]
+    # The packed rows are unpacked outside TensorFlow: the same nest, dtypes and shapes, and
+    # every leaf a contiguous tensor of its own, as the nested table's.
+    with manager.torch_batches(16) as stream:
+        packed_batch = next(stream)
+    tree.assert_same_structure(nested_batch, packed_batch)
+    for x, y in zip(tree.flatten(nested_batch), tree.flatten(packed_batch), strict=True):
+        assert (x.dtype, x.shape) == (y.dtype, y.shape)
+        assert y.is_contiguous() and y.untyped_storage().nbytes() == y.nbytes
     stream = manager.torch_batches(16)
     drain(stream, expected["nested"], lambda b: b)
     stream.close()
