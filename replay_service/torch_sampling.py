@@ -66,6 +66,9 @@ TRANSITION_SEQUENCE_LENGTH = 2
 # tf.data's C++ threads, which do not hold the GIL, and a local table is sampled in
 # microseconds; a Python thread beside a collecting loop made every `add` wait for the GIL.
 DEFAULT_PREFETCH = 0
+# Packed steps of at most this many bytes are unpacked in numpy by the torch path (see
+# `SampleSource.torch_samples`), larger ones by TensorFlow in the read pipeline.
+NUMPY_UNPACK_STEP_BYTES = 4096
 # Samples requested ahead per Reverb worker, in batches (Reverb recommends 2-3x the batch size).
 IN_FLIGHT_BATCHES = 2
 # Sample streams (one Reverb worker each, batched on their own tf.data thread) behind one
@@ -253,10 +256,14 @@ class SampleSource:
 
         from replay_service.datasets import sampling_timeout_message
 
-        # A packed table's rows are unpacked here, in numpy (one copy per field), rather than
-        # by TF ops in the pipeline: about 7 ops per field per batch, which cost the pipeline's
-        # threads more CPU than the copies cost (a training loop shares the cores with them).
+        # A packed table of small steps has its rows unpacked here, in numpy (one copy per
+        # field), rather than by TF ops in the pipeline: about 7 ops per field per batch, which
+        # cost the pipeline's threads more CPU than the copies (a training loop shares the
+        # cores with them). Large steps stay with TF, whose allocator reuses the batch memory
+        # that fresh numpy copies would fault in page by page (image batches sampled 3x slower).
         rows = step_layout(self.signature) if self.layout == PACKED else None
+        if rows is not None and rows.step_bytes > NUMPY_UNPACK_STEP_BYTES:
+            rows = None
         dataset = self.tf_dataset(batch_size, num_workers=num_workers, unpack=rows is None)
         get_next = reverb_internals.flat_getter(dataset)
         if pack is None:

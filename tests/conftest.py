@@ -53,6 +53,19 @@ START_TIMEOUT_S = 60
 FAST_TIMEOUTS = Timeouts(connect=5.0, write=10.0, sample=1.0, checkpoint=60.0)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Stable-Baselines3's `learn()` makes a log directory in the system's temp directory on
+    every call unless `SB3_LOGDIR` names one: the tests' go under pytest's temp root."""
+    previous = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3_logs"))
+    yield
+    if previous is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = previous
+
+
 @pytest.fixture()
 def env() -> Any:
     """A CartPole-v0 py environment."""

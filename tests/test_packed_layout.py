@@ -19,7 +19,7 @@ import tree
 from tf_agents.drivers import py_driver
 from tf_agents.replay_buffers import reverb_utils
 
-from replay_service import ReplayBufferManager, TableConfig, packed
+from replay_service import ReplayBufferManager, TableConfig, packed, torch_sampling
 from replay_service.checkpoints import CheckpointStore
 from replay_service.config_file import load_config
 from replay_service.connection import pick_free_port
@@ -167,7 +167,14 @@ def fields(batch: Any) -> list[Any]:
     return [batch.states, batch.actions, batch.rewards, batch.next_states, batch.dones]
 
 
-def test_torch_paths_match(make_manager: Any, tmp_path: Any, steps: list[Any]) -> None:
+@pytest.mark.parametrize("numpy_unpack", [True, False], ids=["numpy-unpack", "tf-unpack"])
+def test_torch_paths_match(
+    make_manager: Any, tmp_path: Any, steps: list[Any], numpy_unpack: bool, monkeypatch: Any
+) -> None:
+    """Small packed steps are unpacked in numpy by the torch path, large ones by TensorFlow
+    (`NUMPY_UNPACK_STEP_BYTES`): both give the nested table's items."""
+    if not numpy_unpack:
+        monkeypatch.setattr(torch_sampling, "NUMPY_UNPACK_STEP_BYTES", 0)
     expected = {}
     for layout in ("nested", "packed"):
         manager = make_manager(checkpoint_dir=str(tmp_path / layout), layout=layout)
