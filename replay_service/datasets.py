@@ -194,7 +194,10 @@ def _stop_rounds() -> None:
     with _STOP_FLAG_LOCK:
         flags = list(_STOP_FLAG)
     for flag in flags:
-        flag.assign(True)
+        try:
+            flag.assign(True)
+        except Exception:  # best effort at exit: TensorFlow may be torn down already
+            return
         time.sleep(_STOP_DRAIN_S)  # releases the GIL to rounds already past the flag
 
 
