@@ -168,7 +168,7 @@ def liveness_bound(sample_timeout: float | None, connect_timeout: float | None) 
 # closed) waited for it forever, and the process did not exit. At exit, `_stop_rounds` sets a
 # flag that rounds read in the graph before calling Python.
 _ROUNDS_STOPPED = threading.Event()
-_STOP_FLAG: list[tf.Variable] = []
+_STOP_FLAG: tf.Variable | None = None
 _STOP_FLAG_LOCK = threading.Lock()
 # How long `_stop_rounds` lets rounds that read the flag just before it was set finish.
 _STOP_DRAIN_S = 0.05
@@ -177,14 +177,15 @@ _STOP_DRAIN_S = 0.05
 def _rounds_stopped_flag() -> tf.Variable:
     """The process's flag read by every watch round (created, and `_stop_rounds` registered
     with `atexit`, on first use)."""
+    global _STOP_FLAG
     with _STOP_FLAG_LOCK:
-        if not _STOP_FLAG:
+        if _STOP_FLAG is None:
             with tf.init_scope():
-                _STOP_FLAG.append(
-                    tf.Variable(False, trainable=False, name="replay_service_rounds_stopped")
+                _STOP_FLAG = tf.Variable(
+                    False, trainable=False, name="replay_service_rounds_stopped"
                 )
             atexit.register(_stop_rounds)
-        return _STOP_FLAG[0]
+        return _STOP_FLAG
 
 
 def _stop_rounds() -> None:
@@ -192,13 +193,14 @@ def _stop_rounds() -> None:
     exit, before the interpreter finalizes); datasets are no longer guarded afterwards."""
     _ROUNDS_STOPPED.set()
     with _STOP_FLAG_LOCK:
-        flags = list(_STOP_FLAG)
-    for flag in flags:
-        try:
-            flag.assign(True)
-        except Exception:  # best effort at exit: TensorFlow may be torn down already
-            return
-        time.sleep(_STOP_DRAIN_S)  # releases the GIL to rounds already past the flag
+        flag = _STOP_FLAG
+    if flag is None:
+        return
+    try:
+        flag.assign(True)
+    except Exception:  # best effort at exit: TensorFlow may be torn down already
+        return
+    time.sleep(_STOP_DRAIN_S)  # releases the GIL to rounds already past the flag
 
 
 class _Watch:

@@ -261,10 +261,10 @@ class SampleSource:
         # cost the pipeline's threads more CPU than the copies (a training loop shares the
         # cores with them). Large steps stay with TF, whose allocator reuses the batch memory
         # that fresh numpy copies would fault in page by page (image batches sampled 3x slower).
-        rows = step_layout(self.signature) if self.layout == PACKED else None
-        if rows is not None and rows.step_bytes > NUMPY_UNPACK_STEP_BYTES:
-            rows = None
-        dataset = self.tf_dataset(batch_size, num_workers=num_workers, unpack=rows is None)
+        layout = step_layout(self.signature) if self.layout == PACKED else None
+        if layout is not None and layout.step_bytes > NUMPY_UNPACK_STEP_BYTES:
+            layout = None  # None: the pipeline yields the nest, unpacked if packed
+        dataset = self.tf_dataset(batch_size, num_workers=num_workers, unpack=layout is None)
         get_next = reverb_internals.flat_getter(dataset)
         if pack is None:
             pack = item_packer(self.signature)
@@ -290,11 +290,11 @@ class SampleSource:
                 if ours is None:
                     raise
                 raise ours from e
-            if rows is None:
+            if layout is None:
                 data = [tensor_to_torch(t) for t in flat[info_fields:]]
             else:
-                packed = reverb_internals.numpy_view(flat[info_fields])
-                data = [torch.from_numpy(a) for a in rows.unpack_leaves(packed, copy=True)]
+                rows = reverb_internals.numpy_view(flat[info_fields])
+                data = [torch.from_numpy(a) for a in layout.unpack_leaves(rows, copy=True)]
             if convert is not None:
                 data = [convert(t) for t in data]
             info = tuple(tensor_to_torch(t) for t in flat[:info_fields]) if with_info else None
