@@ -831,12 +831,12 @@ def memory_per_step(rss: list[int]) -> tuple[float, float]:
     return slope, (readings[-1] - readings[0]) / steps
 
 
-def memory_rows(workload: str, rss: list[int], tag: str, anchor: str = _RAW) -> list[Row]:
+def memory_rows(workload: str, rss: list[int], tag: str) -> list[Row]:
     """The server's memory per stored step (`memory_per_step`), as two rows."""
     marginal, total = memory_per_step(rss)
     return [
-        Row(workload, "memory", f"server RSS per stored step{tag}", marginal, "B", anchor),
-        Row(workload, "memory", f"  same, incl. fixed cost{tag}", total, "B", anchor),
+        Row(workload, "memory", f"server RSS per stored step{tag}", marginal, "B", _RAW),
+        Row(workload, "memory", f"  same, incl. fixed cost{tag}", total, "B", _RAW),
     ]
 
 

@@ -483,6 +483,13 @@ def test_pack_and_unpack_round_trip_every_dtype() -> None:
         layout.pack_nest(steps[0]._replace(step={**steps[0].step, "b": np.int16(1)}))
     with pytest.raises(ValueError, match=r"uint8\[..., 57\]"):
         layout.unpack(rows[:, :10])
+    # copy=True (the torch path): the same values, every leaf contiguous and owning its data.
+    copies = layout.unpack_leaves(rows, copy=True)
+    for leaf, view in zip(copies, tree.flatten(back), strict=True):
+        np.testing.assert_array_equal(leaf, view)
+        assert leaf.flags.c_contiguous and not np.shares_memory(leaf, rows)
+    with pytest.raises(ValueError, match=r"uint8\[..., 57\]"):
+        layout.unpack_leaves(rows.astype(np.int8), copy=True)
 
 
 def test_packed_observer_names_a_wrong_field(make_manager: Any, steps: list[Any]) -> None:
