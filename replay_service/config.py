@@ -207,6 +207,17 @@ class SamplingConfig:
                 f"{self.error_buffer!r}",
             )
 
+    @property
+    def independent_draws(self) -> bool:
+        """Whether every sample is a uniform draw with replacement that no earlier sample
+        changes or holds back (uniform sampler, no `max_times_sampled`, no
+        `samples_per_insert`): several batches may then be drawn at once."""
+        return (
+            self.sampler == "uniform"
+            and not self.max_times_sampled
+            and self.samples_per_insert is None
+        )
+
     def effective_error_buffer(self) -> float:
         """Returns the error buffer used with `samples_per_insert`.
 

@@ -10,7 +10,7 @@ leading dimensions `[batch, sequence_length]`, the info broadcast along the sequ
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,11 +28,6 @@ SampleInfo = collections.namedtuple(
     "SampleInfo", ["key", "probability", "table_size", "priority", "times_sampled"]
 )
 _INFO_DTYPES = ("uint64", "float64", "int64", "float64", "int32")
-# A torch stream of a uniform table draws up to this many items, and this many bytes, per
-# table call (at least one batch), then hands them out batch by batch: the per-call work
-# (lock, selection, one copy per field, flags) is paid once for several small batches.
-DRAW_ITEMS = 256
-DRAW_BYTES = 1 << 20
 
 
 class Lifeline:
@@ -136,7 +131,7 @@ class LocalSampleSource:
         Raises:
           ManagerClosedError, BufferStateError: As `sample`.
         """
-        from replay_service.torch_sampling import item_packer
+        from replay_service.torch_sampling import item_packer, split_batches
 
         del num_workers
         if pack is None:
@@ -154,8 +149,8 @@ class LocalSampleSource:
                 else None
             )
             # Prepared once for all the drawn batches, built per batch from views.
-            parts = _batches(pack.prepare(data), batch_size, draws)
-            info_parts = None if infos is None else _batches(infos, batch_size, draws)
+            parts = split_batches(pack.prepare(data), batch_size, draws)
+            info_parts = None if infos is None else split_batches(infos, batch_size, draws)
             for k in range(draws):
                 if k:
                     closed = self.closed_error()
@@ -169,23 +164,13 @@ class LocalSampleSource:
                 )
 
     def draws_per_call(self, batch_size: int) -> int:
-        """Batches a torch stream draws per table call: as many as fit in `DRAW_ITEMS` items
-        and `DRAW_BYTES` bytes (at least 1) for a uniform table without
-        `max_times_sampled`, else 1."""
-        sampling = self.table.config.sampling
-        if sampling.sampler != "uniform" or sampling.max_times_sampled:
+        """Batches a torch stream draws per table call: `torch_sampling.draws_per_call` for a
+        table of independent draws (`SamplingConfig.independent_draws`), else 1."""
+        from replay_service.torch_sampling import draws_per_call
+
+        if not self.table.config.sampling.independent_draws:
             return 1
-        by_bytes = DRAW_BYTES // max(1, batch_size * self.table.item_bytes)
-        return max(1, min(DRAW_ITEMS // batch_size, by_bytes))
-
-
-def _batches(
-    tensors: Sequence[torch.Tensor], batch_size: int, draws: int
-) -> list[Sequence[torch.Tensor]]:
-    """Per tensor, its `draws` consecutive batches of `batch_size` items (views)."""
-    if draws == 1:
-        return [(t,) for t in tensors]
-    return [t.split(batch_size) for t in tensors]
+        return draws_per_call(batch_size, self.table.item_bytes)
 
 
 def _info_tensor(array: np.ndarray) -> torch.Tensor:

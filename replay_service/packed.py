@@ -164,21 +164,42 @@ class PackedLayout:
         Raises:
           ValueError: If `rows` is not `uint8[..., step_bytes]`.
         """
+        rows = self._checked(rows)
+        lead = rows.shape[:-1]
+        flat = rows.reshape(-1, self.step_bytes)
+        return [self._leaf(flat, field, copy).reshape(*lead, *field.shape) for field in self.fields]
+
+    def leaf(self, rows: Any, index: int) -> np.ndarray:
+        """Field `index` (`fields` order) of numpy rows `uint8[..., step_bytes]`, as a
+        contiguous array `[..., *shape]` of its own: one copy of only that field's bytes (e.g.
+        of one step of every item: `leaf(rows[:, 0], index)`).
+
+        Raises:
+          ValueError: If `rows` is not `uint8[..., step_bytes]`.
+        """
+        rows = self._checked(rows)
+        field = self.fields[index]
+        return self._leaf(rows, field, True).reshape(*rows.shape[:-1], *field.shape)
+
+    def _checked(self, rows: Any) -> np.ndarray:
         rows = np.asarray(rows)
         if rows.dtype != np.uint8 or rows.shape[-1:] != (self.step_bytes,):
             raise ValueError(
                 f"packed rows must be uint8[..., {self.step_bytes}], got "
                 f"{rows.dtype.name}{list(rows.shape)}"
             )
-        lead = rows.shape[:-1]
-        flat = rows.reshape(-1, self.step_bytes)
-        leaves = []
-        for field in self.fields:
-            part = flat[:, field.start : field.stop]
-            if copy or field.dtype.itemsize > 1:
-                part = np.ascontiguousarray(part)
-            leaves.append(part.view(field.dtype).reshape(*lead, *field.shape))
-        return leaves
+        return rows
+
+    @staticmethod
+    def _leaf(rows: np.ndarray, field: _Field, copy: bool) -> np.ndarray:
+        """`field`'s bytes of `rows` viewed as its dtype (`[..., size]`); a copy if `copy` or
+        where the alignment asks for one."""
+        part = rows[..., field.start : field.stop]
+        if copy:
+            part = part.copy()
+        elif field.dtype.itemsize > 1:
+            part = np.ascontiguousarray(part)
+        return part.view(field.dtype)
 
     def unpack_tf(self, rows: Any) -> Any:
         """`unpack` of a `tf.uint8` tensor `[..., step_bytes]` (static rank), in TF ops."""

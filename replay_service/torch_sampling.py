@@ -38,6 +38,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+import numpy as np
 import torch
 import tree
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -52,7 +53,7 @@ from replay_service.errors import (
     ServerUnavailableError,
 )
 from replay_service.handles import TableHandle
-from replay_service.packed import PACKED, step_layout
+from replay_service.packed import PACKED, PackedLayout, step_layout
 from replay_service.sequences import Masked
 
 if TYPE_CHECKING:
@@ -69,6 +70,13 @@ DEFAULT_PREFETCH = 0
 # Packed steps of at most this many bytes are unpacked in numpy by the torch path (see
 # `SampleSource.torch_samples`), larger ones by TensorFlow in the read pipeline.
 NUMPY_UNPACK_STEP_BYTES = 4096
+# A torch stream of a table of independent draws (`SamplingConfig.independent_draws`) fetches
+# up to this many items, and this many bytes, at once (at least one batch), then hands them
+# out batch by batch: the per-fetch work (TensorFlow's `GetNext`, the unpacking copies and
+# transition flags, or a local table's lock and selection) is paid once for several small
+# batches.
+DRAW_ITEMS = 256
+DRAW_BYTES = 1 << 20
 # Samples requested ahead per Reverb worker, in batches (Reverb recommends 2-3x the batch size).
 IN_FLIGHT_BATCHES = 2
 # Sample streams (one Reverb worker each, batched on their own tf.data thread) behind one
@@ -81,6 +89,22 @@ JOIN_TIMEOUT_S = 5.0
 DEFAULT_MP_CONTEXT = "forkserver"
 
 _ITEM, _END, _ERROR = "item", "end", "error"
+
+
+def draws_per_call(batch_size: int, item_bytes: int) -> int:
+    """Batches of `batch_size` items of `item_bytes` a stream of independent draws fetches at
+    once: as many as fit in `DRAW_ITEMS` items and `DRAW_BYTES` bytes, at least 1."""
+    by_bytes = DRAW_BYTES // max(1, batch_size * item_bytes)
+    return max(1, min(DRAW_ITEMS // batch_size, by_bytes))
+
+
+def split_batches(
+    tensors: Sequence[torch.Tensor], batch_size: int, draws: int
+) -> list[Sequence[torch.Tensor]]:
+    """Per tensor, its `draws` consecutive batches of `batch_size` items (views)."""
+    if draws == 1:
+        return [(t,) for t in tensors]
+    return [t.split(batch_size) for t in tensors]
 
 
 class TorchSampleSource(Protocol):
@@ -157,6 +181,9 @@ class SampleSource:
         `datasets.LivenessRules`); None: at most `sample_timeout`.
       lifeline: Closed by the manager's `close()`; a pickled copy keeps the state it had.
       layout: The table's layout; a packed table's rows are unpacked into `signature`'s nest.
+      independent: Every sample is an independent draw (`SamplingConfig.independent_draws`):
+        torch streams fetch `draws_per_call` batches at once and hand them out one by one
+        (a batch handed out later may miss items inserted since, as any batch sampled ahead).
     """
 
     server_address: str
@@ -168,6 +195,7 @@ class SampleSource:
     connect_timeout: float | None = None
     lifeline: Lifeline | None = dataclasses.field(default=None, compare=False, repr=False)
     layout: str = "nested"
+    independent: bool = False
 
     @classmethod
     def from_handle(cls, handle: TableHandle, *, lifeline: Lifeline | None = None) -> SampleSource:
@@ -188,10 +216,16 @@ class SampleSource:
             connect_timeout=handle.timeouts.connect,
             lifeline=lifeline,
             layout=handle.table.layout,
+            independent=handle.table.sampling.independent_draws,
         )
 
     def tf_dataset(
-        self, batch_size: int, *, num_workers: int | None = None, unpack: bool = True
+        self,
+        batch_size: int,
+        *,
+        num_workers: int | None = None,
+        unpack: bool = True,
+        draws: int = 1,
     ) -> tf.data.Dataset:
         """Returns a dataset of `ReplaySample(info, data)` batches of exactly `batch_size`.
 
@@ -205,6 +239,8 @@ class SampleSource:
             None: 1 for an ordered sampler, else `SAMPLING_WORKERS`.
           unpack: Whether a packed table's rows are unpacked into `signature`'s nest (False:
             `data` is the batch of packed rows; see `datasets.read_pipeline`).
+          draws: Batches fetched at once: the dataset's batches hold `draws * batch_size`
+            items; the samples requested ahead stay those of `batch_size`.
         """
         from replay_service.datasets import read_pipeline
 
@@ -214,7 +250,7 @@ class SampleSource:
             self.server_address,
             self.table_name,
             self.signature,
-            batch_size,
+            batch_size * draws,
             sample_timeout=self.sample_timeout,
             connect_timeout=self.connect_timeout,
             num_workers=num_workers,
@@ -257,14 +293,21 @@ class SampleSource:
         from replay_service.datasets import sampling_timeout_message
 
         # A packed table of small steps has its rows unpacked here, in numpy (one copy per
-        # field), rather than by TF ops in the pipeline: about 7 ops per field per batch, which
-        # cost the pipeline's threads more CPU than the copies (a training loop shares the
-        # cores with them). Large steps stay with TF, whose allocator reuses the batch memory
-        # that fresh numpy copies would fault in page by page (image batches sampled 3x slower).
+        # field, or only of the steps a packer keeps: `Packer.prepare_rows`), rather than by
+        # TF ops in the pipeline: about 7 ops per field per batch, which cost the pipeline's
+        # threads more CPU than the copies (a training loop shares the cores with them).
+        # Large steps stay with TF, whose allocator reuses the batch memory that fresh numpy
+        # copies would fault in page by page (image batches sampled 3x slower).
         layout = step_layout(self.signature) if self.layout == PACKED else None
         if layout is not None and layout.step_bytes > NUMPY_UNPACK_STEP_BYTES:
             layout = None  # None: the pipeline yields the nest, unpacked if packed
-        dataset = self.tf_dataset(batch_size, num_workers=num_workers, unpack=layout is None)
+        draws = 1
+        if self.independent:
+            item_bytes = step_layout(self.signature).step_bytes * self.sequence_length
+            draws = draws_per_call(batch_size, item_bytes)
+        dataset = self.tf_dataset(
+            batch_size, num_workers=num_workers, unpack=layout is None, draws=draws
+        )
         get_next = reverb_internals.flat_getter(dataset)
         if pack is None:
             pack = item_packer(self.signature)
@@ -290,15 +333,35 @@ class SampleSource:
                 if ours is None:
                     raise
                 raise ours from e
-            if layout is None:
-                data = [tensor_to_torch(t) for t in flat[info_fields:]]
-            else:
+            if layout is not None and pack.prepare_rows is not None:
+                # Reads only the bytes it keeps.
                 rows = reverb_internals.numpy_view(flat[info_fields])
-                data = [torch.from_numpy(a) for a in layout.unpack_leaves(rows, copy=True)]
-            if convert is not None:
-                data = [convert(t) for t in data]
-            info = tuple(tensor_to_torch(t) for t in flat[:info_fields]) if with_info else None
-            yield pack(data), info
+                prepared = pack.prepare_rows(layout, rows)
+                if convert is not None:
+                    prepared = [convert(t) for t in prepared]
+            else:
+                if layout is None:
+                    data = [tensor_to_torch(t) for t in flat[info_fields:]]
+                else:
+                    rows = reverb_internals.numpy_view(flat[info_fields])
+                    data = [torch.from_numpy(a) for a in layout.unpack_leaves(rows, copy=True)]
+                if convert is not None:
+                    data = [convert(t) for t in data]
+                prepared = pack.prepare(data)
+            parts = split_batches(prepared, batch_size, draws)
+            info_parts = None
+            if with_info:
+                info = [tensor_to_torch(t) for t in flat[:info_fields]]
+                info_parts = split_batches(info, batch_size, draws)
+            for k in range(draws):
+                if k:
+                    closed = self.closed_error()
+                    if closed is not None:
+                        raise closed
+                yield (
+                    pack.build([part[k] for part in parts]),
+                    None if info_parts is None else tuple(part[k] for part in info_parts),
+                )
 
     def closed_error(self) -> ManagerClosedError | None:
         """The error every stream of this source raises once its manager was closed, else None."""
@@ -420,10 +483,14 @@ class Packer:
     Attributes:
       prepare: Flat data tensors -> flat tensors `[batch, ...]`.
       build: Those (or slices of them along the batch) -> the yielded object.
+      prepare_rows: Optionally, `prepare` of a batch of a packed table given as its rows
+        (`PackedLayout`, numpy `uint8[batch, sequence_length, step_bytes]`), copying only the
+        bytes it keeps instead of unpacking every field first; None: unpack, then `prepare`.
     """
 
     prepare: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
     build: Callable[[Sequence[torch.Tensor]], Any]
+    prepare_rows: Callable[[PackedLayout, np.ndarray], list[torch.Tensor]] | None = None
 
     def __call__(self, flat: Sequence[torch.Tensor]) -> Any:
         return self.build(self.prepare(flat))
@@ -483,6 +550,19 @@ def transition_packer(structure: Any) -> Packer:
             *(step_of(flat[i], 0) for i in hiddens),
         ]
 
+    def prepare_rows(layout: PackedLayout, rows: np.ndarray) -> list[torch.Tensor]:
+        _check_transition_steps(rows.shape[1])
+        first, second = rows[:, 0], rows[:, 1]
+        ends = layout.leaf(first, next_step_type) == LAST
+        terminated = ends & (layout.leaf(first, discount) == 0)
+        return [
+            *(torch.from_numpy(layout.leaf(first, i)) for i in first_steps),
+            *(torch.from_numpy(layout.leaf(second, i)) for i in observations),
+            torch.from_numpy(terminated),
+            torch.from_numpy(ends ^ terminated),
+            *(torch.from_numpy(layout.leaf(first, i)) for i in hiddens),
+        ]
+
     def build(prepared: Sequence[torch.Tensor]) -> TransitionBatch:
         return TransitionBatch(
             states=pack_states(prepared[:n_obs]),
@@ -494,7 +574,7 @@ def transition_packer(structure: Any) -> Packer:
             hiddens=pack_hiddens(prepared[at_hiddens:]) if hiddens else None,
         )
 
-    return Packer(prepare, build)
+    return Packer(prepare, build, prepare_rows)
 
 
 def _check_transition_steps(steps: int) -> None:

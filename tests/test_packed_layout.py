@@ -190,13 +190,18 @@ def test_torch_paths_match(
                 nested_batch = next(stream)
     assert expected["nested"] == expected["packed"]
     # The packed rows are unpacked outside TensorFlow: the same nest, dtypes and shapes, and
-    # every leaf a contiguous tensor of its own, as the nested table's.
+    # every leaf a contiguous tensor of its own field (a slice of the batches drawn at once),
+    # as the nested table's.
+    handle = manager.table_handle()
+    item_bytes = packed.step_layout(handle.signature).step_bytes * handle.sequence_length
+    draws = torch_sampling.draws_per_call(16, item_bytes)
+    assert draws > 1
     with manager.torch_batches(16) as stream:
         packed_batch = next(stream)
     tree.assert_same_structure(nested_batch, packed_batch)
     for x, y in zip(tree.flatten(nested_batch), tree.flatten(packed_batch), strict=True):
         assert (x.dtype, x.shape) == (y.dtype, y.shape)
-        assert y.is_contiguous() and y.untyped_storage().nbytes() == y.nbytes
+        assert y.is_contiguous() and y.untyped_storage().nbytes() == y.nbytes * draws
     stream = manager.torch_batches(16)
     drain(stream, expected["nested"], lambda b: b)
     stream.close()
@@ -490,6 +495,13 @@ def test_pack_and_unpack_round_trip_every_dtype() -> None:
         assert leaf.flags.c_contiguous and not np.shares_memory(leaf, rows)
     with pytest.raises(ValueError, match=r"uint8\[..., 57\]"):
         layout.unpack_leaves(rows.astype(np.int8), copy=True)
+    # leaf (one field of some rows, e.g. one step of every item): a copy of only those bytes.
+    for index, view in enumerate(tree.flatten(back)):
+        one = layout.leaf(rows[1:3], index)
+        np.testing.assert_array_equal(one, view[1:3])
+        assert one.flags.c_contiguous and not np.shares_memory(one, rows)
+    with pytest.raises(ValueError, match=r"uint8\[..., 57\]"):
+        layout.leaf(rows[:, :10], 0)
 
 
 def test_packed_observer_names_a_wrong_field(make_manager: Any, steps: list[Any]) -> None:

@@ -17,13 +17,22 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 from torch.utils.data import DataLoader, get_worker_info
 
 from conftest import FAST_TIMEOUTS, collect
-from replay_service import BufferStateError, ConfigError, ManagerClosedError, Timeouts
+from replay_service import (
+    BufferStateError,
+    ConfigError,
+    ManagerClosedError,
+    SamplingConfig,
+    Timeouts,
+    packed,
+)
+from replay_service.array_specs import ArraySpec
 from replay_service.sequences import Masked
 from replay_service.specs import normalize_spec
 from replay_service.torch_sampling import (
     TorchReplayDataset,
     TorchSampleInfo,
     TransitionBatch,
+    draws_per_call,
     nest_packer,
     step_of,
     to_transitions,
@@ -227,6 +236,37 @@ def test_close_stops_the_prefetch_thread(make_manager, env, policy):
         next(stream)
 
 
+@pytest.mark.parametrize(
+    ("sampling", "together"),
+    [
+        (SamplingConfig(), True),
+        (SamplingConfig(sampler="prioritized"), False),
+        (SamplingConfig(max_times_sampled=1000), False),
+        (SamplingConfig(samples_per_insert=1.0, error_buffer=500.0), False),
+    ],
+    ids=["uniform", "prioritized", "max_times_sampled", "samples_per_insert"],
+)
+def test_small_batches_are_fetched_together_only_from_independent_draws(
+    make_manager, env, policy, sampling, together
+):
+    """A Reverb torch stream fetches `draws_per_call` small batches at once (each then a slice
+    of the fetched block) only where no sample changes or holds back the next."""
+    manager = make_manager(sampling=sampling)
+    _, observer = manager.create_replay_buffer()
+    collect(env, policy, observer, 40)
+    handle = manager.table_handle()
+    assert handle.table.sampling.independent_draws == together
+    item_bytes = packed.step_layout(handle.signature).step_bytes * handle.sequence_length
+    draws = draws_per_call(4, item_bytes) if together else 1
+    assert draws > 1 or not together
+    with manager.torch_batches(4, prefetch=0) as stream:
+        for _ in range(3):
+            batch = next(stream)
+            for leaf in tree.flatten(batch):
+                assert leaf.shape[0] == 4
+                assert leaf.untyped_storage().nbytes() == leaf.nbytes * draws
+
+
 @pytest.mark.parametrize("prefetch", [0, 3])
 def test_closing_the_manager_fails_streams_before_batches_sampled_ahead(
     make_manager, env, policy, prefetch
@@ -345,6 +385,30 @@ def test_transition_packer_equals_to_transitions_of_the_nest(structure):
         return
     got = pack(flat)
     assert got.dones.any() and got.truncated.any()  # the batch exercises both flags
+    _assert_same_transitions(got, expected)
+    # The same batch as packed rows: `prepare_rows` reads the same transitions from them, every
+    # tensor a contiguous copy of its own (trajectories of plain scalar fields; other nests
+    # are unpacked first).
+    scalars = isinstance(structure, trajectory_lib.Trajectory) and not tree.is_nested(
+        structure.reward
+    )
+    assert (pack.prepare_rows is not None) == scalars
+    if pack.prepare_rows is None:
+        return
+    arrays = [t.numpy() for t in flat]
+    layout = packed.layout_of(
+        tree.unflatten_as(structure, [ArraySpec(a.shape[2:], a.dtype, "x") for a in arrays])
+    )
+    rows = layout.pack_items(arrays)
+    prepared = pack.prepare_rows(layout, rows)
+    for t in prepared:
+        assert t.is_contiguous() and not np.shares_memory(t.numpy(), rows)
+    _assert_same_transitions(pack.build(prepared), expected)
+    with pytest.raises(ConfigError, match="windows of 2 steps, got 3"):
+        pack.prepare_rows(layout, np.concatenate([rows, rows[:, :1]], axis=1))
+
+
+def _assert_same_transitions(got, expected):
     for field in ("states", "actions", "rewards", "next_states", "dones", "truncated", "hiddens"):
         a, b = getattr(got, field), getattr(expected, field)
         if b is None:
