@@ -162,11 +162,11 @@ def liveness_bound(sample_timeout: float | None, connect_timeout: float | None) 
     return LivenessRules.from_timeouts(sample_timeout, connect_timeout).bound
 
 
-# Watch rounds call Python (`tf.py_function`) from TensorFlow's threads. Once the interpreter
-# is finalizing, such a thread exits when it asks for the GIL, and a round's function never
-# returns: destroying an iterator that is still alive then (a stream or dataset iterator never
-# closed) waited for it forever, and the process did not exit. At exit, `_stop_rounds` sets a
-# flag that rounds read in the graph before calling Python.
+# Watch rounds (and the sharded mixture's weight reads) call Python (`tf.py_function`) from
+# TensorFlow's threads. Once the interpreter is finalizing, such a thread exits when it asks
+# for the GIL, and the function never returns: destroying an iterator that is still alive then
+# (a stream or dataset iterator never closed) waited for it forever, and the process did not
+# exit. At exit, `_stop_rounds` sets a flag that they read in the graph before calling Python.
 _ROUNDS_STOPPED = threading.Event()
 _STOP_FLAG: tf.Variable | None = None
 _STOP_FLAG_LOCK = threading.Lock()
@@ -174,9 +174,10 @@ _STOP_FLAG_LOCK = threading.Lock()
 _STOP_DRAIN_S = 0.05
 
 
-def _rounds_stopped_flag() -> tf.Variable:
-    """The process's flag read by every watch round (created, and `_stop_rounds` registered
-    with `atexit`, on first use)."""
+def python_calls_stopped() -> tf.Variable:
+    """The process's flag that every `tf.py_function` of a sampling pipeline reads in the
+    graph first, calling Python only while it is False: set at exit (created, and
+    `_stop_rounds` registered with `atexit`, on first use)."""
     global _STOP_FLAG
     with _STOP_FLAG_LOCK:
         if _STOP_FLAG is None:
@@ -319,7 +320,7 @@ def guard_liveness(
     rules = LivenessRules.from_timeouts(sample_timeout, connect_timeout)
     watch = _Watch(server_address, table_name, rules, lifeline)
 
-    stopped = _rounds_stopped_flag()
+    stopped = python_calls_stopped()
 
     def call_watch() -> tf.Tensor:
         return tf.reshape(tf.py_function(watch.round, [], tf.string), [])

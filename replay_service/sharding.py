@@ -40,7 +40,7 @@ import tensorflow as tf
 from replay_service.checkpoints import Checkpoint, CheckpointStore
 from replay_service.config import DEFAULT_TABLE_NAME, Timeouts
 from replay_service.config_file import read_toml
-from replay_service.datasets import ReplayBuffer
+from replay_service.datasets import ReplayBuffer, python_calls_stopped
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
@@ -720,16 +720,25 @@ class ShardedReplayBuffer:
         def read_weights() -> tf.Tensor:
             return tf.constant(_size_weights(list(self.shard_sizes().values())), tf.float32)
 
+        stopped = python_calls_stopped()
+        equal = tf.fill([self.num_shards], 1.0 / self.num_shards)
+
+        def weights(_: tf.Tensor) -> tf.Tensor:
+            # At exit, equal weights without calling Python (see `python_calls_stopped`).
+            return tf.cond(
+                stopped,
+                lambda: equal,
+                lambda: tf.ensure_shape(
+                    tf.py_function(read_weights, [], tf.float32), [self.num_shards]
+                ),
+            )
+
         def one_round(weights: tf.Tensor) -> tf.data.Dataset:
             shards = [self._shard_blocks(i, batch_size, num_steps) for i in range(self.num_shards)]
             mixture = tf.data.Dataset.sample_from_datasets(shards, weights=weights, seed=seed)
             return mixture.take(blocks_per_round)
 
-        rounds = (
-            tf.data.Dataset.from_tensors(0)
-            .repeat()
-            .map(lambda _: tf.ensure_shape(tf.py_function(read_weights, [], tf.float32), [None]))
-        )
+        rounds = tf.data.Dataset.from_tensors(0).repeat().map(weights)
         return rounds.flat_map(one_round)
 
     def _require_not_closed(self) -> None:

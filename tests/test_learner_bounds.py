@@ -201,6 +201,7 @@ _EXIT_SCRIPT = """
 import json, sys, time
 import numpy as np
 from replay_service import ReplayBufferManager, Timeouts, datasets
+from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
 from replay_service.specs import spec_from_description
 
 calls = []
@@ -224,27 +225,49 @@ writer.flush()
 stream = manager.torch_batches(4)
 dataset = iter(manager.get_dataset(4))
 
+# A sharded mixture that reads the shard sizes (in Python, from tf.data) every batch.
+reads = []
+original_sizes = ShardedReplayBuffer.shard_sizes
+def counted_sizes(self):
+    reads.append(time.monotonic())
+    return original_sizes(self)
+ShardedReplayBuffer.shard_sizes = counted_sizes
+other = ReplayBufferManager(spec, 1000, sys.argv[1] + "_other", 2, timeouts=Timeouts(sample=1.0))
+other.create_replay_buffer()
+other_writer = other.transition_writer()
+for i in range(40):
+    other_writer.add(obs + i, 0, 1.0, obs + i + 1, i % 10 == 9, False)
+other_writer.flush()
+shards = ShardedReplayBuffer(
+    ShardedConfig((manager.server_address, other.server_address)),
+    spec, 1000, table_name=manager.table_handle().name, timeouts=Timeouts(sample=1.0),
+).load()
+mixed = iter(shards.get_dataset(4, reweight_every=1))
+
 def run(seconds):
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        next(stream), next(dataset)
+        next(stream), next(dataset), next(mixed)
         time.sleep(0.01)
 
-run(1.0)
-before = len(calls)
+run(2.0)
+before, reads_before = len(calls), len(reads)
 datasets._stop_rounds()  # what atexit runs
-stopped = len(calls)
-run(1.0)
-print(json.dumps({"before": before, "stopped": stopped, "after": len(calls)}), flush=True)
+stopped, reads_stopped = len(calls), len(reads)
+run(2.0)
+print(json.dumps({
+    "before": before, "stopped": stopped, "after": len(calls),
+    "reads_before": reads_before, "reads_stopped": reads_stopped, "reads_after": len(reads),
+}), flush=True)
 # Exits with the stream, the iterator and the manager still open.
 """
 
 
 def test_watch_rounds_stop_calling_python_at_exit_and_the_process_exits(tmp_path) -> None:
-    """Watch rounds call Python from TensorFlow's threads; one that did so while the
-    interpreter finalized never returned and the process hung at exit. At exit
-    (`datasets._stop_rounds`, registered with atexit) rounds stop calling Python, datasets
-    still yield, and a process that never closed its streams exits."""
+    """Watch rounds (and a sharded mixture's weight reads) call Python from TensorFlow's
+    threads; one that did so while the interpreter finalized never returned and the process
+    hung at exit. At exit (`datasets._stop_rounds`, registered with atexit) they stop calling
+    Python, datasets still yield, and a process that never closed its streams exits."""
     import json
     import subprocess
     import sys
@@ -260,3 +283,6 @@ def test_watch_rounds_stop_calling_python_at_exit_and_the_process_exits(tmp_path
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert counts["before"] >= 5, counts  # rounds ran (about 20 a second per dataset)
     assert counts["after"] - counts["stopped"] <= 2, counts  # at most rounds already past the flag
+    # The sharded mixture's weight reads too (one per round of blocks, a few a second).
+    assert counts["reads_before"] >= 4, counts
+    assert counts["reads_after"] - counts["reads_stopped"] <= 2, counts
