@@ -29,6 +29,7 @@ machine now: compare ratios, not absolute numbers, across machines.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import json
 import os
@@ -679,6 +680,13 @@ def loop_rows(root: str) -> list[Row]:
 
     block = LOOP_STEPS // LOOP_BLOCKS
 
+    def timed_block(fn: Callable[[], Any]) -> float:
+        # A full collection first: a block is short (about a second), and one collection of
+        # the old generation (about 0.4 s with TensorFlow and torch loaded), set off by another
+        # path's setup garbage, would otherwise land in whichever block runs next.
+        gc.collect()
+        return timed(fn)
+
     def ring() -> float:
         capacity = LOOP_WARMUP + block
         s = np.zeros((capacity, 4), np.float32)
@@ -694,7 +702,7 @@ def loop_rows(root: str) -> list[Row]:
 
         for i in range(LOOP_WARMUP):
             step(i)
-        return timed(lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + block)])
+        return timed_block(lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + block)])
 
     def ours(backend: str, layout: str = "nested") -> float:
         directory = tempfile.mkdtemp(prefix=f"loop_{backend}_", dir=root)
@@ -714,7 +722,9 @@ def loop_rows(root: str) -> list[Row]:
 
                 for i in range(LOOP_BATCH, LOOP_WARMUP):
                     step(i)
-                return timed(lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + block)])
+                return timed_block(
+                    lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + block)]
+                )
 
     paths = {
         "numpy ring buffer": ring,
