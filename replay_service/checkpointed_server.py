@@ -54,6 +54,9 @@ _log = logging.getLogger(__name__)
 ADOPT_POLL_S = 0.5
 # Seconds a server-info query may take while restoring or stopping.
 INFO_TIMEOUT_S = 10.0
+# Starts of a server on a port of its owner's choosing before giving up when none answers its
+# first calls (`CheckpointedServer._first_contact`).
+FIRST_CONTACT_STARTS = 2
 
 
 class CheckpointedServer:
@@ -240,7 +243,17 @@ class CheckpointedServer:
                 f"recorded when it was taken{dropped}"
             )
 
-    def _start(self, restore: Checkpoint | None) -> None:
+    def _start(self, restore: Checkpoint | None, *, starts: int = FIRST_CONTACT_STARTS) -> None:
+        """Starts the server (restoring `restore`, if given) and waits for its first answer.
+
+        A server on a port this owner picked that answers neither first call is stopped and
+        started again on a new port, up to `starts` starts in all.
+
+        Raises:
+          PortInUseError, ServerError: If the server cannot start.
+          CheckpointError: If Reverb cannot load `restore`.
+          ServerUnavailableError: If no start answered.
+        """
         port = self._port if self._port is not None else pick_free_port()
         check_port_free(port)
         tables = make_replay_tables(self._tables, self._data_spec)
@@ -264,7 +277,17 @@ class CheckpointedServer:
             if view is not None:
                 remove_path(view)
         self._client = self._server.localhost_client()
-        self._first_contact()
+        try:
+            self._first_contact()
+        except ServerUnavailableError as e:
+            if self._port is not None or starts <= 1:
+                raise
+            _log.warning(
+                "the new server on port %d never answered (%s); starting it again", port, e
+            )
+            self._discard()
+            self._start(restore, starts=starts - 1)
+            return
         _log.info("Reverb server listening on port %d (all interfaces)", port)
 
     def _first_contact(self) -> None:

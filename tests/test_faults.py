@@ -1033,3 +1033,57 @@ def test_kill_9_of_an_embedded_manager_soak(collectors, make_manager, tmp_path, 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.exit(main(sys.argv[1:]))
+
+
+def _unanswered_first_calls(monkeypatch: pytest.MonkeyPatch, count: int) -> list[str]:
+    """Makes the first `count` first-contact calls of new servers fail as an unanswered call
+    does; returns the addresses they were made to."""
+    from replay_service import checkpointed_server
+    from replay_service.errors import ServerUnavailableError
+
+    real = checkpointed_server.server_info
+    asked: list[str] = []
+
+    def server_info(client: Any, timeout: float | None) -> Any:
+        if len(asked) < count:
+            asked.append(client.server_address)
+            raise ServerUnavailableError(f"no Reverb server answered at {client.server_address!r}")
+        return real(client, timeout)
+
+    monkeypatch.setattr(checkpointed_server, "server_info", server_info)
+    return asked
+
+
+def test_a_new_server_that_never_answers_is_started_again_on_another_port(
+    make_manager, monkeypatch, caplog
+):
+    import reverb
+
+    asked = _unanswered_first_calls(monkeypatch, 2)  # the first call and its second ask
+    manager = make_manager()
+    with caplog.at_level(logging.WARNING):
+        manager.create_replay_buffer()
+    assert len(asked) == 2 and asked[0] == asked[1]
+    first_port = int(asked[0].rsplit(":", 1)[1])
+    assert not manager.server_address.endswith(f":{first_port}")
+    assert "never answered" in caplog.text and "starting it again" in caplog.text
+    # The first server was stopped: nothing answers on its port any more.
+    with pytest.raises(Exception):  # noqa: B017 - Reverb raises RuntimeError or DeadlineExceeded
+        reverb.Client(f"localhost:{first_port}").server_info(timeout=1)
+    writer = manager.transition_writer()
+    states = np.arange(24, dtype=np.float32).reshape(6, 4)
+    for i in range(5):
+        writer.add(states[i], 0, 1.0, states[i + 1], False, i == 4)
+    writer.flush()
+    assert manager.num_frames() == 5
+
+
+def test_a_new_server_on_a_chosen_port_that_never_answers_is_an_error(make_manager, monkeypatch):
+    from replay_service.errors import ServerUnavailableError
+
+    asked = _unanswered_first_calls(monkeypatch, 2)
+    port = pick_free_port()
+    manager = make_manager(port=port)
+    with pytest.raises(ServerUnavailableError, match=f":{port}"):
+        manager.create_replay_buffer()
+    assert asked == [f"localhost:{port}"] * 2
