@@ -354,9 +354,16 @@ class _Learner:
     def __init__(self, config: LoadTestConfig, addresses: Sequence[str]) -> None:
         self._config = config
         self._shards = _open_shards(config, addresses)
+        # Built before the process reports ready: on a loaded machine building the pipeline
+        # took longer than a short run, and the learner then never took a batch.
+        reweight = REWEIGHT_EVERY_BATCHES if self._shards.num_shards > 1 else None
+        self._iterator = iter(self._shards.get_dataset(config.batch_size, reweight_every=reweight))
 
     def run(self, stop: Any, deadline: float) -> dict[str, Any]:
         """Waits for a batch worth of items, then consumes batches until `stop` or `deadline`.
+
+        The first batch is taken even if `stop` came while waiting for items (the table still
+        holds them), so a run on a slow machine still measures the read path.
 
         Returns:
           Batches and items consumed, the first batch's latency and the others'.
@@ -364,14 +371,12 @@ class _Learner:
         Raises:
           TimeoutError: If the buffer does not fill within `WORKER_TIMEOUTS.sample`.
         """
-        self._wait_for_items(stop, deadline)
-        reweight = REWEIGHT_EVERY_BATCHES if self._shards.num_shards > 1 else None
-        dataset = self._shards.get_dataset(self._config.batch_size, reweight_every=reweight)
-        iterator = iter(dataset)
+        self._wait_for_items(deadline)
+        iterator = self._iterator
         latencies: list[int] = []
         first_batch_ns: int | None = None
         batches = 0
-        while not stop.is_set() and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (batches == 0 or not stop.is_set()):
             start = time.perf_counter_ns()
             next(iterator)
             elapsed = time.perf_counter_ns() - start
@@ -387,10 +392,10 @@ class _Learner:
             "latencies_ns": np.asarray(latencies, np.int64),
         }
 
-    def _wait_for_items(self, stop: Any, deadline: float) -> None:
+    def _wait_for_items(self, deadline: float) -> None:
         limit = min(deadline, time.monotonic() + float(WORKER_TIMEOUTS.sample or 0))
         while self._shards.num_frames() < self._config.batch_size:
-            if stop.is_set() or time.monotonic() >= limit:
+            if time.monotonic() >= limit:  # not on `stop`: the collectors' last flush may fill it
                 raise TimeoutError(
                     f"fewer than {self._config.batch_size} items in the buffer after "
                     f"{WORKER_TIMEOUTS.sample} s of collecting"
