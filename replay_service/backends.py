@@ -15,6 +15,7 @@ from typing import Any
 
 import reverb
 
+from replay_service import reverb_internals
 from replay_service.checkpointed_server import CheckpointedServer
 from replay_service.checkpoints import Checkpoint, CheckpointStore
 from replay_service.config import TableConfig, Timeouts
@@ -173,15 +174,17 @@ class RemoteBackend:
 
     def checkpoint(self) -> str:
         """Asks the server for a checkpoint; returns where Reverb wrote it on the server's side
-        (`replay-server` then verifies and adopts it into its `checkpoints/`).
+        (`replay-server` then verifies and adopts it into its `checkpoints/`). A save that lost
+        a race with another client's or the server's own save is asked for once more.
 
         Raises:
           CheckpointError: If it fails or takes longer than `timeouts.checkpoint`.
         """
-        assert self._client is not None
+        client, timeout = self._client, self._timeouts.checkpoint
+        assert client is not None
         try:
-            return call_with_timeout(
-                self._client.checkpoint, self._timeouts.checkpoint, "checkpoint"
+            return reverb_internals.retry_concurrent_save(
+                lambda: call_with_timeout(client.checkpoint, timeout, "checkpoint")
             )
         except Exception as e:  # Reverb raises RuntimeError; a timeout raises TimeoutError
             raise CheckpointError(f"checkpoint of {self._address!r} failed: {e}") from e

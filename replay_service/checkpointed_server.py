@@ -153,6 +153,7 @@ class CheckpointedServer:
             store.prepare_new(owner.metadata, overwrite=overwrite)
             owner._start(None)
         except BaseException:
+            owner._discard()  # a server that started but never answered stops before the unlock
             store.unlock()
             raise
         return owner
@@ -194,6 +195,7 @@ class CheckpointedServer:
             store.clean_staging(owner.metadata)
             owner._start_from_latest()
         except BaseException:
+            owner._discard()  # a server that started but never answered stops before the unlock
             store.unlock()
             raise
         return owner
@@ -354,7 +356,9 @@ class CheckpointedServer:
             store.ensure_intact(self.metadata)
             store.clean_staging(self.metadata)
             try:
-                path = call_with_timeout(client.checkpoint, self._timeout, "checkpoint")
+                path = reverb_internals.retry_concurrent_save(
+                    lambda: call_with_timeout(client.checkpoint, self._timeout, "checkpoint")
+                )
             except Exception as e:  # Reverb raises RuntimeError; anything else is wrapped too
                 store.discard_staging()
                 raise CheckpointError(

@@ -55,7 +55,12 @@ from replay_service.errors import (
     NoCheckpointError,
     SpecMismatchError,
 )
-from replay_service.reverb_internals import DONE_FILE, is_reverb_checkpoint, verify_files
+from replay_service.reverb_internals import (
+    DONE_FILE,
+    is_reverb_checkpoint,
+    is_settled_checkpoint,
+    verify_files,
+)
 from replay_service.specs import FieldDescription, describe_spec, diff_descriptions
 
 if TYPE_CHECKING:
@@ -446,12 +451,18 @@ class CheckpointStore:
             if name.startswith(CHECKPOINT_PREFIX)
         ]
 
-    def staged(self) -> list[str]:
-        """Complete checkpoints still in Reverb's root (e.g. from `py_client.checkpoint()`)."""
+    def staged(self, settled_only: bool = False) -> list[str]:
+        """Complete checkpoints still in Reverb's root (e.g. from `py_client.checkpoint()`).
+
+        Args:
+          settled_only: Only those finished `SAVE_SETTLE_S` ago or earlier, which a running
+            server may move without failing the client's save (see `is_settled_checkpoint`).
+        """
+        done = is_settled_checkpoint if settled_only else is_reverb_checkpoint
         return [
             os.path.join(self.reverb_root, name)
             for name in sorted(_listdir(self.reverb_root))
-            if is_reverb_checkpoint(os.path.join(self.reverb_root, name))
+            if done(os.path.join(self.reverb_root, name))
         ]
 
     # ------------------------------------------------------------------------------- changes
@@ -561,11 +572,12 @@ class CheckpointStore:
     def adopt_staged(self, metadata: StoreMetadata) -> list[Checkpoint]:
         """Adopts the complete checkpoints in Reverb's root, leaving partial ones alone.
 
-        Safe while Reverb writes: a checkpoint is complete only once `DONE` exists. One that
-        fails verification is moved to `corrupt/` with a warning.
+        Safe while Reverb writes: a checkpoint is complete only once `DONE` exists, and it is
+        moved only `SAVE_SETTLE_S` after that, once the save that wrote it has surely returned.
+        One that fails verification is moved to `corrupt/` with a warning.
         """
         adopted = []
-        for path in self.staged():
+        for path in self.staged(settled_only=True):
             try:
                 adopted.append(self.adopt(path, metadata))
             except CheckpointError as e:

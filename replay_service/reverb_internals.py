@@ -10,7 +10,12 @@ holds that knowledge and checks the installed version against the versions it wa
   table, chunk and item) and then an empty `DONE` file. `DONE` only says that Reverb finished:
   on a full disk it still writes `DONE` after a truncated file. `verify_files` therefore reads
   every file to its end (the ZLIB stream carries an Adler-32 checksum; every record's length
-  must fit), counts the items and hashes each file.
+  must fit), counts the items and hashes each file. After `DONE`, a save lists the root and
+  deletes every older entry (it keeps only the newest): a directory moved away in that moment
+  makes the save fail with "<path> not found", and two saves at once can delete each other's
+  directory. `is_settled_checkpoint` therefore waits `SAVE_SETTLE_S` after `DONE` before a
+  checkpoint that a client requested may be moved, and `is_concurrent_save_error` recognizes
+  the failure so that a client can ask again.
 - Restoring with today's table options. Reverb restores each table's sampler, remover,
   `max_times_sampled` and rate limiter from the checkpoint, together with the limiter's insert
   and sample counters, and ignores the table it is given. `restore_view` hands Reverb a view of
@@ -44,11 +49,13 @@ import ctypes
 import dataclasses
 import hashlib
 import importlib.metadata
+import logging
 import os
 import shutil
 import socket
 import struct
 import tempfile
+import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -56,6 +63,8 @@ from typing import Any
 import numpy as np
 
 from replay_service.errors import CheckpointError, ServerError
+
+_log = logging.getLogger(__name__)
 
 TABLES_FILE = "tables.tfrecord"
 CHUNKS_FILE = "chunks.tfrecord"
@@ -65,6 +74,9 @@ DATA_FILES = (TABLES_FILE, CHUNKS_FILE, ITEMS_FILE)
 # The Reverb releases whose checkpoint layout, table protos and server sockets this module was
 # verified against.
 SUPPORTED_REVERB = ("0.13.", "0.14.")
+# Seconds after `DONE` until a save that a client requested is surely past its cleanup (a listing
+# and deletes that take milliseconds; seconds on a machine stalled by load).
+SAVE_SETTLE_S = 2.0
 _COMPRESSION = "ZLIB"
 _READ_BLOCK = 1 << 20
 # A TFRecord record: uint64 length, uint32 CRC of the length, data, uint32 CRC of the data.
@@ -91,6 +103,50 @@ def require_supported_reverb() -> None:
 def is_reverb_checkpoint(path: str) -> bool:
     """Whether `path` is a directory that Reverb finished writing (it holds `DONE`)."""
     return os.path.isfile(os.path.join(path, DONE_FILE))
+
+
+def is_settled_checkpoint(path: str, settle_s: float = SAVE_SETTLE_S) -> bool:
+    """Whether Reverb finished `path` at least `settle_s` seconds ago, so moving it cannot fail
+    the save that wrote it (which still lists and cleans the root after writing `DONE`).
+
+    Args:
+      path: A directory in a Reverb checkpoint root.
+      settle_s: Seconds that must have passed since `DONE` was written.
+
+    Returns:
+      False while `DONE` is missing or younger than `settle_s`.
+    """
+    try:
+        done_at = os.stat(os.path.join(path, DONE_FILE)).st_mtime
+    except OSError:
+        return False
+    return time.time() - done_at >= settle_s
+
+
+def retry_concurrent_save(save: Callable[[], str]) -> str:
+    """Runs `save` (a `Client.checkpoint()` call) and, if it lost a race with another save or an
+    adoption (`is_concurrent_save_error`), runs it once more.
+
+    Returns:
+      What `save` returned: where Reverb wrote the checkpoint.
+
+    Raises:
+      Whatever the last call raised.
+    """
+    try:
+        return save()
+    except RuntimeError as e:
+        if not is_concurrent_save_error(e):
+            raise
+        _log.warning("checkpoint raced with another save (%s); asking again", e)
+        return save()
+
+
+def is_concurrent_save_error(error: BaseException) -> bool:
+    """Whether a failed `Client.checkpoint()` lost a race with another save or an adoption: a
+    directory of the root vanished between Reverb listing it and deleting it. Asking again
+    succeeds unless it races again."""
+    return isinstance(error, RuntimeError) and str(error).rstrip().endswith(" not found")
 
 
 def verify_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:

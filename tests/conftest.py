@@ -124,6 +124,19 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def wait_for_adoption(checkpoint_dir: Any, timeout: float = 30.0) -> None:
+    """Waits until a running replay-server moved the checkpoints clients asked for into its
+    `checkpoints/` (it waits `SAVE_SETTLE_S` after each save, then adopts at its next poll)."""
+    from replay_service.checkpoints import CheckpointStore
+
+    store = CheckpointStore(str(checkpoint_dir))
+    wait_for(
+        lambda: bool(store.entries()) and not store.staged(),
+        timeout,
+        f"the server to adopt the client's checkpoint in {checkpoint_dir}",
+    )
+
+
 def all_items(client: reverb.Client, table: str, expected: int) -> dict[int, list[np.ndarray]]:
     """Samples a uniform table until every one of its `expected` items was seen.
 

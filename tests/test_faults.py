@@ -41,7 +41,7 @@ from replay_service.checkpoints import (
     CheckpointStore,
 )
 from replay_service.config import TableConfig
-from replay_service.connection import pick_free_port
+from replay_service.connection import check_port_free, pick_free_port
 from replay_service.errors import CheckpointError, CheckpointExistsError, NoCheckpointError
 from replay_service.reverb_internals import (
     SAVE_SETTLE_S,
@@ -1176,3 +1176,10 @@ def test_a_new_server_on_a_chosen_port_that_never_answers_is_an_error(make_manag
     with pytest.raises(ServerUnavailableError, match=f":{port}"):
         manager.create_replay_buffer()
     assert asked == [f"localhost:{port}"] * 2
+    # The server that never answered was stopped before the directory was released: its port
+    # is free again, and a new manager may start in the directory at once.
+    check_port_free(port)
+    again = make_manager(port=port)
+    again.create_replay_buffer(overwrite=True)
+    assert again.num_frames() == 0
+    again.close()

@@ -7,14 +7,21 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
 
-from conftest import CARTPOLE_CONFIG, CONFIGS, FAST_TIMEOUTS, REPO, all_items, collect
+from conftest import (
+    CARTPOLE_CONFIG,
+    CONFIGS,
+    FAST_TIMEOUTS,
+    REPO,
+    all_items,
+    collect,
+    wait_for_adoption,
+)
 from replay_service import ConfigError, ReplayBufferManager
 from replay_service.checkpoints import CHECKPOINTS_DIR, CORRUPT_DIR
 from replay_service.config_file import load_config
@@ -145,7 +152,7 @@ def test_status_reports_tables_and_last_checkpoint(start_server, tmp_path, env, 
     count = collector.num_frames()
     collector.checkpoint()
     collector.close()
-    time.sleep(2)  # the server adopts the client's checkpoint within a second
+    wait_for_adoption(tmp_path / "server_ckpt")
     result = subprocess.run(
         [
             sys.executable,

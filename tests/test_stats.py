@@ -12,7 +12,7 @@ import time
 import pytest
 import reverb
 
-from conftest import FAST_TIMEOUTS, REPO, collect
+from conftest import FAST_TIMEOUTS, REPO, collect, wait_for_adoption
 from replay_service import BufferStateError, ReplayBufferManager, SamplingConfig
 from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
 from replay_service.stats import StatsTracker, scalars
@@ -136,7 +136,7 @@ def test_status_json_of_a_running_server(start_server, tmp_path, env, policy, da
         collector.checkpoint()
     finally:
         collector.close()
-    time.sleep(1.5)  # the server adopts the client's checkpoint within a second
+    wait_for_adoption(tmp_path / "server_ckpt")
     result = subprocess.run(
         [
             sys.executable,
