@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     import reverb
 
 
+# `MinSize` limiters bound the sample/insert difference by +-DBL_MAX; any finite bound is a
+# `samples_per_insert` limiter.
+_UNBOUNDED_DIFF = 1e300
+
+
 def make_selector(name: str, priority_exponent: float) -> Any:
     """Returns the Reverb item selector called `name` (see `config.SAMPLERS`)."""
     import reverb
@@ -67,6 +72,23 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
         signature=item_signature(
             stored_spec(data_spec, config.pad_end_of_episode), config.sequence_length, config.layout
         ),
+    )
+
+
+def draws_independently(info: Any) -> bool:
+    """Whether a running table (its `reverb.TableInfo`) samples as
+    `SamplingConfig.independent_draws` says: a uniform sampler, no `max_times_sampled` and a
+    rate limiter that never holds a sample back for lack of inserts (`MinSize`).
+
+    A remote client's own `TableConfig` need not be the server's (the server's config file
+    decides), so streams ask the server.
+    """
+    limiter = info.rate_limiter_info
+    return (
+        info.sampler_options.WhichOneof("distribution") == "uniform"
+        and info.max_times_sampled <= 0
+        and limiter.min_diff <= -_UNBOUNDED_DIFF
+        and limiter.max_diff >= _UNBOUNDED_DIFF
     )
 
 

@@ -165,6 +165,23 @@ class TorchSampleSource(Protocol):
         ...
 
 
+def _server_draws_independently(handle: TableHandle) -> bool:
+    """Whether the server's table of `handle` samples independent draws (as configured there,
+    which a remote client's config may not match); False if the server does not answer (the
+    stream then reports that itself)."""
+    import reverb
+
+    from replay_service.connection import server_info
+    from replay_service.tables import draws_independently
+
+    try:
+        tables = server_info(reverb.Client(handle.server_address), handle.timeouts.connect)
+    except ServerUnavailableError:
+        return False
+    info = tables.get(handle.name)
+    return info is not None and draws_independently(info)
+
+
 @dataclasses.dataclass(frozen=True)
 class SampleSource:
     """Where to sample from and what the items look like; picklable, holds no connection.
@@ -216,7 +233,9 @@ class SampleSource:
             connect_timeout=handle.timeouts.connect,
             lifeline=lifeline,
             layout=handle.table.layout,
-            independent=handle.table.sampling.independent_draws,
+            independent=(
+                handle.table.sampling.independent_draws and _server_draws_independently(handle)
+            ),
         )
 
     def tf_dataset(

@@ -29,6 +29,7 @@ from replay_service.array_specs import ArraySpec
 from replay_service.sequences import Masked
 from replay_service.specs import normalize_spec
 from replay_service.torch_sampling import (
+    SampleSource,
     TorchReplayDataset,
     TorchSampleInfo,
     TransitionBatch,
@@ -312,8 +313,39 @@ def test_remote_manager_samples_into_torch(make_manager, env, policy):
     collect(env, policy, observer, 30)
     remote = make_manager(server_address=owner.server_address, checkpoint_dir=None)
     remote.load_replay_buffer()
+    assert SampleSource.from_handle(remote.table_handle()).independent  # a uniform server
     with remote.torch_batches(4) as stream:
         assert next(stream).observation.shape == (4, 2, 4)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(sampler="prioritized"),
+        SamplingConfig(samples_per_insert=1.0, min_size_to_sample=2, error_buffer=100.0),
+        SamplingConfig(max_times_sampled=5),
+    ],
+    ids=["prioritized", "samples_per_insert", "max_times_sampled"],
+)
+def test_a_remote_client_fetches_as_the_servers_table_samples_not_its_own_config(
+    make_manager, env, policy, sampling
+):
+    """The documented remote client passes no `sampling=`: its default config says independent
+    draws, but the server's table decides; fetching 64 batches of 4 at once would hold back
+    priority updates and ask a rate-limited table for 256 samples before the first batch."""
+    owner = make_manager(sampling=sampling)
+    _, observer = owner.create_replay_buffer()
+    collect(env, policy, observer, 40)
+    remote = make_manager(server_address=owner.server_address, checkpoint_dir=None)
+    remote.load_replay_buffer()
+    assert remote.table_handle().table.sampling.independent_draws  # the client's own default
+    assert not SampleSource.from_handle(remote.table_handle()).independent
+    assert not SampleSource.from_handle(owner.table_handle()).independent
+    with remote.torch_batches(4, prefetch=0) as stream:
+        batch = next(stream)
+        for leaf in tree.flatten(batch):
+            assert leaf.shape[0] == 4
+            assert leaf.untyped_storage().nbytes() == leaf.nbytes  # one batch per call
 
 
 def test_bad_options_are_refused(make_manager):
