@@ -92,7 +92,8 @@ _ENDLESS = 2**62
 
 
 class Lifeline:
-    """A flag shared by a manager and the datasets it hands out, raised by `close()`.
+    """A flag shared by a manager and the datasets it hands out, raised by `close()`, and a count
+    of the manager's `clear()` calls, by which torch streams drop what they sampled before one.
 
     A pickled copy (a DataLoader worker's) keeps the state it had when pickled; such workers
     notice a closed embedded manager through its stopped server instead.
@@ -100,10 +101,15 @@ class Lifeline:
 
     def __init__(self) -> None:
         self.closed = False
+        self.clears = 0
 
     def close(self) -> None:
         """Makes every guarded dataset holding this lifeline fail at its next check."""
         self.closed = True
+
+    def cleared(self) -> None:
+        """Records that the tables were emptied."""
+        self.clears += 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -545,6 +545,8 @@ class ReplayBufferManager:
         client = self._require_client()
         for table in self.tables:
             client.reset(table.name)
+        if self.backend != "local":  # local streams compare the table's own clear count
+            self._require_buffer().lifeline.cleared()
         self._backend.after_clear()
 
     def checkpoint(self) -> str:

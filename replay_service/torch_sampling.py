@@ -324,10 +324,15 @@ class SampleSource:
         if self.independent:
             item_bytes = step_layout(self.signature).step_bytes * self.sequence_length
             draws = draws_per_call(batch_size, item_bytes)
-        dataset = self.tf_dataset(
-            batch_size, num_workers=num_workers, unpack=layout is None, draws=draws
-        )
-        get_next = reverb_internals.flat_getter(dataset)
+
+        def open_pipeline() -> Callable[[], Any]:
+            dataset = self.tf_dataset(
+                batch_size, num_workers=num_workers, unpack=layout is None, draws=draws
+            )
+            return reverb_internals.flat_getter(dataset)
+
+        get_next = open_pipeline()
+        clears = self._clears()
         if pack is None:
             pack = item_packer(self.signature)
         info_fields = len(TorchSampleInfo._fields)
@@ -336,6 +341,9 @@ class SampleSource:
             closed = self.closed_error()
             if closed is not None:
                 raise closed
+            if self._clears() != clears:
+                # The manager emptied the table: drop what the pipeline sampled before that.
+                get_next, clears = open_pipeline(), self._clears()
             try:
                 flat = get_next()
             except (StopIteration, tf.errors.OutOfRangeError):
@@ -377,10 +385,15 @@ class SampleSource:
                     closed = self.closed_error()
                     if closed is not None:
                         raise closed
+                    if self._clears() != clears:
+                        break  # the rest of this block was sampled before a clear()
                 yield (
                     pack.build([part[k] for part in parts]),
                     None if info_parts is None else tuple(part[k] for part in info_parts),
                 )
+
+    def _clears(self) -> int:
+        return 0 if self.lifeline is None else self.lifeline.clears
 
     def closed_error(self) -> ManagerClosedError | None:
         """The error every stream of this source raises once its manager was closed, else None."""

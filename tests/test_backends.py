@@ -178,6 +178,23 @@ def test_clear_empties_the_buffer_and_a_later_load_stays_empty(make):
     assert loaded.num_frames() == 0
 
 
+@pytest.mark.parametrize("transitions", [False, True], ids=["items", "transitions"])
+def test_torch_batches_sampled_before_a_clear_are_not_handed_out_after_it(make, transitions):
+    # Small batches of a uniform table are fetched several at once (and the Reverb pipeline
+    # samples ahead): none of what was fetched before clear() may come out after it.
+    manager = make()
+    manager.create_replay_buffer()
+    write_episode(manager.transition_writer(), 0, 6)
+    with manager.torch_batches(4, transitions=transitions, prefetch=0) as stream:
+        next(stream)  # the stream now holds items of episode 0 sampled ahead
+        manager.clear()
+        write_episode(manager.transition_writer(), 1, 6)
+        for _ in range(100):
+            batch = next(stream)
+            observation = batch.states if transitions else batch.observation[:, 0]
+            assert set(observation[:, 0].tolist()) == {1.0}, "an item removed by clear()"
+
+
 def test_context_manager_closes_and_close_is_idempotent(make):
     with make() as manager:
         manager.create_replay_buffer()
