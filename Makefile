@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m replay_service.demo
+	$(BIN)/replay-demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -1,4 +1,11 @@
-"""replay_service: a replay service for reinforcement learning built on DeepMind Reverb."""
+"""replay_service: a replay service for reinforcement learning built on DeepMind Reverb.
+
+Module paths kept for older imports and `python -m` commands, each a thin re-export:
+`replay_service.serve` (now `replay_service.cli.serve`) and `replay_service.demo`
+(`replay_service.cli.demo`; `collect_data_spec` now lives in `replay_service.specs`).
+`replay_service.populate` is the function `starter.populate`; the `replay-populate` tool's module
+is `replay_service.cli.populate`.
+"""
 
 import importlib
 import os

@@ -1,6 +1,6 @@
 """Keeps the command-line tools' output to their own lines unless verbose output is asked for.
 
-`replay-server`, `replay-populate` and `python -m replay_service.demo` print a few lines of
+`replay-server`, `replay-populate` and `replay-demo` print a few lines of
 their own. Without care they are buried in what the libraries below print on their own:
 
 - TensorFlow's C++ logs (cuDNN/cuFFT/cuBLAS registration errors, CPU feature notes), which
@@ -35,7 +35,15 @@ from collections.abc import Mapping, Sequence
 VERBOSE_ENV = "REPLAY_SERVICE_VERBOSE"
 """Set to 1 (or true/yes/on) to see every library's log lines in the command-line tools."""
 
-CLI_MODULES = frozenset({"replay_service.serve", "replay_service.populate", "replay_service.demo"})
+CLI_MODULES = frozenset(
+    {
+        "replay_service.cli.serve",
+        "replay_service.cli.populate",
+        "replay_service.cli.demo",
+        "replay_service.serve",
+        "replay_service.demo",
+    }
+)
 """Modules run with `python -m` that are command-line tools."""
 
 CLI_SCRIPTS = frozenset(
@@ -68,7 +76,8 @@ def is_cli_process(
 
     Returns:
       True for `replay-server`, `replay-populate`, `replay-demo`,
-      `scripts/populate_starter_buffer.py` and `python -m replay_service.{serve,populate,demo}`.
+      `scripts/populate_starter_buffer.py` and `python -m replay_service.cli.{serve,populate,demo}`
+      (and the kept `replay_service.serve` and `replay_service.demo`).
     """
     argv = sys.argv if argv is None else argv
     orig_argv = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv

@@ -1,87 +1,18 @@
-"""End-to-end demo: collect CartPole into a fresh buffer, sample, checkpoint, restore.
+"""Former home of `replay-demo`'s module, kept so that `python -m replay_service.demo` runs.
 
-python -m replay_service.demo [--steps=500] [--checkpoint_dir=DIR]
+The tool lives in `replay_service.cli.demo`; `collect_data_spec` in `replay_service.specs`.
 """
 
-from __future__ import annotations
+from replay_service.specs import collect_data_spec
 
-import tempfile
-import time
-
-import tensorflow as tf
-from absl import app, flags, logging
-from tf_agents.environments import suite_gym
-from tf_agents.policies import random_py_policy
-from tf_agents.train import actor
-from tf_agents.train.utils import train_utils
-
-from replay_service import ReplayBufferManager
-from replay_service.specs import trajectory_spec
-
-_STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)
-_CAPACITY = flags.DEFINE_integer("capacity", 50_000, "Buffer capacity in items.", lower_bound=1)
-_BATCH = flags.DEFINE_integer("batch_size", 64, "Sampled batch size.", lower_bound=1)
-_CHECKPOINT_DIR = flags.DEFINE_string(
-    "checkpoint_dir", None, "Checkpoint directory (default: a new temporary directory)."
-)
-_ENV = flags.DEFINE_string("env", "CartPole-v0", "A gym environment id for suite_gym.")
-
-
-def collect_data_spec(env: object, policy: object) -> object:
-    """The per-step `Trajectory` spec an agent's `collect_data_spec` would give."""
-    return trajectory_spec(env, policy.info_spec)  # type: ignore[attr-defined]
-
-
-def main(argv: list[str]) -> None:
-    """Runs the demo."""
-    del argv
-    checkpoint_dir = _CHECKPOINT_DIR.value or tempfile.mkdtemp(prefix="replay_service_demo_")
-    env = suite_gym.load(_ENV.value)
-    policy = random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec())
-    data_spec = collect_data_spec(env, policy)
-
-    with ReplayBufferManager(data_spec, _CAPACITY.value, checkpoint_dir, 2) as manager:
-        _, observer = manager.create_replay_buffer()
-        collect_actor = actor.Actor(
-            env,
-            policy,
-            train_utils.create_train_step(),
-            steps_per_run=_STEPS.value,
-            observers=[observer],
-        )
-        start = time.perf_counter()
-        collect_actor.run()
-        observer.flush()
-        elapsed = time.perf_counter() - start
-        frames = manager.num_frames()
-        print(
-            f"collected  {_STEPS.value} {_ENV.value} steps -> {frames} items "
-            f"(2-step windows) in {elapsed:.2f} s"
-        )
-
-        dataset = manager.get_dataset(batch_size=_BATCH.value, num_steps=2)
-        batch, _ = next(iter(dataset))
-        print(
-            f"sampled    a batch of {_BATCH.value}: observation {batch.observation.shape}, "
-            f"mean reward {float(tf.reduce_mean(batch.reward)):.2f}"
-        )
-        path = manager.checkpoint()
-        print(f"saved      checkpoint {path}")
-
-    with ReplayBufferManager(data_spec, _CAPACITY.value, checkpoint_dir, 2) as restored:
-        restored.load_replay_buffer()
-        count = restored.num_frames()
-        same = "same" if count == frames else "DIFFERENT"
-        print(f"restored   {count} items into a new manager ({same} count)")
-        if count != frames:
-            raise SystemExit(f"restore mismatch: wrote {frames} items, restored {count}")
-    print(f"done       buffer kept in {checkpoint_dir}")
+__all__ = ["collect_data_spec", "run"]
 
 
 def run() -> None:
-    """Console-script entry point."""
-    logging.set_verbosity(logging.WARNING)
-    app.run(main)
+    """Runs `replay-demo` (its absl flags are defined only now, not on import)."""
+    from replay_service.cli import demo
+
+    demo.run()
 
 
 if __name__ == "__main__":

@@ -450,6 +450,19 @@ def trajectory_spec(env: Any, policy_info_spec: Any = ()) -> Any:
     )
 
 
+def collect_data_spec(env: Any, policy: Any) -> Any:
+    """The per-step `Trajectory` spec an agent's `collect_data_spec` would give.
+
+    Args:
+      env: A TF-Agents py environment.
+      policy: A TF-Agents policy acting in it (its `info_spec` is not kept: `policy_info` is ()).
+
+    Returns:
+      A `Trajectory` of `tf.TensorSpec`s.
+    """
+    return trajectory_spec(env, policy.info_spec)
+
+
 def _use_tf(spec_type: str) -> bool:
     if spec_type not in SPEC_TYPES:
         raise ConfigError(f"spec_type must be one of {SPEC_TYPES}, got {spec_type!r}")

@@ -79,6 +79,7 @@ from replay_service.reverb_internals import (
 )
 from replay_service.specs import (
     check_collect_spec,
+    collect_data_spec,
     describe_spec,
     diff_descriptions,
     table_signature,
@@ -349,7 +350,7 @@ def _load_policy(
 def starter_data_spec(env: py_environment.PyEnvironment, policy: py_policy.PyPolicy) -> Any:
     """Returns the per-step `Trajectory` spec of what `env` and `policy` produce.
 
-    The same as `replay_service.demo.collect_data_spec`, with the policy's `info_spec` as
+    The same as `replay_service.specs.collect_data_spec`, with the policy's `info_spec` as
     `policy_info` (non-empty for some saved policies).
 
     Args:
@@ -359,10 +360,6 @@ def starter_data_spec(env: py_environment.PyEnvironment, policy: py_policy.PyPol
     Returns:
       A `Trajectory` of `tf.TensorSpec`s, what `agent.collect_data_spec` would give.
     """
-    # Imported on use: importing replay_service.demo defines its absl flags (--env, --capacity...)
-    # in absl.flags.FLAGS, which must not happen to every program importing this module.
-    from replay_service.demo import collect_data_spec
-
     spec = collect_data_spec(env, policy)
     return spec._replace(policy_info=tensor_spec.from_spec(policy.info_spec))
 

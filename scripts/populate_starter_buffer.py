@@ -8,7 +8,7 @@ The same command as `replay-populate`; run it from the repository root, e.g.
 and see `--help` for every flag.
 """
 
-from replay_service.populate import run
+from replay_service.cli.populate import run
 
 if __name__ == "__main__":
     run()

@@ -30,7 +30,7 @@ try:
     from tf_agents.policies import random_py_policy
 
     from replay_service import ReplayBufferManager
-    from replay_service.demo import collect_data_spec
+    from replay_service.specs import collect_data_spec
 except ImportError:  # no Reverb stack (e.g. Python 3.12): only the `local` tests run
     HAVE_REVERB = False
 else:

@@ -163,7 +163,7 @@ def test_replay_populate_copy_to_adopts_a_bare_root(
     target = tmp_path / "run" / "replay"
     result = subprocess.run(
         [
-            sys.executable, "-m", "replay_service.populate", "--buffer-name", "default",
+            sys.executable, "-m", "replay_service.cli.populate", "--buffer-name", "default",
             "--output-dir", str(root.parent), "--copy-to", str(target),
         ],
         cwd=REPO, capture_output=True, text=True, timeout=120,

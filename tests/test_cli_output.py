@@ -103,7 +103,7 @@ def test_server_prints_only_its_own_lines(tmp_path: Any) -> None:
 
 def test_populate_prints_a_tqdm_bar_and_its_summary(tmp_path: Any) -> None:
     result = _run(
-        "-m", "replay_service.populate", "--buffer-name=b", f"--output-dir={tmp_path}",
+        "-m", "replay_service.cli.populate", "--buffer-name=b", f"--output-dir={tmp_path}",
         "--env=CartPole-v0", "--policy=random", "--capacity=100", "--steps-per-run=20",
         "--seed=0",
     )  # fmt: skip

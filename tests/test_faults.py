@@ -527,7 +527,7 @@ def two_checkpoints(tmp_path_factory) -> Path:
     from tf_agents.environments import suite_gym
     from tf_agents.policies import random_py_policy
 
-    from replay_service.demo import collect_data_spec
+    from replay_service.specs import collect_data_spec
 
     env = suite_gym.load("CartPole-v0")
     spec = collect_data_spec(
@@ -793,7 +793,7 @@ def _cartpole_spec() -> Any:
     from tf_agents.environments import suite_gym
     from tf_agents.policies import random_py_policy
 
-    from replay_service.demo import collect_data_spec
+    from replay_service.specs import collect_data_spec
 
     env = suite_gym.load("CartPole-v0")
     return collect_data_spec(

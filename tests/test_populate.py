@@ -39,9 +39,9 @@ from replay_service import (
     SpecMismatchError,
 )
 from replay_service.checkpoints import CHECKPOINTS_DIR, LOCK_FILE, REVERB_DIR, STORE_FILE
+from replay_service.cli.populate import POPULATE_FLAGS, ProgressBar, normalize_flag_spelling
 from replay_service.envs import STEPS_PER_WEEK, BuildingEnv, decode_time, load_env
 from replay_service.policies import load_policy
-from replay_service.populate import POPULATE_FLAGS, ProgressBar, normalize_flag_spelling
 from replay_service.specs import describe_spec
 from replay_service.starter import (
     DEFAULT_CAPACITY,

@@ -1,4 +1,10 @@
-"""Entry points of the command-line tools: each says what to install where Reverb is missing.
+"""The command-line faces of replay_service, and their entry points.
+
+One module per tool, each an absl program with a `run()`: `serve` (`replay-server`),
+`populate` (`replay-populate`) and `demo` (`replay-demo`). The entry points below, named after
+the tools (`run_server`, `run_populate`, `run_demo`), first say what to install where Reverb is
+missing, then import the tool's module. No function here shares a name with a module of this
+package, so `replay_service.cli.populate` is always the module, whatever was imported before.
 
 `replay-server`, `replay-populate` and `replay-demo` run Reverb servers and TF-Agents policies,
 which exist only on Linux x86_64 with Python <= 3.11. Elsewhere (the local backend's platforms)
@@ -22,25 +28,25 @@ def _require_reverb(tool: str) -> None:
         )
 
 
-def server() -> None:
+def run_server() -> None:
     """`replay-server`."""
     _require_reverb("replay-server")
-    from replay_service import serve
+    from replay_service.cli import serve
 
     serve.run()
 
 
-def populate() -> None:
+def run_populate() -> None:
     """`replay-populate`."""
     _require_reverb("replay-populate")
-    from replay_service import populate as populate_cli
+    from replay_service.cli import populate
 
-    populate_cli.run()
+    populate.run()
 
 
-def demo() -> None:
+def run_demo() -> None:
     """`replay-demo`."""
     _require_reverb("replay-demo")
-    from replay_service import demo as demo_cli
+    from replay_service.cli import demo
 
-    demo_cli.run()
+    demo.run()

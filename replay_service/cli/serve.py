@@ -1,0 +1,254 @@
+"""replay-server: a standalone Reverb buffer server, and `replay-server status`.
+
+Serve (restoring the newest checkpoint):
+  replay-server --config=configs/default.toml --restore
+Restore if there is a checkpoint, else start empty (supervised servers, containers):
+  replay-server --config=configs/default.toml --restore_if_exists
+Serve a new, empty buffer (refuses a directory with checkpoints unless --overwrite):
+  replay-server --config=configs/default.toml --port=8000 --checkpoint_dir=/data/replay
+Inspect a running server:
+  replay-server status --address=localhost:8000 [--checkpoint_dir=/data/replay]
+
+SIGTERM and SIGINT stop the server from confirming writes, then take a final checkpoint that
+holds every confirmed item, and exit 0; if that checkpoint fails the exit status is 1. Repeated
+signals are ignored while it runs. Reverb's gRPC listens on all interfaces WITHOUT
+authentication: keep the port on a trusted network.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from absl import app, flags, logging
+
+from replay_service.config_file import load_config
+from replay_service.errors import ReplayServiceError
+
+_CONFIG = flags.DEFINE_string("config", None, "TOML config file (see configs/). Default: built-in.")
+_PORT = flags.DEFINE_integer("port", None, "Port to listen on; overrides server.port.")
+_CHECKPOINT_DIR = flags.DEFINE_string(
+    "checkpoint_dir", None, "Checkpoint directory; overrides server.checkpoint_dir."
+)
+_INTERVAL = flags.DEFINE_float(
+    "checkpoint_interval_s", None, "Seconds between checkpoints (0: only on stop)."
+)
+_KEEP = flags.DEFINE_integer("keep_checkpoints", None, "Complete checkpoints to retain.")
+_RESTORE = flags.DEFINE_boolean(
+    "restore", False, "Restore the newest complete checkpoint of the checkpoint directory."
+)
+_RESTORE_IF_EXISTS = flags.DEFINE_boolean(
+    "restore_if_exists",
+    False,
+    "Restore when the checkpoint directory holds a checkpoint, else start empty (for supervised "
+    "servers and containers that restart).",
+)
+_OVERWRITE = flags.DEFINE_boolean(
+    "overwrite", False, "Without --restore: delete existing checkpoints instead of refusing."
+)
+_ADDRESS = flags.DEFINE_string("address", None, "status: host:port of the server to inspect.")
+_TIMEOUT = flags.DEFINE_float("timeout", 10.0, "status: seconds to wait for the server.")
+# Stats: `status --json`.
+_JSON = flags.DEFINE_boolean(
+    "json",
+    False,
+    "status: print stats as JSON (sizes, inserts/s, samples/s, rate limiter blocking, last "
+    "checkpoint) instead of text.",
+)
+_RATE_SPAN = flags.DEFINE_float(
+    "rate_span_s", 1.0, "status --json: seconds between the two readings that give the rates."
+)
+# Stats: TensorBoard scalars and Prometheus metrics of the running server.
+_TENSORBOARD_DIR = flags.DEFINE_string(
+    "tensorboard_dir",
+    None,
+    "Write the server's stats as TensorBoard scalars into this directory (see README, Stats).",
+)
+_SUMMARY_INTERVAL = flags.DEFINE_float(
+    "summary_interval_s", 30.0, "Seconds between TensorBoard stats writes."
+)
+_METRICS_PORT = flags.DEFINE_integer(
+    "metrics_port",
+    None,
+    "Serve Prometheus metrics of the server's stats on this port (needs the 'metrics' extra).",
+)
+_METRICS_ADDRESS = flags.DEFINE_string(
+    "metrics_address",
+    "127.0.0.1",
+    "Interface the metrics endpoint binds; it has no authentication (0.0.0.0: every interface).",
+)
+# How often the main thread looks at the stop flag.
+_POLL_S = 0.2
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT. The handler only sets an attribute: no lock, no logging, so a
+    second signal while the first is handled (e.g. `timeout` signalling the process group)
+    cannot deadlock."""
+
+    def __init__(self) -> None:
+        self.signals = 0
+
+    def __call__(self, signum: int, _: Any) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            os.write(2, b"replay-server: already stopping (final checkpoint in progress)\n")
+
+
+def _serve() -> int:
+    from replay_service.checkpointed_server import serve_config
+
+    config = load_config(
+        _CONFIG.value,
+        server__port=_PORT.value,
+        server__checkpoint_dir=_CHECKPOINT_DIR.value,
+        server__checkpoint_interval_s=_INTERVAL.value,
+        server__keep_checkpoints=_KEEP.value,
+    )
+    restore = True if _RESTORE.value else (None if _RESTORE_IF_EXISTS.value else False)
+    stop = _StopFlag()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server = serve_config(config, restore=restore, overwrite=_OVERWRITE.value)
+    restored = server.restored_from
+    logging.warning(
+        "replay-server: %s listening on port %d (all interfaces, no authentication); "
+        "checkpoints in %s; %s",
+        ", ".join(
+            [
+                f"table {t.name!r} (capacity {t.capacity}, sequence_length {t.sequence_length})"
+                for t in config.tables
+            ]
+            + [f"variable table {v.name!r}" for v in config.variable_tables]
+        ),
+        server.port,
+        config.server.checkpoint_dir,
+        f"restored {restored.path}" if restored else "started empty",
+    )
+    exporters = _start_exporters(server)
+    print(f"replay-server listening on port {server.port}", flush=True)
+    while not stop.signals:
+        time.sleep(_POLL_S)
+    for close in reversed(exporters):
+        close()
+    print("replay-server: stopping: no more writes are confirmed; final checkpoint", flush=True)
+    try:
+        final = server.stop(final_checkpoint=True)
+    except ReplayServiceError as e:
+        print(f"replay-server: error: final checkpoint failed: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(f"replay-server stopped; final checkpoint {final.path if final else 'none'}", flush=True)
+    return 0
+
+
+def _start_exporters(server: Any) -> list[Any]:
+    """Starts the stats exporters the flags ask for; returns their close functions."""
+    from replay_service.stats import StatsTracker, checkpoint_stats
+
+    tracker = StatsTracker(server.client, timeout=_TIMEOUT.value)
+    tracker.read(wait_for_rates=False)  # the start of the first rate window
+
+    def read_stats() -> Any:
+        return tracker.read(
+            checkpoint_stats(server.last_checkpoint, server.last_checkpoint_duration_s)
+        )
+
+    closers: list[Any] = []
+    try:
+        if _TENSORBOARD_DIR.value:
+            from replay_service.summaries import StatsSummaryWriter
+
+            writer = StatsSummaryWriter(
+                read_stats, _TENSORBOARD_DIR.value, interval_s=_SUMMARY_INTERVAL.value
+            )
+            writer.start()
+            closers.append(writer.close)
+        if _METRICS_PORT.value is not None:
+            from replay_service.metrics import start_metrics_server
+
+            metrics = start_metrics_server(read_stats, _METRICS_PORT.value, _METRICS_ADDRESS.value)
+            closers.append(metrics.close)
+            print(
+                f"replay-server metrics on http://{_METRICS_ADDRESS.value}:{_METRICS_PORT.value}"
+                "/metrics",
+                flush=True,
+            )
+    except BaseException:
+        for close in reversed(closers):
+            close()
+        server.stop()
+        raise
+    return closers
+
+
+def _status() -> int:
+    from replay_service.status import format_status, server_status
+
+    if not _ADDRESS.value:
+        raise app.UsageError("status needs --address=host:port")
+    if _JSON.value:
+        return _status_json(_ADDRESS.value)
+    tables = server_status(_ADDRESS.value, _TIMEOUT.value)
+    print(format_status(_ADDRESS.value, tables, _CHECKPOINT_DIR.value))
+    return 0
+
+
+def _status_json(address: str) -> int:
+    import json
+
+    from replay_service.checkpoints import CheckpointStore
+    from replay_service.stats import checkpoint_stats, server_stats
+
+    checkpoint = None
+    if _CHECKPOINT_DIR.value:
+        checkpoint = checkpoint_stats(CheckpointStore(_CHECKPOINT_DIR.value).latest())
+    stats = server_stats(address, _TIMEOUT.value, span_s=_RATE_SPAN.value, checkpoint=checkpoint)
+    print(json.dumps(stats.to_json(), indent=2, sort_keys=True))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Serves, or with the `status` command reports on a running server."""
+    if not flags.FLAGS["verbosity"].present:  # absl INFO lines only when asked for
+        logging.set_verbosity(logging.WARNING)
+    command = argv[1:]
+    if command not in ([], ["status"]):
+        raise app.UsageError(f"unknown command {' '.join(command)!r}; use no command or 'status'")
+    try:
+        return _status() if command == ["status"] else _serve()
+    except ReplayServiceError as e:
+        print(f"replay-server: error: {e}", file=sys.stderr)
+        return 2
+
+
+def show_flags_in_help(program: str | None = None) -> None:
+    """Makes `--help` list this module's flags.
+
+    absl's `--help` lists the key flags of the module it takes for the main one, named by
+    `sys.argv[0]`; for the `replay-server` console script that is the script, which defines no
+    flags, so `--help` showed only a usage line. Registering this module's flags as key flags of
+    the program fixes that (under `python -m`, `sys.argv[0]` is this file and they already are).
+
+    Args:
+      program: The main module's name as absl sees it; default `sys.argv[0]`.
+    """
+    program = program or sys.argv[0]
+    main_module = sys.modules.get("__main__")
+    if main_module is not None and not main_module.__doc__:
+        main_module.__doc__ = __doc__  # the usage text absl prints
+    module = flags.FLAGS.find_module_defining_flag(_CONFIG.name)
+    for flag in flags.FLAGS.get_key_flags_for_module(module):
+        flags.FLAGS.register_key_flag_for_module(program, flag)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    show_flags_in_help()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
