@@ -15,7 +15,8 @@ from tf_agents.policies import random_py_policy
 from tf_agents.train import actor
 from tf_agents.train.utils import train_utils
 
-from replay_service import ReplayBufferManager
+from replay_service import ConfigError, ReplayBufferManager, ReplayServiceError
+from replay_service.cli import flags_parser, show_flags_in_help, usage_error
 from replay_service.specs import collect_data_spec
 
 _STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)
@@ -28,10 +29,21 @@ _ENV = flags.DEFINE_string("env", "CartPole-v0", "A gym environment id for suite
 
 
 def main(argv: list[str]) -> None:
-    """Runs the demo."""
-    del argv
+    """Runs the demo; a bad value or a refused buffer is one line on stderr and exit 2."""
+    if len(argv) > 1:
+        raise usage_error("replay-demo", f"unexpected arguments {argv[1:]!r}; see --help")
+    try:
+        _demo()
+    except ReplayServiceError as e:
+        raise usage_error("replay-demo", str(e)) from None
+
+
+def _demo() -> None:
     checkpoint_dir = _CHECKPOINT_DIR.value or tempfile.mkdtemp(prefix="replay_service_demo_")
-    env = suite_gym.load(_ENV.value)
+    try:
+        env = suite_gym.load(_ENV.value)
+    except Exception as e:  # gym raises several kinds for an unknown or broken id
+        raise ConfigError(f"--env={_ENV.value!r} cannot be loaded: {e}") from e
     policy = random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec())
     data_spec = collect_data_spec(env, policy)
 
@@ -76,7 +88,8 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """Console-script entry point."""
     logging.set_verbosity(logging.WARNING)
-    app.run(main)
+    show_flags_in_help(__doc__, _STEPS)
+    app.run(main, flags_parser=flags_parser("replay-demo"))
 
 
 if __name__ == "__main__":

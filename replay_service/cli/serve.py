@@ -25,6 +25,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from replay_service.cli import flags_parser, show_flags_in_help, usage_error
 from replay_service.config_file import load_config
 from replay_service.errors import ReplayServiceError
 
@@ -188,7 +189,7 @@ def _status() -> int:
     from replay_service.status import format_status, server_status
 
     if not _ADDRESS.value:
-        raise app.UsageError("status needs --address=host:port")
+        raise usage_error("replay-server", "status needs --address=host:port")
     if _JSON.value:
         return _status_json(_ADDRESS.value)
     tables = server_status(_ADDRESS.value, _TIMEOUT.value)
@@ -216,38 +217,19 @@ def main(argv: list[str]) -> int:
         logging.set_verbosity(logging.WARNING)
     command = argv[1:]
     if command not in ([], ["status"]):
-        raise app.UsageError(f"unknown command {' '.join(command)!r}; use no command or 'status'")
+        raise usage_error(
+            "replay-server", f"unknown command {' '.join(command)!r}; use no command or 'status'"
+        )
     try:
         return _status() if command == ["status"] else _serve()
     except ReplayServiceError as e:
-        print(f"replay-server: error: {e}", file=sys.stderr)
-        return 2
-
-
-def show_flags_in_help(program: str | None = None) -> None:
-    """Makes `--help` list this module's flags.
-
-    absl's `--help` lists the key flags of the module it takes for the main one, named by
-    `sys.argv[0]`; for the `replay-server` console script that is the script, which defines no
-    flags, so `--help` showed only a usage line. Registering this module's flags as key flags of
-    the program fixes that (under `python -m`, `sys.argv[0]` is this file and they already are).
-
-    Args:
-      program: The main module's name as absl sees it; default `sys.argv[0]`.
-    """
-    program = program or sys.argv[0]
-    main_module = sys.modules.get("__main__")
-    if main_module is not None and not main_module.__doc__:
-        main_module.__doc__ = __doc__  # the usage text absl prints
-    module = flags.FLAGS.find_module_defining_flag(_CONFIG.name)
-    for flag in flags.FLAGS.get_key_flags_for_module(module):
-        flags.FLAGS.register_key_flag_for_module(program, flag)
+        raise usage_error("replay-server", str(e)) from None
 
 
 def run() -> None:
     """Console-script entry point."""
-    show_flags_in_help()
-    app.run(main)
+    show_flags_in_help(__doc__, _CONFIG)
+    app.run(main, flags_parser=flags_parser("replay-server"))
 
 
 if __name__ == "__main__":

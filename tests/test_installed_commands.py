@@ -1,0 +1,196 @@
+"""Every installed command works the way users run it: as the venv's `bin/` script.
+
+Each `[project.scripts]` entry of pyproject.toml is run as a subprocess of the console script
+pip installed next to this interpreter (not `python -m`): `--help`, a small real run, and bad
+inputs (exit 2, one line on stderr, nothing written). A new script without cases here fails
+`test_every_console_script_has_cases`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import pick_free_port
+
+pytest.importorskip("reverb", reason="the installed commands need dm-reverb")
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+TIMEOUT_S = 240
+# A user's shell: none of the logging settings the suite's own process sets.
+USER_ENV = {
+    k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "GRPC_VERBOSITY")
+}
+# What a bad value of each tool must name.
+BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
+    "replay-demo": [
+        (["--steps=0"], "--steps=0"),
+        (["--env=NoSuchEnv-v0"], "NoSuchEnv-v0"),
+        (["--nosuchflag"], "nosuchflag"),
+        (["extra-argument"], "extra-argument"),
+    ],
+    "replay-server": [
+        (["--capacity=5"], "capacity"),
+        (["--port=-3"], "-3"),
+        (["--config=/nonexistent/replay.toml"], "/nonexistent/replay.toml"),
+        (["frobnicate"], "frobnicate"),
+        (["status"], "--address"),
+    ],
+    "replay-populate": [
+        (["--buffer-name=b", "--capacity=0"], "capacity"),
+        (["--buffer-name=b", "--env=NoSuchEnv-v0"], "NoSuchEnv-v0"),
+        (["--buffer-name=b", "--nosuchflag"], "nosuchflag"),
+        (["--capacity=10"], "--buffer-name"),
+    ],
+}
+
+
+def _command(script: str) -> Path:
+    path = BIN / script
+    assert path.is_file() and os.access(path, os.X_OK), (
+        f"{script} is not installed in {BIN}; reinstall with pip install -e ."
+    )
+    return path
+
+
+def _run(script: str, *args: str, cwd: Path, timeout: float = TIMEOUT_S) -> Any:
+    return subprocess.run(
+        [str(_command(script)), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env=USER_ENV,
+    )
+
+
+def _no_traceback(result: Any) -> None:
+    assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_every_console_script_has_cases() -> None:
+    assert set(SCRIPTS) == set(BAD_INPUTS), "add --help, run and bad-input cases for new scripts"
+    for target in SCRIPTS.values():
+        module, function = target.split(":")
+        assert module == "replay_service.cli" and function.startswith("run_"), target
+
+
+@pytest.mark.parametrize("script", sorted(BAD_INPUTS))
+def test_help_prints_usage_with_the_tools_flags(script: str, tmp_path: Path) -> None:
+    result = _run(script, "--help", cwd=tmp_path)
+    _no_traceback(result)
+    # absl's --help exits 1 by its own convention; replay-populate's own parser exits 0.
+    assert result.returncode in (0, 1), result.stderr
+    expected = {"replay-demo": "--steps", "replay-server": "--checkpoint_dir"}
+    assert expected.get(script, "--buffer-name") in result.stdout, result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "named"),
+    [
+        # Two cases a tool in `make test` (each run imports TensorFlow), the rest in test-slow.
+        pytest.param(script, args, named, marks=[pytest.mark.slow] if index >= 2 else [])
+        for script, cases in BAD_INPUTS.items()
+        for index, (args, named) in enumerate(cases)
+    ],
+)
+def test_a_bad_input_is_one_line_exit_2_and_writes_nothing(
+    script: str, args: list[str], named: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    where = {
+        "replay-demo": [f"--checkpoint_dir={out}"],
+        "replay-server": [f"--checkpoint_dir={out}", f"--port={pick_free_port()}"],
+        "replay-populate": [f"--output-dir={out}", "--steps-per-run=5"],
+    }[script]
+    if script == "replay-server" and args and args[0] == "--port=-3":
+        where = where[:1]
+    result = _run(script, *args, *where, cwd=tmp_path)
+    _no_traceback(result)
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(("error:", f"{script}: error:")), lines[0]
+    assert named in lines[0], lines[0]
+    assert not out.exists(), sorted(str(p) for p in out.rglob("*"))
+    assert [p.name for p in tmp_path.iterdir()] == [], list(tmp_path.iterdir())
+
+
+def test_replay_demo_collects_checkpoints_and_restores(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "demo"
+    result = _run("replay-demo", "--steps=30", f"--checkpoint_dir={checkpoints}", cwd=tmp_path)
+    _no_traceback(result)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    collected = next(line for line in lines if line.startswith("collected"))
+    items = int(collected.split("->")[1].split()[0])
+    assert items > 0, collected
+    assert f"restored   {items} items into a new manager (same count)" in result.stdout
+    assert any(checkpoints.joinpath("checkpoints").iterdir())
+
+
+def test_replay_populate_fills_a_buffer_and_copies_it(tmp_path: Path) -> None:
+    created = _run(
+        "replay-populate", "--buffer-name=b", f"--output-dir={tmp_path / 'starters'}",
+        "--env=CartPole-v0", "--policy=random", "--capacity=100", "--steps-per-run=20",
+        "--seed=0", cwd=tmp_path,
+    )  # fmt: skip
+    _no_traceback(created)
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.startswith("starter buffer 'b' created"), created.stdout
+    copied = _run(
+        "replay-populate", "--buffer-name=b", f"--output-dir={tmp_path / 'starters'}",
+        f"--copy-to={tmp_path / 'run'}", cwd=tmp_path,
+    )  # fmt: skip
+    _no_traceback(copied)
+    assert copied.returncode == 0, copied.stderr
+    assert "copied starter buffer 'b' (19 items)" in copied.stdout, copied.stdout
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_replay_server_serves_reports_status_and_checkpoints_on_sigterm(tmp_path: Path) -> None:
+    port = pick_free_port()
+    server = subprocess.Popen(
+        [str(_command("replay-server")), f"--port={port}", f"--checkpoint_dir={tmp_path / 'c'}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env=USER_ENV,
+    )
+    try:
+        assert server.stdout is not None
+        seen = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            line = server.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if line.startswith("replay-server listening on port"):
+                break
+        assert seen and seen[-1].strip() == f"replay-server listening on port {port}", seen
+        status = _run("replay-server", "status", f"--address=localhost:{port}", cwd=tmp_path)
+        _no_traceback(status)
+        assert status.returncode == 0, status.stderr
+        assert "uniform_table" in status.stdout or "items" in status.stdout, status.stdout
+        server.send_signal(signal.SIGTERM)
+        rest, _ = server.communicate(timeout=TIMEOUT_S)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0, "".join(seen) + rest
+    assert "replay-server stopped; final checkpoint" in rest, rest
+    assert any((tmp_path / "c" / "checkpoints").iterdir())
