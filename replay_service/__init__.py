@@ -30,6 +30,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "config": ("DEFAULT_TABLE_NAME", "SamplingConfig", "TableConfig", "Timeouts"),
     "datasets": ("ReplayBuffer",),
     "errors": (
+        "BackendMismatchError",
         "BufferStateError",
         "CheckpointError",
         "CheckpointExistsError",
@@ -93,6 +94,7 @@ if cli_output.is_quiet():
 __all__ = [
     "DEFAULT_TABLE_NAME",
     "ArraySpec",
+    "BackendMismatchError",
     "BetaSchedule",
     "BufferStateError",
     "BufferStats",

@@ -202,7 +202,7 @@ class CheckpointedServer:
 
     def _start_from_latest(self) -> None:
         reverb_internals.require_supported_reverb()
-        self.restored_from = self._store.restore_newest(self._load, self._discard)
+        self.restored_from = self._store.restore_newest(self._load, self._discard, backend="reverb")
 
     def _load(self, checkpoint: Checkpoint) -> None:
         self._check_stored(checkpoint.metadata, checkpoint.path)

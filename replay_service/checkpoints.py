@@ -15,6 +15,17 @@
                                    `reverb_internals.restore_view`)
       .lock                        held by the one process serving this directory
       corrupt/                     checkpoints that failed to restore, moved aside
+      .memmap/                     the local backend's memory-mapped tables (storage="memmap")
+
+Every directory replay_service writes or deletes in (`OWN_DIRS`) must be a real directory: a
+symbolic link there is refused when the directory is locked, before anything is written, so no
+write or delete ever reaches outside `checkpoint_dir` (a `ckpt-*` entry that is a link is not a
+checkpoint and is never touched). Files are written with `file_modes.FILE_MODE` and directories
+with `file_modes.DIR_MODE`, whatever the umask.
+
+Each checkpoint records the backend that wrote it ("reverb" or "local"); checkpoints written
+before that field existed are recognised by their files. Loading a checkpoint of the other
+backend raises `BackendMismatchError` and moves nothing (it is not damaged).
 
 Reverb keeps only the lexicographically largest entry of its checkpoint root and deletes the
 rest, so any foreign file there can make it delete the checkpoint it just wrote. Reverb therefore
@@ -49,12 +60,14 @@ from typing import TYPE_CHECKING, Any
 import filelock
 
 from replay_service.errors import (
+    BackendMismatchError,
     CheckpointError,
     CheckpointExistsError,
     ConfigError,
     NoCheckpointError,
     SpecMismatchError,
 )
+from replay_service.file_modes import FILE_MODE, make_dirs, open_private, restrict_tree
 from replay_service.reverb_internals import (
     DONE_FILE,
     is_reverb_checkpoint,
@@ -73,6 +86,10 @@ REVERB_DIR = ".reverb"
 RESTORE_DIR = ".restore"
 LOCK_FILE = ".lock"
 CORRUPT_DIR = "corrupt"
+MEMMAP_DIR = ".memmap"
+# The directories of a store that replay_service writes and deletes in: never symbolic links.
+OWN_DIRS = (CHECKPOINTS_DIR, REVERB_DIR, RESTORE_DIR, CORRUPT_DIR, MEMMAP_DIR)
+BACKENDS = ("reverb", "local")
 CHECKPOINT_META_FILE = "replay_service_checkpoint.json"
 REVERB_DONE_FILE = DONE_FILE
 CHECKPOINT_PREFIX = "ckpt-"
@@ -322,6 +339,17 @@ class Checkpoint:
         files = self.info.get("files")
         return files if isinstance(files, dict) else None
 
+    @property
+    def backend(self) -> str | None:
+        """The backend that wrote it: "reverb" or "local" as recorded, else (checkpoints
+        written before the field existed) as its recorded or present files show; None if
+        neither kind of file is there."""
+        recorded = self.info.get("backend")
+        if recorded in BACKENDS:
+            return recorded
+        files = self.files
+        return backend_of_files(list(files) if files is not None else _listdir(self.path))
+
 
 class CheckpointStore:
     """Reads, validates and maintains one checkpoint directory (see module docstring).
@@ -392,7 +420,7 @@ class CheckpointStore:
         for name in _listdir(self.checkpoints_dir):
             sequence = _parse_sequence(name)
             path = os.path.join(self.checkpoints_dir, name)
-            if sequence is not None and os.path.isdir(path):
+            if sequence is not None and os.path.isdir(path) and not os.path.islink(path):
                 found.append((sequence, path))
         return sorted(found)
 
@@ -475,8 +503,10 @@ class CheckpointStore:
 
         Raises:
           CheckpointExistsError: If checkpoints exist and `overwrite` is False.
-          CheckpointError: If the path is not a directory or holds foreign files.
+          CheckpointError: If the path is not a directory, cannot be resolved (a looping
+            symbolic link) or holds foreign files.
         """
+        self.check_root()
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise CheckpointError(f"checkpoint_dir {self.root!r} exists and is not a directory")
         entries = [e for e in _listdir(self.root) if e != LOCK_FILE]
@@ -511,8 +541,9 @@ class CheckpointStore:
           CheckpointError: If the directory holds foreign files or cannot be written.
         """
         self.check_new(overwrite)
+        self.check_own_dirs()
         try:
-            os.makedirs(self.root, exist_ok=True)
+            make_dirs(self.root)
             remove_path(self.restore_dir)
             for _, path in self.entries():
                 shutil.rmtree(path)
@@ -531,7 +562,7 @@ class CheckpointStore:
         """
         try:
             for sub in (self.checkpoints_dir, self.reverb_root):
-                os.makedirs(sub, exist_ok=True)
+                make_dirs(sub)
         except OSError as e:
             raise CheckpointError(f"cannot write checkpoint_dir {self.root!r}: {e}") from e
 
@@ -621,6 +652,7 @@ class CheckpointStore:
         sequence = self.next_sequence()
         info = {
             "format": FORMAT,
+            "backend": backend_of_files(list(files)),
             "sequence": sequence,
             "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
             "reverb_name": os.path.basename(reverb_path),
@@ -633,8 +665,10 @@ class CheckpointStore:
         target = os.path.join(self.checkpoints_dir, f"{CHECKPOINT_PREFIX}{sequence:08d}")
         meta_path = os.path.join(reverb_path, CHECKPOINT_META_FILE)
         try:
+            with contextlib.suppress(PermissionError):  # files of another owner keep theirs
+                restrict_tree(reverb_path)  # Reverb creates its files as the umask allows
             _write_json_atomic(meta_path, info)
-            os.makedirs(self.checkpoints_dir, exist_ok=True)
+            make_dirs(self.checkpoints_dir)
             os.rename(reverb_path, target)
             fsync_dir(self.checkpoints_dir)
         except OSError as e:
@@ -647,20 +681,28 @@ class CheckpointStore:
         return Checkpoint(path=target, sequence=sequence, info=info)
 
     def restore_newest(
-        self, load: Callable[[Checkpoint], None], discard: Callable[[], None]
+        self, load: Callable[[Checkpoint], None], discard: Callable[[], None], *, backend: str
     ) -> Checkpoint:
         """Loads the newest checkpoint that `load` accepts, moving each one it refuses aside.
 
         Newest first: `load(checkpoint)` verifies and loads one; a `CheckpointError` from it
         (damage) calls `discard()` to drop what was half loaded, moves that checkpoint to
         `corrupt/` with a warning naming it and the one tried next, and tries the previous one.
-        A `SpecMismatchError` (a configuration mistake, not damage) stops the search.
+        A `SpecMismatchError` (a configuration mistake, not damage) stops the search, and so
+        does a checkpoint written by the other backend, before `load` sees it.
+
+        Args:
+          load: Verifies and loads one checkpoint; raises `CheckpointError` for damage.
+          discard: Drops what a failed `load` left half loaded.
+          backend: The loading backend, "reverb" or "local".
 
         Returns:
           The checkpoint loaded.
 
         Raises:
           NoCheckpointError: If none is left that loads (naming those moved aside).
+          BackendMismatchError: If the newest readable checkpoint was written by the other
+            backend (nothing is moved).
           SpecMismatchError: From `load`.
           CheckpointError: If a damaged checkpoint cannot be moved aside.
         """
@@ -668,8 +710,9 @@ class CheckpointStore:
         for sequence, path in reversed(self.entries()):
             try:
                 checkpoint = self.read_checkpoint(sequence, path)
+                _check_backend(checkpoint, backend)
                 load(checkpoint)
-            except SpecMismatchError:
+            except (SpecMismatchError, BackendMismatchError):
                 raise
             except CheckpointError as e:
                 discard()
@@ -715,7 +758,7 @@ class CheckpointStore:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%f")
         target = os.path.join(target_dir, f"{os.path.basename(path)}-{stamp}")
         try:
-            os.makedirs(target_dir, exist_ok=True)
+            make_dirs(target_dir)
             os.rename(path, target)
         except OSError as e:
             raise CheckpointError(f"cannot move {path!r} aside to {target_dir!r}: {e}") from e
@@ -758,8 +801,9 @@ class CheckpointStore:
         if self._lock is not None:
             return
         path = os.path.join(self.root, LOCK_FILE)
+        self.check_root()
         try:
-            os.makedirs(self.root, exist_ok=True)
+            make_dirs(self.root)
         except OSError as e:
             raise CheckpointError(f"cannot use checkpoint_dir {self.root!r}: {e}") from e
         _refuse_symlink(path)
@@ -767,6 +811,7 @@ class CheckpointStore:
         lock = filelock.FileLock(
             path,
             timeout=0,
+            mode=FILE_MODE,
             thread_local=False,
             fallback_to_soft=False,
             preserve_lock_file=True,
@@ -794,6 +839,7 @@ class CheckpointStore:
                     os.ftruncate(fd, 0)
                     os.lseek(fd, 0, os.SEEK_SET)
                     os.write(fd, str(os.getpid()).encode())
+            self.check_own_dirs()
         except BaseException as e:
             lock.release(force=True)
             if isinstance(e, OSError):
@@ -801,6 +847,31 @@ class CheckpointStore:
             raise
         self._lock = lock
         self._lock_fd = fd
+
+    def check_own_dirs(self) -> None:
+        """Refuses a store whose own directories (`OWN_DIRS`) include a symbolic link.
+
+        replay_service writes into and deletes inside these directories (Reverb itself deletes
+        every entry of `.reverb/` but the newest), so a link there would let those writes and
+        deletes reach outside `checkpoint_dir`. Nothing is changed.
+
+        Raises:
+          CheckpointError: Naming the link and where it points.
+        """
+        for name in OWN_DIRS:
+            path = os.path.join(self.root, name)
+            if os.path.islink(path):
+                try:
+                    points_to = os.readlink(path)
+                except OSError:
+                    points_to = "?"
+                raise CheckpointError(
+                    f"{path!r} is a symbolic link (to {points_to!r}); replay_service writes and "
+                    f"deletes inside {name}/ and never follows links, so that nothing outside "
+                    f"checkpoint_dir {self.root!r} is touched. Nothing was changed: replace the "
+                    "link with a real directory (move what it points to aside first if you "
+                    "need it)"
+                )
 
     def unlock(self) -> None:
         """Releases the lock taken by `lock` (no-op if not held)."""
@@ -851,7 +922,28 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------------------ helpers
 
+    def check_root(self) -> None:
+        """Checks that `checkpoint_dir` resolves (it need not exist yet).
+
+        Raises:
+          CheckpointError: If resolving it fails for another reason than its absence, e.g. a
+            symbolic link that points to itself (ELOOP), naming the path.
+        """
+        try:
+            os.stat(self.root)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise CheckpointError(
+                    f"checkpoint_dir {self.root!r} cannot be resolved: a symbolic link on that "
+                    "path loops (points to itself, directly or through other links); fix or "
+                    "remove the link, or choose another checkpoint_dir"
+                ) from e
+            raise CheckpointError(f"cannot use checkpoint_dir {self.root!r}: {e}") from e
+
     def _check_is_store(self) -> None:
+        self.check_root()
         if not os.path.exists(self.root):
             raise NoCheckpointError(f"checkpoint_dir {self.root!r} does not exist")
         if not os.path.isdir(self.root):
@@ -911,7 +1003,7 @@ def _listdir(path: str) -> list[str]:
 def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open_private(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
@@ -947,6 +1039,33 @@ def verify_checkpoint_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
     if local_checkpoint.is_local_checkpoint(path):
         return local_checkpoint.verify(path)
     return verify_files(path)
+
+
+def backend_of_files(names: Sequence[str]) -> str | None:
+    """The backend whose checkpoint holds files named `names`: "local" for a local checkpoint
+    (its index or safetensors files), "reverb" for Reverb's tfrecord files, else None."""
+    from replay_service import local_checkpoint
+
+    if any(n == local_checkpoint.INDEX_FILE or n.endswith(".safetensors") for n in names):
+        return "local"
+    if any(n.endswith(".tfrecord") for n in names):
+        return "reverb"
+    return None
+
+
+def _check_backend(checkpoint: Checkpoint, backend: str) -> None:
+    """Raises `BackendMismatchError` if `checkpoint` was written by another backend than
+    `backend` (one of unknown origin goes on to be verified by the loader)."""
+    written = checkpoint.backend
+    if written is None or written == backend:
+        return
+    raise BackendMismatchError(
+        f"checkpoint {checkpoint.path!r} was written by the {written!r} backend, but this buffer "
+        f"uses backend={backend!r}, which cannot read it; nothing was moved or changed. Load it "
+        f"with backend={written!r}; to move the buffer to the {backend!r} backend, load it with "
+        f"backend={written!r}, export() it, and import_buffer() the export into a new buffer "
+        f"with backend={backend!r}"
+    )
 
 
 def _refuse_symlink(path: str) -> None:

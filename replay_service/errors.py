@@ -29,6 +29,10 @@ class NoCheckpointError(CheckpointError):
     """`load_replay_buffer()` found no complete checkpoint to restore."""
 
 
+class BackendMismatchError(CheckpointError):
+    """A checkpoint was written by the other backend ("reverb" or "local"); nothing is moved."""
+
+
 class ServerError(ReplayServiceError):
     """The Reverb server could not be started or reached."""
 

@@ -63,6 +63,7 @@ from replay_service.errors import (
     SpecMismatchError,
     WriteTimeoutError,
 )
+from replay_service.file_modes import make_dirs, open_private
 from replay_service.packed import PACKED, PackedLayout, chunk_length, layout_of
 
 if TYPE_CHECKING:
@@ -148,13 +149,23 @@ def export_paths(dirpath: str | os.PathLike[str], prefix: str = DEFAULT_PREFIX) 
     """Returns `(state_path, metadata_path)` of an export, confined to `dirpath`.
 
     Raises:
-      ConfigError: If `prefix` could name a file outside `dirpath` (a path separator or "..").
+      ConfigError: If `prefix` could name a file outside `dirpath` (a path separator or ".."),
+        or `prefix` or `dirpath` holds a NUL character (no file name can).
     """
-    if not isinstance(prefix, str) or "/" in prefix or os.sep in prefix or ".." in prefix:
+    if (
+        not isinstance(prefix, str)
+        or "/" in prefix
+        or os.sep in prefix
+        or ".." in prefix
+        or "\0" in prefix
+    ):
         raise ConfigError(
-            f"prefix must be a plain file-name prefix without '/' or '..', got {prefix!r}"
+            "prefix must be a plain file-name prefix without '/', '..' or NUL characters, "
+            f"got {prefix!r}"
         )
     root = os.fspath(dirpath)
+    if "\0" in (root if isinstance(root, str) else root.decode("utf-8", "replace")):
+        raise ConfigError(f"export directory {root!r} holds a NUL character; no path can")
     return (
         os.path.join(root, f"{prefix}{STATE_SUFFIX}"),
         os.path.join(root, f"{prefix}{METADATA_SUFFIX}"),
@@ -546,16 +557,16 @@ def _write_files(
 ) -> None:
     directory = os.path.dirname(state_path) or "."
     try:
-        os.makedirs(directory, exist_ok=True)
+        make_dirs(directory)
         state_tmp, metadata_tmp = f"{state_path}.tmp", f"{metadata_path}.tmp"
-        with open(state_tmp, "wb") as f:
+        with open_private(state_tmp, "wb") as f:
             # The digest is that of the bytes meant (hashed while they are written and synced),
             # and the file must read back as exactly those bytes.
             digest = write_safetensors(
                 f, tensors, {"format": FORMAT}, then=lambda: _sync(f), read_back=state_tmp
             )
         metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: digest}}
-        with open(metadata_tmp, "w", encoding="utf-8") as f:
+        with open_private(metadata_tmp, "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
             f.write("\n")
             f.flush()

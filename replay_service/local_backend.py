@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 import time
 import types
@@ -26,7 +25,13 @@ import tree
 
 from replay_service import export as export_lib
 from replay_service import local_checkpoint
-from replay_service.checkpoints import Checkpoint, CheckpointStore, StoreMetadata, remove_path
+from replay_service.checkpoints import (
+    MEMMAP_DIR,
+    Checkpoint,
+    CheckpointStore,
+    StoreMetadata,
+    remove_path,
+)
 from replay_service.config import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
 from replay_service.local_table import LocalTable
@@ -35,8 +40,6 @@ from replay_service.specs import describe_spec
 _log = logging.getLogger(__name__)
 
 LOCAL_ADDRESS = "local"
-# Memory-mapped item files of `storage="memmap"` tables, inside the checkpoint directory.
-MEMMAP_DIR = ".memmap"
 
 
 class Window:
@@ -245,6 +248,9 @@ class LocalBackend:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # Memory-mapped table directories this backend's tables created (`storage="memmap"`):
+        # the only scratch files its `close()` deletes.
+        self._scratch_made: set[str] = set()
         self.restored_from: Checkpoint | None = None
         self._last: Checkpoint | None = None
         self._last_duration_s: float | None = None
@@ -298,7 +304,7 @@ class LocalBackend:
         try:
             store.ensure_dirs()
             store.clean_staging(self.metadata)
-            self.restored_from = store.restore_newest(self._restore, self._discard)
+            self.restored_from = store.restore_newest(self._restore, self._discard, backend="local")
         except BaseException:
             store.unlock()
             raise
@@ -362,8 +368,13 @@ class LocalBackend:
             self._thread.join(timeout=self._timeouts.checkpoint)
         for table in self._tables.values():
             table.close()
-        if self._storage == "memmap":  # scratch files; the checkpoints hold the data
-            shutil.rmtree(os.path.join(self._store.root, MEMMAP_DIR), ignore_errors=True)
+        self._note_scratch()
+        for directory in sorted(self._scratch_made):  # scratch; the checkpoints hold the data
+            remove_path(directory)
+        if self._scratch_made:
+            with contextlib.suppress(OSError):  # kept while it holds anything else
+                os.rmdir(os.path.join(self._store.root, MEMMAP_DIR))
+        self._scratch_made = set()
         self._store.unlock()
 
     # ---------------------------------------------------------------------------- helpers
@@ -377,14 +388,27 @@ class LocalBackend:
     def _new_table(self, config: TableConfig) -> LocalTable:
         scratch = None
         if self._storage == "memmap":
-            scratch = os.path.join(self._store.root, MEMMAP_DIR, config.name)
+            scratch = self._scratch_dir(config.name)
         return LocalTable(config, self._fields, storage=self._storage, scratch_dir=scratch)
 
     def _start(self) -> None:
         self._tables = {config.name: self._new_table(config) for config in self._configs}
         self._client = LocalClient(self._tables)
 
+    def _note_scratch(self) -> None:
+        """Records the memory-mapped directories the current tables created (a table creates
+        its files at its first insert or restore, always under this backend's lock)."""
+        if self._storage != "memmap":
+            return
+        for table in self._tables.values():
+            if table.nbytes:
+                self._scratch_made.add(self._scratch_dir(table.name))
+
+    def _scratch_dir(self, name: str) -> str:
+        return os.path.join(self._store.root, MEMMAP_DIR, name)
+
     def _discard(self) -> None:
+        self._note_scratch()
         self._tables = {}
         self._client = None
 

@@ -23,6 +23,7 @@ from typing import Any
 from replay_service import export as export_lib
 from replay_service.config import TableConfig
 from replay_service.errors import CheckpointError
+from replay_service.file_modes import DIR_MODE, open_private
 from replay_service.reverb_internals import DONE_FILE, file_sha256
 
 FORMAT = "replay_service.local_checkpoint/1"
@@ -61,7 +62,8 @@ def write(
         caller to discard.
     """
     try:
-        os.makedirs(path)
+        os.mkdir(path, DIR_MODE)
+        os.chmod(path, DIR_MODE)
     except OSError as e:
         raise CheckpointError(f"cannot create checkpoint directory {path!r}: {e}") from e
     num_items = 0
@@ -197,7 +199,7 @@ def restore_table(path: str, index: int, stored_spec: Any, table: Any) -> None:
 
 
 def _write_synced(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with open_private(path, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

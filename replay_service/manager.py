@@ -968,11 +968,13 @@ class ReplayBufferManager:
           `(state_path, metadata_path)`.
 
         Raises:
-          ConfigError: If the buffer has extra tables (export supports one table).
+          ConfigError: If the buffer has extra tables (export supports one table), or `prefix`
+            is not a plain file-name prefix (a path separator, "..", a NUL character).
           CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
           CheckpointError: If the checkpoint cannot be taken or read.
         """
         export_lib.require_one_table(self.tables, "export")
+        export_lib.export_paths(dirpath, prefix)  # a bad prefix fails before the checkpoint
         export_lib.check_target(os.fspath(dirpath), overwrite)
         if self.backend == "local":
             data, priorities, times_sampled = self._require_client().table(self.table_name).items()

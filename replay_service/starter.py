@@ -1067,9 +1067,21 @@ def _check_distinct(source: str, target: str) -> None:
 
 
 def _check_copy_target(target: str, overwrite: bool) -> bool:
-    """Returns whether an existing buffer at `target` will be replaced."""
+    """Returns whether an existing buffer at `target` will be replaced.
+
+    Raises:
+      CheckpointError: If `target` is a symbolic link (it is never written through or
+        replaced), exists and is not a directory, or holds foreign files.
+      CheckpointExistsError: If it is not empty and `overwrite` is False.
+    """
     if not os.path.lexists(target):
         return False
+    if os.path.islink(target):
+        raise CheckpointError(
+            f"copy target {target!r} is a symbolic link (to {os.readlink(target)!r}); a copy is "
+            "renamed into place as a new directory and never writes through or replaces a link: "
+            f"pass the directory itself ({os.path.realpath(target)!r}) or a new path"
+        )
     if not os.path.isdir(target):
         raise CheckpointError(f"copy target {target!r} exists and is not a directory")
     if not os.listdir(target):

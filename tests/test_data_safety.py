@@ -1,0 +1,254 @@
+"""Data safety of the checkpoint directory on both backends: links, the other backend's
+checkpoints, a refused second process, unusable paths and file modes (issue #25)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import tree_digest
+from replay_service import (
+    BackendMismatchError,
+    CheckpointError,
+    ConfigError,
+    ReplayBufferManager,
+    copy_buffer,
+)
+
+BACKENDS = ("reverb", "local")
+CHECKPOINT_META = "replay_service_checkpoint.json"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+def write_items(manager: ReplayBufferManager, episode: int, length: int) -> None:
+    """One terminated episode of `length` transitions; state i is `[episode, i, 0, 0]`."""
+    writer = manager.transition_writer()
+    for i in range(length):
+        state = np.array([episode, i, 0, 0], np.float32)
+        following = np.array([episode, i + 1, 0, 0], np.float32)
+        writer.add(state, i % 2, float(i), following, i == length - 1)
+    writer.flush()
+
+
+def filled(make_manager: Any, backend: str, root: Path, checkpoints: int = 2) -> int:
+    """A closed buffer in `root` with `checkpoints` checkpoints; returns its item count."""
+    manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+    manager.create_replay_buffer()
+    for episode in range(checkpoints):
+        write_items(manager, episode, 3)
+        manager.checkpoint()
+    frames = manager.num_frames()
+    manager.close()
+    return frames
+
+
+def without_lock(digest: dict[str, str]) -> dict[str, str]:
+    """A `tree_digest` less the lock file (each holder writes its pid there)."""
+    return {path: value for path, value in digest.items() if path != ".lock"}
+
+
+# ------------------------------------------------------------- links inside checkpoint_dir
+
+
+@pytest.mark.parametrize("name", [".reverb", ".restore", "corrupt", "checkpoints"])
+def test_a_linked_own_directory_is_refused_and_nothing_outside_is_touched(
+    make_manager, backend, tmp_path, name
+):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, backend, root)
+    outside = tmp_path / "outside"
+    (outside / "ckpt-00000009").mkdir(parents=True)
+    (outside / "ckpt-00000009" / "DONE").write_text("")
+    (outside / "notes.txt").write_text("not replay_service's")
+    link = root / name
+    if name == "checkpoints":  # the checkpoints move out of the way, the link replaces them
+        os.rename(link, tmp_path / "moved")
+    elif link.exists():
+        shutil.rmtree(link)
+    os.symlink(outside, link)
+    outside_before, root_before = tree_digest(outside), without_lock(tree_digest(root))
+
+    manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+    with pytest.raises(CheckpointError, match=rf"{name}'? is a symbolic link .*outside"):
+        manager.load_replay_buffer()
+    manager.close()
+    assert tree_digest(outside) == outside_before
+    assert without_lock(tree_digest(root)) == root_before
+    assert os.readlink(link) == str(outside)
+
+    os.remove(link)
+    if name == "checkpoints":
+        os.rename(tmp_path / "moved", link)
+    loaded = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == frames
+    assert not (root / "corrupt").exists()
+
+
+# ------------------------------------------------------------ the other backend's checkpoints
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "inferred"])
+@pytest.mark.parametrize("writer,reader", [("reverb", "local"), ("local", "reverb")])
+def test_a_checkpoint_of_the_other_backend_is_refused_and_moves_nothing(
+    make_manager, tmp_path, writer, reader, recorded
+):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, writer, root)
+    metas = sorted((root / "checkpoints").glob(f"ckpt-*/{CHECKPOINT_META}"))
+    assert len(metas) == 2
+    for meta in metas:
+        info = json.loads(meta.read_text())
+        assert info["backend"] == writer
+        if not recorded:  # as written before the field existed: recognised by its files
+            del info["backend"]
+            meta.write_text(json.dumps(info))
+    before = without_lock(tree_digest(root))
+
+    other = make_manager(backend=reader, checkpoint_dir=str(root), capacity=100)
+    with pytest.raises(BackendMismatchError) as raised:
+        other.load_replay_buffer()
+    other.close()
+    message = str(raised.value)
+    assert f"written by the {writer!r} backend" in message
+    assert f"backend={reader!r}" in message and "export()" in message
+    assert "import_buffer()" in message and "nothing was moved" in message
+    assert without_lock(tree_digest(root)) == before
+    assert not (root / "corrupt").exists()
+
+    right = make_manager(backend=writer, checkpoint_dir=str(root), capacity=100)
+    right.load_replay_buffer()
+    assert right.num_frames() == frames
+
+
+# ------------------------------------------------------------------- a refused second process
+
+
+def test_a_refused_second_memmap_buffer_keeps_the_first_ones_files(make_manager, tmp_path):
+    root = tmp_path / "ckpt"
+    options = {"backend": "local", "storage": "memmap", "checkpoint_dir": str(root)}
+    first = make_manager(capacity=100, **options)
+    first.create_replay_buffer()
+    write_items(first, 0, 5)
+    scratch = sorted(p for p in (root / ".memmap").rglob("*") if p.is_file())
+    assert scratch
+    before = tree_digest(root / ".memmap")
+
+    for start in ("load", "create"):
+        second = make_manager(capacity=100, **options)
+        with pytest.raises(CheckpointError, match="in use"):
+            if start == "load":
+                second.load_replay_buffer()
+            else:
+                second.create_replay_buffer(overwrite=True)
+        second.close()
+    assert tree_digest(root / ".memmap") == before
+
+    assert first.num_frames() == 5
+    first.checkpoint()
+    first.close()  # its own scratch files go with it
+    assert not (root / ".memmap").exists()
+    again = make_manager(capacity=100, **options)
+    again.load_replay_buffer()
+    assert again.num_frames() == 5
+
+
+# -------------------------------------------------------------------------- unusable paths
+
+
+def test_a_copy_target_that_is_a_link_is_refused_naming_it(make_manager, backend, tmp_path):
+    source = tmp_path / "source"
+    filled(make_manager, backend, source, checkpoints=1)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    link = tmp_path / "link"
+    os.symlink(empty, link)
+    with pytest.raises(CheckpointError, match=rf"copy target '{link}' is a symbolic link"):
+        copy_buffer(source, link)
+    assert os.readlink(link) == str(empty) and not list(empty.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "link", "source"]
+    assert Path(copy_buffer(source, empty)) == empty
+    copied = make_manager(backend=backend, checkpoint_dir=str(empty), capacity=100)
+    copied.load_replay_buffer()
+    assert copied.num_frames() == 3
+
+
+@pytest.mark.parametrize("start", ["create", "load"])
+def test_a_looping_checkpoint_dir_link_is_a_clear_error(make_manager, backend, tmp_path, start):
+    loop = tmp_path / "loop"
+    os.symlink(loop, loop)
+    for checkpoint_dir in (loop, loop / "inner"):
+        manager = make_manager(backend=backend, checkpoint_dir=str(checkpoint_dir))
+        with pytest.raises(CheckpointError, match=rf"'{checkpoint_dir}' cannot be resolved.*loops"):
+            if start == "create":
+                manager.create_replay_buffer()
+            else:
+                manager.load_replay_buffer()
+        manager.close()
+    assert os.readlink(loop) == str(loop)
+
+
+def test_an_export_prefix_with_a_nul_byte_is_a_config_error(make_manager, backend, tmp_path):
+    manager = make_manager(backend=backend, checkpoint_dir=str(tmp_path / "ckpt"))
+    manager.create_replay_buffer()
+    write_items(manager, 0, 3)
+    target = tmp_path / "export"
+    with pytest.raises(ConfigError, match=r"NUL characters, got 'a\\x00b'"):
+        manager.export(target, prefix="a\0b")
+    assert not target.exists()
+    with pytest.raises(ConfigError, match="export directory .* holds a NUL character"):
+        manager.export(f"{tmp_path}/bad\0dir")
+    manager.export(target, prefix="a")
+    fresh = make_manager(backend=backend, checkpoint_dir=str(tmp_path / "fresh"))
+    with pytest.raises(ConfigError, match=r"NUL characters, got 'a\\x00'"):
+        fresh.import_buffer(target, prefix="a\0")
+    fresh.import_buffer(target, prefix="a")
+    assert fresh.num_frames() == 3
+
+
+# ------------------------------------------------------------------------------ file modes
+
+
+def test_files_get_explicit_modes_under_umask_000(make_manager, backend, tmp_path):
+    root = tmp_path / "deep" / "ckpt"
+    export = tmp_path / "export"
+    old = os.umask(0)
+    try:
+        manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+        manager.create_replay_buffer()
+        write_items(manager, 0, 3)
+        manager.checkpoint()
+        manager.export(export)
+        manager.close()
+    finally:
+        os.umask(old)
+    modes = {}
+    for top in (tmp_path / "deep", export):
+        modes[str(top)] = stat.S_IMODE(os.lstat(top).st_mode)
+        for directory, dirs, files in os.walk(top):
+            for name in dirs + files:
+                path = os.path.join(directory, name)
+                modes[path] = stat.S_IMODE(os.lstat(path).st_mode)
+    files = {p: m for p, m in modes.items() if os.path.isfile(p)}
+    dirs = {p: m for p, m in modes.items() if os.path.isdir(p)}
+    assert {os.path.basename(p) for p in files} >= {
+        "replay_service.json",
+        ".lock",
+        CHECKPOINT_META,
+        "DONE",
+        "buffer_state.safetensors",
+        "buffer_metadata.json",
+    }
+    assert {p: oct(m) for p, m in files.items() if m != 0o640} == {}
+    assert {p: oct(m) for p, m in dirs.items() if m != 0o750} == {}
