@@ -967,7 +967,8 @@ def _foreign_message(root: str, entries: list[str]) -> str:
             " It is a bare Reverb checkpoint root (as Reverb's DefaultCheckpointer writes, e.g. "
             "an sbsim starter buffer); adopt it into a new replay_service checkpoint directory "
             f"with `replay-populate --buffer-name {os.path.basename(root)} --output-dir "
-            f"{os.path.dirname(root)} --copy-to NEW_DIR` or "
+            f"{os.path.dirname(root)} --copy-to NEW_DIR --data-spec MODULE:FUNCTION` (the "
+            "data spec is needed when the table has no signature, as sbsim's has not) or "
             f"`replay_service.copy_buffer({root!r}, NEW_DIR, data_spec=...)`, then load that."
         )
     return (

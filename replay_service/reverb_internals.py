@@ -31,9 +31,12 @@ holds that knowledge and checks the installed version against the versions it wa
   confirmed, and a final checkpoint taken after it holds every confirmed item.
 - Bare checkpoint roots. Reverb's `DefaultCheckpointer(path)` (as used by TF-Agents and
   sbsim) writes checkpoints into time-named subdirectories of `path`. `bare_checkpoints` lists
-  them, `read_stored_tables` reads each table's name, capacity, signature, item count and the
-  items' sequence length from the files, and `copy_with_signature` copies one with a new table
-  signature (TF-Agents stores `[None, ...]`; replay_service's tables have the sequence length).
+  the complete ones, `bare_checkpoint_dirs` also those a save left without `DONE`,
+  `read_stored_tables` reads each table's name, capacity, signature, item count and the items'
+  sequence length from the files, `read_column_types` the dtype and per-step shape of each
+  column from the stored chunks (a table without a signature, as sbsim's, says nothing else
+  about what it holds), and `copy_with_signature` copies one with a new table signature
+  (TF-Agents stores `[None, ...]`; replay_service's tables have the sequence length).
 - Writers. A Reverb writer's destructor waits without a timeout for its pending items
   (`abandon_writer`).
 - TensorFlow's iterators. `flat_getter` reads a dataset's next element as its flat tensor list
@@ -51,13 +54,14 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import re
 import shutil
 import socket
 import struct
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +85,9 @@ _COMPRESSION = "ZLIB"
 _READ_BLOCK = 1 << 20
 # A TFRecord record: uint64 length, uint32 CRC of the length, data, uint32 CRC of the data.
 _RECORD_OVERHEAD = 16
+# How `DefaultCheckpointer` names a checkpoint: `absl::FormatTime(absl::Now())`, RFC 3339 with
+# nanoseconds and the local UTC offset, e.g. `2024-01-31T12:00:00.123456789+00:00`.
+_CHECKPOINT_NAME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?([+-]\d{2}:\d{2}|Z)")
 
 
 def require_supported_reverb() -> None:
@@ -365,6 +372,23 @@ def _items_within_limits(
         else:
             kept.append(record)
     return kept, dropped
+
+
+def _iter_records(checkpoint_path: str, name: str) -> Iterator[bytes]:
+    """Every record of one of the checkpoint's compressed TFRecord files, read as a stream.
+
+    Raises:
+      CheckpointError: If the file cannot be read.
+    """
+    import tensorflow as tf
+
+    path = os.path.join(checkpoint_path, name)
+    try:
+        dataset = tf.data.TFRecordDataset(path, compression_type=_COMPRESSION)
+        for batch in dataset.batch(256).as_numpy_iterator():
+            yield from batch
+    except (tf.errors.OpError, OSError) as e:
+        raise CheckpointError(f"cannot read {path!r} of {checkpoint_path!r}: {e}") from e
 
 
 def _read_records(checkpoint_path: str, name: str) -> list[bytes]:
@@ -727,6 +751,116 @@ def bare_checkpoints(root: str) -> list[str]:
         return []
     found = [os.path.join(root, name) for name in sorted(os.listdir(root))]
     return [path for path in found if os.path.isdir(path) and is_reverb_checkpoint(path)]
+
+
+def bare_checkpoint_dirs(root: str) -> list[str]:
+    """The checkpoint directories of a bare Reverb checkpoint root, complete or not.
+
+    A directory counts if it holds `DONE` or is named as `DefaultCheckpointer` names
+    checkpoints (a save that has not finished, or died, leaves such a directory without
+    `DONE`). Reverb loads the largest name among those with `DONE`.
+
+    Args:
+      root: A directory.
+
+    Returns:
+      Their paths, oldest (smallest name) first; empty if `root` is not a directory.
+    """
+    if not os.path.isdir(root):
+        return []
+    found = [os.path.join(root, name) for name in sorted(os.listdir(root))]
+    return [
+        path
+        for path in found
+        if os.path.isdir(path)
+        and not os.path.islink(path)
+        and (is_reverb_checkpoint(path) or _CHECKPOINT_NAME.fullmatch(os.path.basename(path)))
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnType:
+    """What one column of a table's items holds, as read from the stored chunks.
+
+    Attributes:
+      dtype: The dtype's name, e.g. "float32".
+      shape: The shape of one step.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.dtype}{list(self.shape)}"
+
+
+def read_column_types(checkpoint_path: str, table_name: str) -> list[ColumnType]:
+    """The dtype and per-step shape of every column of a table's items, from the stored chunks.
+
+    Each item is a list of columns (the flattened data spec, in `tf.nest` order), each made of
+    slices of chunks; a chunk stores each of its tensors with its dtype and shape
+    `[chunk length, *step shape]`. Only those headers are read, not the (compressed) data.
+
+    Args:
+      checkpoint_path: A complete Reverb checkpoint directory.
+      table_name: The table whose items to describe.
+
+    Returns:
+      One `ColumnType` per column; empty if the table holds no items.
+
+    Raises:
+      CheckpointError: If a file cannot be read, items differ in their number of columns, a
+        chunk an item refers to is missing, or a column's chunks differ in dtype or shape.
+    """
+    import tensorflow as tf
+    from reverb.cc import schema_pb2
+
+    require_supported_reverb()
+    widths: set[int] = set()
+    wanted: dict[int, set[tuple[int, int]]] = {}  # chunk key -> (column, tensor index)
+    for record in _iter_records(checkpoint_path, ITEMS_FILE):
+        item = schema_pb2.PrioritizedItem.FromString(record)
+        if item.table != table_name:
+            continue
+        widths.add(len(item.flat_trajectory.columns))
+        for column, data in enumerate(item.flat_trajectory.columns):
+            for piece in data.chunk_slices:
+                wanted.setdefault(piece.chunk_key, set()).add((column, piece.index))
+    if not widths:
+        return []
+    if len(widths) > 1:
+        raise CheckpointError(
+            f"table {table_name!r} of {checkpoint_path!r} holds items of {sorted(widths)} "
+            "columns; replay_service stores items of one data spec"
+        )
+    found: list[set[ColumnType]] = [set() for _ in range(widths.pop())]
+    for record in _iter_records(checkpoint_path, CHUNKS_FILE):
+        chunk = schema_pb2.ChunkData.FromString(record)
+        uses = wanted.pop(chunk.chunk_key, None)
+        if uses is None:
+            continue
+        tensors = chunk.data.tensors or chunk.deprecated_data
+        for column, index in uses:
+            if index >= len(tensors):
+                raise CheckpointError(
+                    f"{os.path.join(checkpoint_path, CHUNKS_FILE)!r}: chunk {chunk.chunk_key} has "
+                    f"{len(tensors)} tensors; an item of table {table_name!r} reads tensor {index}"
+                )
+            tensor = tensors[index]
+            shape = tuple(int(d.size) for d in tensor.tensor_shape.dim)[1:]
+            found[column].add(ColumnType(tf.as_dtype(tensor.dtype).name, shape))
+    if wanted:
+        raise CheckpointError(
+            f"{os.path.join(checkpoint_path, CHUNKS_FILE)!r} lacks {len(wanted)} chunks that items "
+            f"of table {table_name!r} refer to; the checkpoint is damaged"
+        )
+    for column, types in enumerate(found):
+        if len(types) != 1:
+            raise CheckpointError(
+                f"column {column} of the items of table {table_name!r} in {checkpoint_path!r} is "
+                f"stored as {sorted(map(str, types))}; replay_service stores one data spec"
+            )
+    return [types.pop() for types in found]
 
 
 def read_stored_tables(checkpoint_path: str) -> list[StoredTable]:

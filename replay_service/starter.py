@@ -23,10 +23,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import importlib
 import json
 import os
 import secrets
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -71,18 +73,23 @@ from replay_service.errors import (
 from replay_service.manager import ReplayBufferManager
 from replay_service.policies import POLICY_CHOICES, load_policy
 from replay_service.reverb_internals import (
+    ColumnType,
     StoredTable,
-    bare_checkpoints,
+    bare_checkpoint_dirs,
     copy_with_signature,
+    is_reverb_checkpoint,
+    read_column_types,
     read_stored_tables,
     verify_files,
 )
 from replay_service.specs import (
+    FieldDescription,
     check_collect_spec,
     collect_data_spec,
     describe_spec,
     diff_descriptions,
     table_signature,
+    trajectory_spec,
 )
 
 DEFAULT_ENV = BUILDING_ENV_ID
@@ -104,6 +111,7 @@ STARTER_KEEP_CHECKPOINTS = 1
 STORE_ENTRIES = frozenset({STORE_FILE, f"{STORE_FILE}.tmp", CHECKPOINTS_DIR, REVERB_DIR, LOCK_FILE})
 BUILDING_ACTION_NAMES = ("heating setpoint", "cooling setpoint")
 PLOT_DPI = 100
+DATA_SPEC_ENV_PREFIX = "env:"
 
 Progress = Callable[[int, int], None]
 """Called as `progress(steps_done, steps_total)` while collecting."""
@@ -362,6 +370,85 @@ def starter_data_spec(env: py_environment.PyEnvironment, policy: py_policy.PyPol
     """
     spec = collect_data_spec(env, policy)
     return spec._replace(policy_info=tensor_spec.from_spec(policy.info_spec))
+
+
+def load_data_spec(value: str) -> Any:
+    """Resolves a data spec named on the command line (`replay-populate --data-spec`).
+
+    Two forms:
+
+    - `env:<id>`: the per-step spec of a built-in environment (`building` or a gym id such as
+      `CartPole-v0`) with an empty `policy_info`: what `replay-populate --env <id>` collects
+      with the `schedule` and `random` policies, and what DQN, DDPG, TD3 and SAC agents'
+      `collect_data_spec` is for that environment.
+    - `module:function`: `function()` of an importable module (dotted names allowed on both
+      sides; the current directory is searched after `sys.path`), returning the spec, e.g. a
+      function that builds the agent and returns `agent.collect_data_spec`. An attribute that
+      is not callable is taken as the spec itself.
+
+    Args:
+      value: The flag's value.
+
+    Returns:
+      The spec, a TF-Agents `Trajectory` of specs.
+
+    Raises:
+      ConfigError: If the value has neither form, the environment is unknown, the module or
+        attribute cannot be imported, the function fails, or what it returns is not a
+        `Trajectory` of specs; the message names the value.
+    """
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(
+            f"--data-spec {value!r} must be '{DATA_SPEC_ENV_PREFIX}<env id>' (e.g. "
+            f"'{DATA_SPEC_ENV_PREFIX}{BUILDING_ENV_ID}') or 'module:function' (an importable "
+            "function returning the data spec, e.g. agent.collect_data_spec)"
+        )
+    if value.startswith(DATA_SPEC_ENV_PREFIX):
+        name = value.removeprefix(DATA_SPEC_ENV_PREFIX)
+        try:
+            spec = trajectory_spec(_load_env(name, 0))
+        except ConfigError as e:
+            raise ConfigError(f"--data-spec {value!r}: {e}") from e
+    else:
+        spec = _import_data_spec(value)
+    try:
+        return check_collect_spec(spec, f"--data-spec {value!r}")
+    except SpecMismatchError as e:
+        named = str(e) if repr(value) in str(e) else f"--data-spec {value!r}: {e}"
+        raise ConfigError(named) from e
+
+
+def _import_data_spec(value: str) -> Any:
+    """`load_data_spec` for `module:function` (see there)."""
+    module_name, _, attribute = value.partition(":")
+    parts = attribute.split(".")
+    if not all(p.isidentifier() for p in (*module_name.split("."), *parts)):
+        raise ConfigError(
+            f"--data-spec {value!r} must be 'module:function' with dotted Python names on both "
+            f"sides, or '{DATA_SPEC_ENV_PREFIX}<env id>'"
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        found: Any = importlib.import_module(module_name)
+    except Exception as e:
+        raise ConfigError(
+            f"--data-spec {value!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}"
+        ) from e
+    for part in parts:
+        if not hasattr(found, part):
+            raise ConfigError(
+                f"--data-spec {value!r}: module {module_name!r} has no attribute {attribute!r}"
+            )
+        found = getattr(found, part)
+    if not callable(found):
+        return found
+    try:
+        return found()
+    except Exception as e:
+        raise ConfigError(
+            f"--data-spec {value!r}: {attribute}() failed: {type(e).__name__}: {e}"
+        ) from e
 
 
 # ------------------------------------------------------------------------- collection statistics
@@ -902,12 +989,20 @@ def copy_buffer(
     The source may also be a bare Reverb checkpoint root, as Reverb's `DefaultCheckpointer`
     writes it (e.g. an sbsim starter buffer, `starter_buffers/default/`: subdirectories named by
     time, each with `tables.tfrecord`, `chunks.tfrecord`, `items.tfrecord` and `DONE`). Its
-    newest checkpoint (largest name, the one Reverb would load) is read back in full and
-    validated: exactly one table, with items of one sequence length, and a signature that
-    matches `data_spec` when one is given. The copy is a normal replay_service checkpoint
-    directory recording that table's name, capacity and sequence length and the data spec
-    (`data_spec`'s, or the stored signature's), with the table's signature stored with the
-    sequence length as its leading dimension as replay_service's tables have it.
+    newest checkpoint (largest name) is read back in full and validated: exactly one table,
+    with items of one sequence length, a signature that matches `data_spec` when both are
+    there, and the dtype and per-step shape of every stored column (read from the chunks)
+    matching the spec field for field. A table without a signature (sbsim's) needs
+    `data_spec`. The copy is a normal replay_service checkpoint directory recording that
+    table's name, capacity and sequence length and the data spec (`data_spec`'s, or the stored
+    signature's), with the table's signature stored with the sequence length as its leading
+    dimension as replay_service's tables have it.
+
+    If the newest checkpoint directory of a bare root lacks `DONE` (a save still running, or
+    one that died), nothing is copied and the error names it. Reverb itself would load the
+    previous complete checkpoint instead, but that is not what the root's writer last saved:
+    while a save runs it is about to be replaced (and deleted by Reverb), and after a crash the
+    items of the lost save would be missing from the copy without a word.
 
     Args:
       source_dir: A replay_service checkpoint directory, e.g. a starter buffer, or a bare
@@ -916,15 +1011,21 @@ def copy_buffer(
         exist or be empty, unless `overwrite` is set.
       overwrite: Replace a target that is a replay_service checkpoint directory. A target
         holding files that are not replay_service's is never deleted.
+      data_spec: The per-step data spec the buffer holds (e.g. `agent.collect_data_spec`, or
+        sbsim's `ReplayBufferManager.data_spec`), a TF-Agents `Trajectory`. Required for a bare
+        root whose table has no signature; otherwise checked against the source when given.
 
     Returns:
       The absolute target path.
 
     Raises:
       NoCheckpointError: If the source is missing, empty or has no complete checkpoint.
-      CheckpointError: If the source is not a replay_service checkpoint directory, the two
-        paths overlap, the target holds foreign files or is in use, or copying fails.
+      CheckpointError: If the source is not a replay_service checkpoint directory, the newest
+        checkpoint of a bare root is incomplete, the two paths overlap, the target holds
+        foreign files or is in use, or copying fails.
       CheckpointExistsError: If the target is not empty and `overwrite` is False.
+      SpecMismatchError: If `data_spec` is not a `Trajectory` of specs or differs from what the
+        source holds; the message names each field that differs.
     """
     source = os.path.abspath(os.fspath(source_dir))
     target = os.path.abspath(os.fspath(target_dir))
@@ -932,14 +1033,22 @@ def copy_buffer(
         raise NoCheckpointError(f"there is no buffer {source!r} to copy: it does not exist")
     _check_distinct(source, target)
     store = CheckpointStore(source)
-    if not store.is_store() and bare_checkpoints(source):
+    if not store.is_store() and bare_checkpoint_dirs(source):
         return _copy_bare_root(source, target, overwrite, data_spec)
-    store.read_metadata()
+    stored = store.read_metadata()
     latest = store.latest()
     if latest is None:
         raise NoCheckpointError(
             f"buffer {source!r} holds no complete checkpoint to copy (it was never checkpointed)"
         )
+    if data_spec is not None:
+        problems = diff_descriptions(
+            describe_spec(check_collect_spec(data_spec, "copy_buffer")), stored.data_spec
+        )
+        if problems:
+            raise SpecMismatchError(
+                f"buffer {source!r} does not hold the given data_spec: " + "; ".join(problems)
+            )
     replacing = _check_copy_target(target, overwrite)
     staging = _sibling(target, COPY_TAG)
     try:
@@ -956,7 +1065,10 @@ def copy_buffer(
 
 def _copy_bare_root(source: str, target: str, overwrite: bool, data_spec: Any) -> str:
     """`copy_buffer` for a bare Reverb checkpoint root (see there)."""
-    newest = bare_checkpoints(source)[-1]
+    found = bare_checkpoint_dirs(source)
+    newest = found[-1]
+    if not is_reverb_checkpoint(newest):
+        _refuse_incomplete(source, newest, [p for p in found if is_reverb_checkpoint(p)])
     num_items, _ = verify_files(newest)
     tables = read_stored_tables(newest)
     if len(tables) != 1:
@@ -991,13 +1103,36 @@ def _copy_bare_root(source: str, target: str, overwrite: bool, data_spec: Any) -
     return target
 
 
+def _refuse_incomplete(root: str, newest: str, complete: list[str]) -> None:
+    """Raises the error of a bare root whose newest checkpoint lacks `DONE` (see `copy_buffer`).
+
+    Raises:
+      CheckpointError: Always; `NoCheckpointError` if no checkpoint of the root is complete.
+    """
+    message = (
+        f"the newest checkpoint of Reverb checkpoint root {root!r}, {newest!r}, is incomplete "
+        "(no DONE file): the save writing it is still running or was interrupted. Nothing was "
+        "copied. If its writer still runs, wait until the save finishes and copy again; "
+    )
+    if not complete:
+        raise NoCheckpointError(
+            message + "if it was interrupted, the root holds no complete checkpoint to copy"
+        )
+    raise CheckpointError(
+        message + f"if it was interrupted, move {newest!r} out of the root (it is never deleted "
+        f"here) to copy the previous complete checkpoint {complete[-1]!r}, which lacks "
+        "whatever that save held"
+    )
+
+
 def _bare_spec(checkpoint: str, table: StoredTable, data_spec: Any) -> tuple[list[Any], Any]:
     """The per-step spec description and the table signature a bare checkpoint's copy gets.
 
     Raises:
-      SpecMismatchError: If the stored signature differs from `data_spec`, or its leading
-        dimension from the items' length.
-      CheckpointError: If the table has no signature and no `data_spec` is given.
+      SpecMismatchError: If the stored signature or the stored columns differ from
+        `data_spec`, or the signature's leading dimension from the items' length.
+      CheckpointError: If the table has no signature and no `data_spec` is given, or its
+        signature differs from its stored columns.
     """
     length = table.sequence_length
     assert length is not None
@@ -1011,24 +1146,98 @@ def _bare_spec(checkpoint: str, table: StoredTable, data_spec: Any) -> tuple[lis
             )
         stored = [{**f, "shape": f["shape"][1:]} for f in describe_spec(table.signature)]
     if data_spec is not None:
-        check_collect_spec(data_spec, "copy_buffer")
-        wanted = describe_spec(data_spec)
+        spec = check_collect_spec(data_spec, "copy_buffer")
+        wanted = describe_spec(spec)
         problems = diff_descriptions(wanted, stored) if stored is not None else []
+        problems = problems or diff_columns(wanted, read_column_types(checkpoint, table.name))
         if problems:
             raise SpecMismatchError(
                 f"table {table.name!r} of {checkpoint!r} does not hold the given data_spec: "
                 + "; ".join(problems)
             )
-        return wanted, table_signature(data_spec, length)
-    if table.signature is None:
+        return wanted, table_signature(spec, length)
+    if stored is None:
         raise CheckpointError(
-            f"table {table.name!r} of {checkpoint!r} has no signature; pass data_spec (e.g. "
-            "agent.collect_data_spec) to say what it holds"
+            f"table {table.name!r} of {checkpoint!r} has no signature (sbsim's and TF-Agents' "
+            "ReverbReplayBuffer tables have none); pass data_spec (e.g. agent.collect_data_spec "
+            "or sbsim's manager.data_spec), or --data-spec to replay-populate, to say what it "
+            "holds"
+        )
+    problems = diff_columns(stored, read_column_types(checkpoint, table.name))
+    if problems:
+        raise CheckpointError(
+            f"table {table.name!r} of {checkpoint!r}: its signature does not describe its "
+            "items: " + "; ".join(problems)
         )
     signature = tf.nest.map_structure(
         lambda s: tf.TensorSpec([length, *s.shape[1:]], s.dtype, s.name), table.signature
     )
     return stored, signature
+
+
+def diff_columns(fields: list[FieldDescription], columns: list[ColumnType]) -> list[str]:
+    """Lists how a per-step spec departs from the columns a table's items are stored in.
+
+    Fields and columns pair up in order (items store the flattened spec). When their counts
+    differ by one, the field or column without a partner is named if pairing up the rest
+    leaves no other difference.
+
+    Args:
+      fields: The spec's `describe_spec` description.
+      columns: The stored columns (`reverb_internals.read_column_types`); empty for a table
+        without items, which matches any spec.
+
+    Returns:
+      Human-readable differences, empty when the spec describes the columns.
+    """
+    if not columns:
+        return []
+    if len(fields) == len(columns):
+        return [
+            f"field {f['path']!r}: the data_spec says {_field_type(f)}, the stored items hold {c}"
+            for f, c in zip(fields, columns, strict=True)
+            if not _fits(f, c)
+        ]
+    if len(fields) == len(columns) + 1:
+        for i, field in enumerate(fields):
+            if _all_fit(fields[:i] + fields[i + 1 :], columns):
+                return [
+                    f"field {field['path']!r} ({_field_type(field)}) is not in the stored items"
+                ]
+    if len(columns) == len(fields) + 1:
+        for i, column in enumerate(columns):
+            if _all_fit(fields, columns[:i] + columns[i + 1 :]):
+                where = ", ".join(
+                    f"{side} field {fields[j]['path']!r}"
+                    for side, j in (("after", i - 1), ("before", i))
+                    if 0 <= j < len(fields)
+                )
+                return [
+                    f"the stored items have a column {column} (column {i + 1} of "
+                    f"{len(columns)}, {where}) for which the data_spec has no field"
+                ]
+    described = ", ".join(f"{f['path']}: {_field_type(f)}" for f in fields)
+    return [
+        f"the data_spec has {len(fields)} fields ({described}), the stored items have "
+        f"{len(columns)} columns ({', '.join(map(str, columns))})"
+    ]
+
+
+def _field_type(field: FieldDescription) -> str:
+    return f"{field['dtype']}{list(field['shape'])}"
+
+
+def _fits(field: FieldDescription, column: ColumnType) -> bool:
+    shape = list(field["shape"])
+    return (
+        field["dtype"] == column.dtype
+        and len(shape) == len(column.shape)
+        and all(d is None or d == c for d, c in zip(shape, column.shape, strict=True))
+    )
+
+
+def _all_fit(fields: list[FieldDescription], columns: list[ColumnType]) -> bool:
+    return all(_fits(f, c) for f, c in zip(fields, columns, strict=True))
 
 
 def _write_bare_copy(

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import tensorflow as tf
 
 from conftest import collect, tree_digest
 from replay_service import (
@@ -15,6 +16,7 @@ from replay_service import (
     CheckpointStore,
     ConfigError,
     NoCheckpointError,
+    SpecMismatchError,
 )
 from replay_service.checkpoints import (
     CHECKPOINT_META_FILE,
@@ -79,6 +81,18 @@ def test_the_copy_holds_only_the_newest_checkpoint_and_loads(source, make_manage
     assert sorted(os.listdir(tmp_path / "run")) == ["replay"]
 
     assert loaded_count(make_manager, target) == count
+
+
+def test_a_data_spec_given_for_a_copy_is_checked_against_the_buffer(source, data_spec, tmp_path):
+    source_dir, count = source
+    before = tree_digest(source_dir)
+    wrong = data_spec._replace(reward=tf.TensorSpec([2], tf.float32, "reward"))
+    with pytest.raises(SpecMismatchError, match=r"field 'reward': expected float32\[2\]"):
+        copy_buffer(source_dir, tmp_path / "copy", data_spec=wrong)
+    assert not (tmp_path / "copy").exists()
+    copy_buffer(source_dir, tmp_path / "copy", data_spec=data_spec)
+    assert CheckpointStore(tmp_path / "copy").latest().num_items == count
+    assert tree_digest(source_dir) == before
 
 
 def test_training_on_the_copy_leaves_the_source_unchanged(

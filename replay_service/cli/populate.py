@@ -7,6 +7,8 @@ from its own copy, made with --copy-to.
   replay-populate --buffer-name my-starter-buffer --capacity 50000 \\
       --steps-per-run 672 --num-runs 10
   replay-populate --buffer-name my-starter-buffer --copy-to runs/exp1/replay
+  replay-populate --buffer-name default --copy-to runs/exp1/replay \\
+      --data-spec my_project.specs:collect_data_spec   # an sbsim buffer (no signature)
 
 The buffer is <output-dir>/<buffer-name>, a replay_service checkpoint directory, and appears
 under that name only once every run was collected and checkpointed. A summary plot of the
@@ -29,6 +31,7 @@ from replay_service.checkpoints import CheckpointStore
 from replay_service.envs import BUILDING_ENV_ID
 from replay_service.errors import ConfigError, ReplayServiceError
 from replay_service.starter import (
+    DATA_SPEC_ENV_PREFIX,
     DEFAULT_CAPACITY,
     DEFAULT_ENV,
     DEFAULT_NUM_ENVS,
@@ -40,6 +43,7 @@ from replay_service.starter import (
     PopulateConfig,
     copy_buffer,
     format_summary,
+    load_data_spec,
     populate,
     starter_buffer_path,
 )
@@ -152,6 +156,18 @@ _COPY_TO = flags.DEFINE_string(
     "(see --overwrite). Train from the copy: the starter buffer stays unchanged.",
     flag_values=POPULATE_FLAGS,
 )
+_DATA_SPEC = flags.DEFINE_string(
+    "data_spec",
+    None,
+    "With --copy-to: the per-step data spec the buffer holds, checked against the stored "
+    "items (each field's dtype and shape) before anything is written, and required for a bare "
+    "Reverb checkpoint root whose table has no signature (sbsim's starter buffers). Either "
+    f"'{DATA_SPEC_ENV_PREFIX}<env id>' (the spec of '{BUILDING_ENV_ID}' or a gym id with an "
+    "empty policy_info, as the schedule and random policies collect) or 'module:function' "
+    "(an importable function returning the spec, e.g. agent.collect_data_spec; the current "
+    "directory is searched too).",
+    flag_values=POPULATE_FLAGS,
+)
 
 _VERBOSITY = flags.DEFINE_integer(
     "verbosity",
@@ -176,6 +192,7 @@ _OWN_FLAGS = (
     _OVERWRITE,
     _APPEND,
     _COPY_TO,
+    _DATA_SPEC,
     _VERBOSITY,
 )
 
@@ -353,8 +370,9 @@ def copy_from_flags() -> str:
       Lines to print.
 
     Raises:
-      ConfigError: If --append is given too.
+      ConfigError: If --append is given too, or --data-spec names no usable spec.
       CheckpointError: If the copy is refused or fails (see `copy_buffer`).
+      SpecMismatchError: If the buffer does not hold the --data-spec spec.
     """
     if _APPEND.value:
         raise ConfigError(
@@ -362,7 +380,8 @@ def copy_from_flags() -> str:
         )
     name = _required_buffer_name()
     source = starter_buffer_path(_OUTPUT_DIR.value, name)
-    target = copy_buffer(source, _COPY_TO.value, overwrite=_OVERWRITE.value)
+    data_spec = None if _DATA_SPEC.value is None else load_data_spec(_DATA_SPEC.value)
+    target = copy_buffer(source, _COPY_TO.value, overwrite=_OVERWRITE.value, data_spec=data_spec)
     store = CheckpointStore(target)
     stored, latest = store.read_metadata(), store.latest()
     items = latest.info.get("num_items") if latest is not None else None
@@ -390,6 +409,11 @@ def main(argv: Sequence[str]) -> None:
         if _COPY_TO.value is not None:
             print(copy_from_flags())
             return
+        if _DATA_SPEC.value is not None:
+            raise ConfigError(
+                f"--data-spec {_DATA_SPEC.value!r} applies only with --copy-to (populating takes "
+                "the spec from --env and --policy)"
+            )
         config = config_from_flags()
         with ProgressBar(sys.stderr) as progress:
             result = populate(config, progress=progress)
