@@ -16,4 +16,7 @@ def run() -> None:
 
 
 if __name__ == "__main__":
+    from replay_service.cli import demo as _demo
+
+    __doc__ = _demo.__doc__  # absl prints the main module's docstring as the usage text
     run()

@@ -154,12 +154,12 @@ def all_items(client: reverb.Client, table: str, expected: int) -> dict[int, lis
 
 
 class ServerProcess:
-    """A `python -m replay_service.serve` subprocess whose output is collected by a thread."""
+    """The installed `replay-server` as a subprocess whose output is collected by a thread."""
 
     def __init__(self, *args: str) -> None:
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replay_service.serve", *args],
+            [os.path.join(os.path.dirname(sys.executable), "replay-server"), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
