@@ -71,6 +71,30 @@ def sampling_timeout_message(table_name: str, timeout_s: float | None) -> str:
     )
 
 
+# Reverb's sampler error for an item whose columns are not the table signature's.
+FOREIGN_ITEM_ERROR = "Inconsistent number of tensors received"
+
+
+def foreign_item_message(table_name: str, reverb_message: str) -> str:
+    """The error text of sampling an item that does not match `table_name`'s signature.
+
+    Args:
+      table_name: The sampled table.
+      reverb_message: Reverb's own message (kept at the end).
+
+    Returns:
+      What happened, the usual cause and what to do.
+    """
+    return (
+        f"table {table_name!r} holds an item whose columns are not its signature's: it was "
+        "written by a writer that does not check items against the table signature, such as "
+        "TF-Agents' ReverbAddTrajectoryObserver (validate_items=False) on a layout='packed' "
+        "table (whose steps are one uint8 column). Write through the manager's observer() or "
+        "writers; export() skips such items with a warning, so the others can be imported into "
+        f"a new buffer. Reverb: {reverb_message}"
+    )
+
+
 # ---------------------------------------------------------------------------- server liveness
 
 # Reverb's sampler treats UNAVAILABLE as transient and retries it forever, so an iterator whose

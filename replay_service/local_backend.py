@@ -34,7 +34,7 @@ from replay_service.checkpoints import (
 )
 from replay_service.config import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
-from replay_service.local_table import LocalTable
+from replay_service.local_table import LocalTable, check_local_table
 from replay_service.specs import describe_spec
 
 _log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class LocalBackend:
         self._last: Checkpoint | None = None
         self._last_duration_s: float | None = None
         for config in self._configs:  # refuse Reverb-only options before touching the disk
-            self._new_table(config)
+            check_local_table(config)
 
     @property
     def checkpoint_dir(self) -> str:

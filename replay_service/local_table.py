@@ -1,11 +1,13 @@
 """`LocalTable`: one table of the in-process backend.
 
 A table holds up to `capacity` items, each a window of `sequence_length` steps: per field of
-the stored spec one tensor `[capacity, sequence_length, *field_shape]`, allocated at the first
-insert, in RAM (`torch.empty`, committed as it fills) or as tensordict `MemoryMappedTensor`
-files ("memmap", for buffers larger than RAM). Inserts and samples index those tensors through
-numpy views: one copy per field, no per-call container. Items are evicted oldest first once the
-table is full (Reverb's FIFO remover) and removed after `max_times_sampled` samples when set.
+the stored spec one tensor `[capacity, sequence_length, *field_shape]`: in RAM (`torch.empty`
+at the first insert, committed as it fills) or as tensordict `MemoryMappedTensor` files
+("memmap", for buffers larger than RAM) created with the table, their whole size reserved on
+disk then (a full disk is a `ConfigError` there, never a SIGBUS at a later write). Inserts and
+samples index those tensors through numpy views: one copy per field, no per-call container.
+Items are evicted oldest first once the table is full (Reverb's FIFO remover) and removed after
+`max_times_sampled` samples when set.
 
 Samplers (as Reverb's selectors of the same name):
 - "uniform": every item equally likely;
@@ -26,6 +28,7 @@ share it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -186,6 +189,10 @@ class LocalTable:
         self.deletes = 0
         self.evictions = 0
         self.resets = 0  # streams holding items drawn ahead drop them when this changes
+        if storage == "memmap":
+            # The files and their disk space are taken now: a disk too small for the table
+            # fails here, not with SIGBUS when a write reaches a page the disk has no room for.
+            self._columns = self._allocate()
 
     # ------------------------------------------------------------------------------ state
 
@@ -540,7 +547,11 @@ class LocalTable:
         """One tensor per field, `[capacity, sequence_length, *field_shape]`, as numpy views.
 
         RAM: `torch.empty` (pages are committed as items are written). "memmap": tensordict's
-        `MemoryMappedTensor` files under `scratch_dir`, so the buffer can exceed RAM.
+        `MemoryMappedTensor` files under `scratch_dir`, so the buffer can exceed RAM, their
+        whole size reserved on disk first (`_reserve_files`).
+
+        Raises:
+          ConfigError: If the disk of `scratch_dir` cannot hold the memory-mapped files.
         """
         capacity = self.config.capacity
         directory = None
@@ -551,6 +562,19 @@ class LocalTable:
                 # their items live in the checkpoints.
                 shutil.rmtree(directory)
             os.makedirs(directory)
+            _reserve_files(
+                [
+                    (
+                        os.path.join(directory, f"field{index}.memmap"),
+                        capacity * int(np.prod(shape)) * dtype.itemsize,
+                    )
+                    for index, (shape, dtype) in enumerate(
+                        zip(self._shapes, self._dtypes, strict=True)
+                    )
+                ],
+                f"the memory-mapped storage of table {self.name!r} ({capacity} items of "
+                f"{self.item_bytes} bytes)",
+            )
         columns = []
         for index, (shape, dtype) in enumerate(zip(self._shapes, self._dtypes, strict=True)):
             torch_dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
@@ -561,8 +585,54 @@ class LocalTable:
                     (capacity, *shape),
                     dtype=torch_dtype,
                     filename=os.path.join(directory, f"field{index}.memmap"),
+                    existsok=True,  # reserved above
                 )
             else:
                 tensor = torch.empty((capacity, *shape), dtype=torch_dtype)
             columns.append(tensor.numpy())
         return columns
+
+
+def _reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
+    """Creates each file of `files` with its whole size allocated on disk (`posix_fallocate`).
+
+    A memory-mapped file whose blocks are not allocated takes them when a page is first
+    written; on a full disk that write kills the process with SIGBUS. Reserved blocks are the
+    file's until it is deleted, so writes through the mapping never need new ones.
+
+    Args:
+      files: `(path, bytes)` of each file to create; none of them may exist.
+      what: What the files hold, for the error.
+
+    Raises:
+      ConfigError: If a file cannot be created or its space cannot be reserved (a full disk, a
+        quota); it names the file, the bytes needed and those free. The files this call created
+        are removed again.
+    """
+    created: list[str] = []
+    path, size = "", 0
+    try:
+        for path, size in files:
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(path, flags, 0o600)
+            created.append(path)
+            try:
+                if size:
+                    os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+    except OSError as e:
+        for done in created:
+            with contextlib.suppress(OSError):
+                os.unlink(done)
+        needed = sum(n for _, n in files)
+        try:
+            stats = os.statvfs(os.path.dirname(path) or ".")
+            free = f"{stats.f_bavail * stats.f_frsize} bytes free there"
+        except OSError:
+            free = "free space unknown"
+        raise ConfigError(
+            f"cannot reserve {needed} bytes on disk for {what} in "
+            f"{os.path.dirname(path)!r} ({free}): {path!r} ({size} bytes): {e.strerror or e}; "
+            "free disk space, lower the capacity or use storage='memory'"
+        ) from e

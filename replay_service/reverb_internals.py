@@ -60,6 +60,7 @@ import socket
 import struct
 import tempfile
 import time
+import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -488,7 +489,9 @@ def read_checkpoint_items(
             "export needs the checkpoint files (run it where the server writes them)"
         )
     table = _read_table(checkpoint_path, table_name)
-    records = _read_items(checkpoint_path, table_name)
+    records = _skip_foreign_items(
+        checkpoint_path, table_name, signature, _read_items(checkpoint_path, table_name)
+    )
     keys = np.array([r.key for r in records], dtype=np.uint64)
     priorities = np.array([r.priority for r in records], dtype=np.float64)
     times_sampled = np.array([r.times_sampled for r in records], dtype=np.int32)
@@ -497,6 +500,45 @@ def read_checkpoint_items(
         data, sampled_keys = _drain(copy, table_name, signature, len(records), tmp, timeout)
     order = _positions(keys, sampled_keys, checkpoint_path)
     return [np.ascontiguousarray(a[order]) for a in data], priorities, times_sampled
+
+
+def _skip_foreign_items(
+    checkpoint_path: str, table_name: str, signature: Any, records: list[Any]
+) -> list[Any]:
+    """The item records whose number of columns is the signature's, warning about the others.
+
+    Reverb stores what a writer sends without checking it against the table signature when the
+    writer does not (TF-Agents' observers pass `validate_items=False`): a nested `Trajectory`
+    in a packed table, say. Such an item cannot be decoded with the signature; leaving it out
+    keeps the others readable.
+
+    Args:
+      checkpoint_path: The checkpoint, for the warning.
+      table_name: The table, for the warning.
+      signature: The table signature.
+      records: The table's item records.
+
+    Returns:
+      The records of the items that have the signature's number of columns, in their order.
+    """
+    import tensorflow as tf
+
+    expected = len(tf.nest.flatten(signature))
+    kept = [r for r in records if len(r.flat_trajectory.columns) == expected]
+    if len(kept) != len(records):
+        foreign = [r for r in records if len(r.flat_trajectory.columns) != expected]
+        counts = sorted({len(r.flat_trajectory.columns) for r in foreign})
+        message = (
+            f"checkpoint {checkpoint_path!r}: table {table_name!r} holds {len(foreign)} of "
+            f"{len(records)} items with {counts} columns where its signature has {expected} "
+            f"(keys {[r.key for r in foreign[:5]]}{', ...' if len(foreign) > 5 else ''}); they "
+            "were written without a check against the table signature (such as TF-Agents' "
+            "ReverbAddTrajectoryObserver on a layout='packed' table), cannot be decoded and "
+            f"are left out: {len(kept)} items are read"
+        )
+        _log.warning("%s", message)
+        warnings.warn(message, stacklevel=3)
+    return kept
 
 
 def _read_table(checkpoint_path: str, table_name: str) -> Any:

@@ -18,11 +18,21 @@ marks a time-limit end. Samples carry SB3's `dones`: terminated only with
 `save_replay_buffer` pickles this object: its state is this project's export (the
 `buffer_state.safetensors` and `buffer_metadata.json` bytes, see `replay_service.export`) plus
 the spaces and options, and `load_replay_buffer` imports that export into a new buffer.
+
+Importing this module wraps SB3's `OffPolicyAlgorithm.load_replay_buffer` for models whose
+`replay_buffer_class` is `ReverbReplayBuffer`: an empty, truncated or foreign file raises
+`CheckpointError` naming the file, and a buffer saved for other spaces (CartPole's into a
+MountainCar model) raises `SpecMismatchError` naming both spaces; either way the model keeps its
+buffer. Models with other buffer classes load as SB3 does.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import os
+import pathlib
+import pickle
 import tempfile
 import weakref
 from typing import Any
@@ -31,10 +41,12 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.save_util import load_from_pkl
 from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
 from replay_service.config import Timeouts
-from replay_service.errors import ConfigError
+from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
 from replay_service.manager import ReplayBufferManager
 from replay_service.specs import data_spec_for_spaces
 
@@ -225,3 +237,114 @@ class ReverbReplayBuffer(ReplayBuffer):
                     with open(os.path.join(tmp, name), "wb") as f:
                         f.write(data)
                 self._start(import_from=tmp)
+
+
+# ----------------------------------------------------------- SB3's model.load_replay_buffer
+
+# What unpickling an empty, truncated or foreign file raises (pickle's own errors, and those of
+# objects rebuilt from a cut or garbled stream).
+_UNPICKLING_ERRORS = (
+    pickle.UnpicklingError,
+    EOFError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    ImportError,
+    IndexError,
+    KeyError,
+)
+
+
+def _file_name(path: str | pathlib.Path | io.BufferedIOBase) -> str:
+    """The name of `path` for error messages (a file object's `name` where it has one)."""
+    if isinstance(path, str | pathlib.Path):
+        return os.fspath(path)
+    return str(getattr(path, "name", repr(path)))
+
+
+def _check_loaded_buffer(model: OffPolicyAlgorithm, buffer: Any, name: str) -> None:
+    """Checks that an unpickled `buffer` can serve `model`.
+
+    Args:
+      model: The model whose `load_replay_buffer` read the file.
+      buffer: The unpickled object.
+      name: The file's name, for the errors.
+
+    Raises:
+      CheckpointError: If `buffer` is not an SB3 replay buffer.
+      SpecMismatchError: If its observation or action space differs from the model's.
+    """
+    if not isinstance(buffer, ReplayBuffer):
+        raise CheckpointError(
+            f"{name} does not hold a replay buffer (save_replay_buffer writes one), "
+            f"it holds a {type(buffer).__name__}"
+        )
+    differ = [
+        f"{label} space: file {theirs!r}, model {ours!r}"
+        for label, theirs, ours in (
+            ("observation", buffer.observation_space, model.observation_space),
+            ("action", buffer.action_space, model.action_space),
+        )
+        if theirs != ours
+    ]
+    if differ:
+        raise SpecMismatchError(
+            f"the replay buffer in {name} was saved for other spaces than this model's "
+            f"({'; '.join(differ)}); load it into a model of the same environment"
+        )
+
+
+def _wrap_load_replay_buffer(sb3_load: Any) -> Any:
+    """Wraps SB3's `OffPolicyAlgorithm.load_replay_buffer` for models with ReverbReplayBuffer."""
+
+    @functools.wraps(sb3_load)
+    def load_replay_buffer(
+        self: OffPolicyAlgorithm,
+        path: str | pathlib.Path | io.BufferedIOBase,
+        truncate_last_traj: bool = True,
+    ) -> None:
+        """SB3's `load_replay_buffer`, checked when the model uses a ReverbReplayBuffer.
+
+        Args:
+          path: The file written by `save_replay_buffer` (or an open binary file).
+          truncate_last_traj: SB3's argument (HerReplayBuffer only).
+
+        Raises:
+          CheckpointError: If the file is empty, truncated or holds no replay buffer.
+          SpecMismatchError: If the buffer was saved for other spaces than the model's.
+        """
+        buffer_class = getattr(self, "replay_buffer_class", None)
+        if not (isinstance(buffer_class, type) and issubclass(buffer_class, ReverbReplayBuffer)):
+            return sb3_load(self, path, truncate_last_traj)
+        name = _file_name(path)
+        start = None if isinstance(path, str | pathlib.Path) else path.tell()
+        try:
+            buffer = load_from_pkl(path, self.verbose)
+        except _UNPICKLING_ERRORS as exc:
+            raise CheckpointError(
+                f"cannot load the replay buffer in {name}: the file is empty, truncated or not "
+                f"written by save_replay_buffer ({type(exc).__name__}: {exc})"
+            ) from exc
+        try:
+            _check_loaded_buffer(self, buffer, name)
+        except (CheckpointError, SpecMismatchError):
+            if isinstance(buffer, ReverbReplayBuffer):
+                buffer.close()
+            raise
+        if not isinstance(buffer, ReverbReplayBuffer):
+            # One of SB3's own buffers with the model's spaces: SB3 loads it as it does.
+            if start is not None:
+                path.seek(start)  # type: ignore[union-attr]
+            return sb3_load(self, path, truncate_last_traj)
+        self.replay_buffer = buffer
+        buffer.device = self.device
+        return None
+
+    load_replay_buffer.__replay_service_wrapped__ = True  # type: ignore[attr-defined]
+    return load_replay_buffer
+
+
+if not getattr(OffPolicyAlgorithm.load_replay_buffer, "__replay_service_wrapped__", False):
+    OffPolicyAlgorithm.load_replay_buffer = _wrap_load_replay_buffer(  # type: ignore[method-assign]
+        OffPolicyAlgorithm.load_replay_buffer
+    )

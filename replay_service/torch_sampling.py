@@ -51,6 +51,7 @@ from replay_service.errors import (
     ConfigError,
     ManagerClosedError,
     ServerUnavailableError,
+    SpecMismatchError,
 )
 from replay_service.handles import TableHandle
 from replay_service.packed import PACKED, PackedLayout, step_layout
@@ -309,7 +310,11 @@ class SampleSource:
         """
         import tensorflow as tf
 
-        from replay_service.datasets import sampling_timeout_message
+        from replay_service.datasets import (
+            FOREIGN_ITEM_ERROR,
+            foreign_item_message,
+            sampling_timeout_message,
+        )
 
         # A packed table of small steps has its rows unpacked here, in numpy (one copy per
         # field, or only of the steps a packer keeps: `Packer.prepare_rows`), rather than by
@@ -356,6 +361,8 @@ class SampleSource:
                     f"{e.message}"
                 ) from e
             except tf.errors.InvalidArgumentError as e:
+                if FOREIGN_ITEM_ERROR in (e.message or ""):
+                    raise SpecMismatchError(foreign_item_message(self.table_name, e.message)) from e
                 ours = _sampling_error(e)
                 if ours is None:
                     raise

@@ -469,6 +469,119 @@ def test_a_checkpoint_on_a_full_disk_fails_cleanly_and_succeeds_once_space_is_ba
     assert loaded.num_frames() == 100
 
 
+BIG = spaces.Box(-1000.0, 1000.0, (64,), np.float32)
+MEMMAP_CAPACITY = 400  # 224 KB of memory-mapped files (a closed manager keeps its mapping)
+
+
+def memmap_files(root: Path) -> dict[str, int]:
+    """Size of every file under `<root>/.memmap`, by path relative to it."""
+    memmap = root / ".memmap"
+    return {
+        str(Path(d, f).relative_to(memmap)): Path(d, f).stat().st_size
+        for d, _, fs in os.walk(memmap)
+        for f in fs
+    }
+
+
+def test_memmap_storage_on_a_full_disk_is_a_config_error_before_any_item(make, tmpfs):
+    root = tmpfs.path / "ckpt"
+    options = dict(observation_space=BIG, storage="memmap", capacity=MEMMAP_CAPACITY)
+    tmpfs.leave_free(16 * BLOCK)
+    manager = make(root, **options)
+    with pytest.raises(ConfigError, match="cannot reserve") as raised:
+        manager.create_replay_buffer()
+    message = str(raised.value)
+    needed = int(message.split("cannot reserve ")[1].split(" bytes")[0])
+    assert str(root / ".memmap") in message and "field" in message, message
+    assert not memmap_files(root), "a refused table left memory-mapped files"
+
+    tmpfs.release()
+    manager = make(root, **options)
+    manager.create_replay_buffer()
+    sizes = memmap_files(root)
+    assert sum(sizes.values()) == needed, (sizes, message)
+    writer = manager.transition_writer()
+    for i in range(5):
+        writer.add(np.full(64, i, np.float32), [0], 1.0, np.full(64, i + 1, np.float32), i == 4)
+    writer.flush()
+    manager.checkpoint()
+    manager.close()
+
+    # Restoring onto a full disk: the same error, and the checkpoint is not taken for damaged.
+    saved = checkpoint_names(root)
+    tmpfs.leave_free(16 * BLOCK)
+    with pytest.raises(ConfigError, match=f"cannot reserve {needed} bytes"):
+        make(root, **options).load_replay_buffer()
+    assert checkpoint_names(root) == saved
+    assert not (root / CORRUPT).exists() or not any((root / CORRUPT).iterdir())
+    tmpfs.release()
+    loaded = make(root, **options)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == 5
+
+
+FILL_THE_DISK_THEN_WRITE = """
+import os, sys
+import numpy as np
+from gymnasium import spaces
+from replay_service import ReplayBufferManager, Timeouts
+
+root, ballast, capacity = sys.argv[1], sys.argv[2], int(sys.argv[3])
+manager = ReplayBufferManager.from_spaces(
+    spaces.Box(-1000.0, 1000.0, (64,), np.float32), spaces.Discrete(2), checkpoint_dir=root,
+    backend="local", storage="memmap", capacity=capacity,
+    timeouts=Timeouts(connect=5.0, write=10.0, sample=1.0, checkpoint=60.0),
+)
+manager.create_replay_buffer()
+writer = manager.transition_writer()
+
+
+def write(first, count):
+    for i in range(first, first + count):
+        state = np.full(64, i, np.float32)
+        writer.add(state, [i % 2], 1.0, state + 1, i % 10 == 9)
+    writer.flush()
+
+
+write(0, 10)  # the first items are in: the storage exists
+fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+for size in (65536, 4096, 1):  # every free byte of the disk
+    try:
+        while True:
+            os.write(fd, bytes(size))
+    except OSError:
+        pass
+os.close(fd)
+stats = os.statvfs(root)
+print("free after filling", stats.f_bavail * stats.f_frsize, flush=True)
+write(10, capacity + 50)  # every slot written, the oldest ones twice
+batch = next(iter(manager.torch_batches(32, transitions=True)))
+print("items", manager.num_frames(), "batch", tuple(batch.states.shape), flush=True)
+manager.close()
+"""
+
+
+def test_memmap_storage_survives_the_disk_filling_after_the_table_was_created(tmpfs):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FILL_THE_DISK_THEN_WRITE,
+            str(tmpfs.path / "ckpt"),
+            str(tmpfs.ballast),
+            str(MEMMAP_CAPACITY),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode >= 0, f"killed by signal {-result.returncode}: {output}"
+    assert result.returncode == 0, output
+    assert "free after filling 0" in output, output
+    assert f"items {MEMMAP_CAPACITY} batch (32, 64)" in output, output
+
+
 def test_periodic_checkpoints_run_in_the_background(make, tmp_path):
     root = tmp_path / "ckpt"
     manager = make(root, checkpoint_interval_s=0.2)

@@ -405,21 +405,84 @@ def test_replay_server_and_shards_with_a_packed_config(
             server.finish()
 
 
-def test_items_of_tf_agents_own_observer_fail_to_sample_from_a_packed_table(
-    make_manager: Any, steps: list[Any]
+def _foreign_items_are_named_and_left_out_of_the_export(
+    manager: ReplayBufferManager, steps: list[Any], make_manager: Any, tmp_path: Any
 ) -> None:
-    """TF-Agents' observer writes without validating items, so Reverb takes its nested items
-    into a packed table; sampling them then fails instead of returning wrong data."""
-    manager = make_manager(layout="packed")
-    manager.create_replay_buffer()
+    """Good items, then TF-Agents' own observer's nested items in the packed table: samplers
+    name the cause, the export leaves those items out (warning) and keeps every good one."""
+    fill(manager, steps[:12])
+    good = manager.num_frames()
+    good_items = client_items(manager, manager.table_name, good)
     observer = reverb_utils.ReverbAddTrajectoryObserver(manager.py_client, manager.table_name, 2)
-    for trajectory in steps[:5]:
+    for trajectory in steps[20:26]:
         observer(trajectory)
     observer.flush()
     observer.close()
-    assert manager.num_frames() > 0
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        next(iter(manager.get_dataset(2)))
+    assert manager.num_frames() > good  # Reverb took them: nothing checks at insert
+
+    stream = manager.torch_batches(64)
+    with pytest.raises(SpecMismatchError, match="ReverbAddTrajectoryObserver") as raised:
+        for _ in range(50):
+            next(stream)
+    assert repr(manager.table_name) in str(raised.value)
+    assert "Inconsistent number of tensors" in str(raised.value)
+    stream.close()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Inconsistent number of tensors"):
+        for _ in range(50):
+            next(iter(manager.get_dataset(64)))
+
+    with pytest.warns(UserWarning, match="left out") as warned:
+        manager.export(tmp_path / "export")
+    assert f"{good} items are read" in str(warned[0].message)
+    fresh = make_manager(checkpoint_dir=tmp_path / "fresh", layout="packed")
+    fresh.import_buffer(tmp_path / "export")
+    assert fresh.num_frames() == good
+    assert client_items(fresh, fresh.table_name, good) == good_items
+    assert len(batch_items(next(iter(fresh.torch_batches(8))))) == 8
+
+
+def test_items_of_tf_agents_own_observer_in_a_packed_table_are_named_and_not_exported(
+    make_manager: Any, steps: list[Any], tmp_path: Any
+) -> None:
+    """TF-Agents' observer writes without validating items, so Reverb takes its nested items
+    into a packed table (Reverb's server never checks an item against the table signature)."""
+    manager = make_manager(layout="packed")
+    _foreign_items_are_named_and_left_out_of_the_export(manager, steps, make_manager, tmp_path)
+
+
+def test_items_of_tf_agents_own_observer_on_a_packed_replay_server(
+    make_manager: Any, steps: list[Any], data_spec: Any, tmp_path: Any
+) -> None:
+    with open(CARTPOLE_CONFIG) as f:
+        text = f.read()
+    config = tmp_path / "packed.toml"
+    config.write_text(
+        text.replace("sequence_length = 2\n", 'sequence_length = 2\nlayout = "packed"\n')
+    )
+    port = pick_free_port()
+    server = ServerProcess(
+        f"--config={config}",
+        f"--port={port}",
+        f"--checkpoint_dir={tmp_path / 'server'}",
+        "--checkpoint_interval_s=0",
+    )
+    try:
+        server.wait_listening()
+        remote = ReplayBufferManager(
+            data_spec,
+            100000,
+            server_address=f"localhost:{port}",
+            timeouts=FAST_TIMEOUTS,
+            layout="packed",
+        )
+        try:
+            _foreign_items_are_named_and_left_out_of_the_export(
+                remote, steps, make_manager, tmp_path
+            )
+        finally:
+            remote.close()
+    finally:
+        server.finish()
 
 
 def test_bad_layouts_are_refused(make_manager: Any, data_spec: Any, tmp_path: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from stable_baselines3.common.noise import NormalActionNoise
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 from conftest import FAST_TIMEOUTS, all_items
+from replay_service.errors import ReplayServiceError
 from replay_service.sb3 import ReverbReplayBuffer
 
 N_ENVS = 2
@@ -284,3 +286,80 @@ def test_dqn_learns_cartpole_with_the_reverb_buffer(tmp_path: Any) -> None:
         model.replay_buffer.close()
     print(f"random policy return {random_return:.1f}, DQN return {trained_return:.1f}")
     assert trained_return > 3 * random_return
+
+
+def _dqn_model(env_id: str, checkpoint_dir: Any) -> DQN:
+    """A small DQN on `env_id` over a ReverbReplayBuffer (nothing learnt)."""
+    return DQN(
+        "MlpPolicy", make_vec_env(env_id, n_envs=N_ENVS, seed=0), buffer_size=1000,
+        learning_starts=10, batch_size=8, policy_kwargs={"net_arch": [8]}, seed=0,
+        replay_buffer_class=ReverbReplayBuffer,
+        replay_buffer_kwargs={"checkpoint_dir": str(checkpoint_dir), "timeouts": FAST_TIMEOUTS},
+    )  # fmt: skip
+
+
+def _saved_cartpole_buffer(tmp_path: Any) -> tuple[Any, int]:
+    """A CartPole ReverbReplayBuffer saved as `save_replay_buffer` does; its path and size."""
+    env = gymnasium.make("CartPole-v1")
+    buffer = ReverbReplayBuffer(
+        1000, env.observation_space, env.action_space, "cpu", n_envs=N_ENVS,
+        checkpoint_dir=tmp_path / "cartpole_ckpt", timeouts=FAST_TIMEOUTS,
+    )  # fmt: skip
+    try:
+        _collect([buffer])
+        size = buffer.size()
+        path = tmp_path / "cartpole_buffer.pkl"
+        path.write_bytes(pickle.dumps(buffer))
+    finally:
+        buffer.close()
+    return path, size
+
+
+def test_load_replay_buffer_of_an_empty_or_truncated_file_names_the_file(tmp_path: Any) -> None:
+    saved, size = _saved_cartpole_buffer(tmp_path)
+    data = saved.read_bytes()
+    model = _dqn_model("CartPole-v1", tmp_path / "ckpt")
+    own = model.replay_buffer
+    try:
+        for name, content in (
+            ("empty.pkl", b""),
+            ("truncated.pkl", data[: len(data) // 2]),
+            ("cut_at_the_end.pkl", data[:-3]),
+            ("garbage.pkl", b"not a pickle at all"),
+        ):
+            path = tmp_path / name
+            path.write_bytes(content)
+            with pytest.raises(ReplayServiceError, match=re.escape(str(path))):
+                model.load_replay_buffer(path)
+            assert model.replay_buffer is own  # the model keeps its buffer
+        with open(tmp_path / "truncated.pkl", "rb") as f:  # an open file, as SB3 allows
+            with pytest.raises(ReplayServiceError, match="truncated.pkl"):
+                model.load_replay_buffer(f)
+        model.load_replay_buffer(saved)  # the whole file loads
+        assert model.replay_buffer is not own and model.replay_buffer.size() == size
+        model.learn(total_timesteps=20)
+    finally:
+        own.close()
+        model.replay_buffer.close()
+
+
+@pytest.mark.parametrize("env_id", ["MountainCar-v0", "Acrobot-v1"])
+def test_load_replay_buffer_of_other_spaces_names_both_spaces(env_id: str, tmp_path: Any) -> None:
+    saved, _ = _saved_cartpole_buffer(tmp_path)
+    model = _dqn_model(env_id, tmp_path / "ckpt")
+    own = model.replay_buffer
+    try:
+        with pytest.raises(ReplayServiceError, match=re.escape(str(saved))) as raised:
+            model.load_replay_buffer(saved)
+        message = str(raised.value)
+        cartpole = gymnasium.make("CartPole-v1")
+        assert "observation space" in message
+        assert repr(cartpole.observation_space) in message
+        assert repr(model.observation_space) in message
+        if env_id == "Acrobot-v1":  # Discrete(2) against Discrete(3)
+            assert "action space" in message and "Discrete(3)" in message
+        assert model.replay_buffer is own
+        model.learn(total_timesteps=20)  # the model goes on with its own buffer
+        assert own.size() > 0
+    finally:
+        own.close()
