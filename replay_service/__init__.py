@@ -2,7 +2,7 @@
 
 Module paths kept for older imports and `python -m` commands, each a thin re-export:
 `replay_service.serve` (now `replay_service.cli.serve`) and `replay_service.demo`
-(`replay_service.cli.demo`; `collect_data_spec` now lives in `replay_service.specs`).
+(`replay_service.cli.demo`; `collect_data_spec` now lives in `replay_service.specs.nests`).
 `replay_service.populate` is the function `starter.populate`; the `replay-populate` tool's module
 is `replay_service.cli.populate`.
 """
@@ -16,8 +16,8 @@ import os
 os.environ.setdefault("GRPC_POLL_STRATEGY", "epoll1")
 
 # The command-line tools print only their own lines unless asked to be verbose; this must run
-# before TensorFlow, Reverb or gym is imported (see replay_service.cli_output).
-from replay_service import cli_output
+# before TensorFlow, Reverb or gym is imported (see replay_service.cli.output).
+from replay_service.cli import output as cli_output
 
 cli_output.configure()
 
@@ -25,10 +25,10 @@ cli_output.configure()
 # `import replay_service` imports neither TensorFlow, TF-Agents nor Reverb: the local backend
 # runs where they are not installed.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "array_specs": ("ArraySpec",),
-    "checkpoints": ("Checkpoint", "CheckpointStore", "StoreMetadata"),
-    "config": ("DEFAULT_TABLE_NAME", "SamplingConfig", "TableConfig", "Timeouts"),
-    "datasets": ("ReplayBuffer",),
+    "specs.arrays": ("ArraySpec",),
+    "storage.store": ("Checkpoint", "CheckpointStore", "StoreMetadata"),
+    "config.options": ("DEFAULT_TABLE_NAME", "SamplingConfig", "TableConfig", "Timeouts"),
+    "backends.reverb.datasets": ("ReplayBuffer",),
     "errors": (
         "BackendMismatchError",
         "BufferStateError",
@@ -45,17 +45,17 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "WriteTimeoutError",
     ),
     "manager": ("ReplayBufferManager",),
-    "nstep": ("NStepBatch", "NStepTargets", "n_step_targets", "windows_to_n_step"),
-    "observers": ("TrajectoryObserver",),
-    "priorities": (
+    "sample.nstep": ("NStepBatch", "NStepTargets", "n_step_targets", "windows_to_n_step"),
+    "collect.observer": ("TrajectoryObserver",),
+    "sample.priorities": (
         "BetaSchedule",
         "MaxPriorityTracker",
         "importance_weights",
         "update_priorities",
     ),
-    "rate_limit": ("LimiterState", "TrainSchedule"),
-    "sequences": ("Masked", "padding_needed"),
-    "sharding": (
+    "sample.rate_limit": ("LimiterState", "TrainSchedule"),
+    "specs.windows": ("Masked", "padding_needed"),
+    "distributed.sharding": (
         "ShardedCheckpoint",
         "ShardedConfig",
         "ShardedReplayBuffer",
@@ -65,11 +65,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "load_sharded_config",
         "sharded_status",
     ),
-    "specs": ("data_spec_for_spaces",),
-    "starter": ("PopulateConfig", "PopulateResult", "copy_buffer", "populate"),
-    "stats": ("BufferStats", "CheckpointStats", "TableStats"),
-    "tables": ("make_replay_tables", "make_table"),
-    "torch_sampling": (
+    "specs.nests": ("data_spec_for_spaces",),
+    "starter.build": ("PopulateConfig", "PopulateResult", "copy_buffer", "populate"),
+    "monitoring.stats": ("BufferStats", "CheckpointStats", "TableStats"),
+    "backends.reverb.tables": ("make_replay_tables", "make_table"),
+    "sample.torch_streams": (
         "SampleSource",
         "TorchBatchStream",
         "TorchReplayDataset",
@@ -77,13 +77,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "TorchSampleSource",
         "TransitionBatch",
     ),
-    "writers": ("TransitionWriter",),
+    "collect.transitions": ("TransitionWriter",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if cli_output.is_quiet():
     # A command-line tool: load TensorFlow and Reverb now, as their output is quieted only once
-    # they are loaded (see replay_service.cli_output).
+    # they are loaded (see replay_service.cli.output).
     try:
         import reverb  # noqa: F401
         import tensorflow  # noqa: F401

@@ -1,9 +1,9 @@
 """Former home of `replay-demo`'s module, kept so that `python -m replay_service.demo` runs.
 
-The tool lives in `replay_service.cli.demo`; `collect_data_spec` in `replay_service.specs`.
+The tool lives in `replay_service.cli.demo`; `collect_data_spec` in `replay_service.specs.nests`.
 """
 
-from replay_service.specs import collect_data_spec
+from replay_service.specs.nests import collect_data_spec
 
 __all__ = ["collect_data_spec", "run"]
 

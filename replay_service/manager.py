@@ -14,11 +14,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay_service import export as export_lib
-from replay_service import priorities as priorities_lib
-from replay_service import rate_limit, sequences, specs, summaries
-from replay_service.checkpoints import DEFAULT_KEEP, CheckpointStore
-from replay_service.config import (
+from replay_service.backends.reverb.handles import TableHandle
+from replay_service.backends.reverb.tables import check_extra_tables, find_table
+from replay_service.collect.observer import TrajectoryObserver
+from replay_service.collect.transitions import TransitionWriter
+from replay_service.config.options import (
     DEFAULT_TABLE_NAME,
     SamplingConfig,
     TableConfig,
@@ -32,22 +32,25 @@ from replay_service.errors import (
     ManagerClosedError,
     SpecMismatchError,
 )
-from replay_service.handles import TableHandle
-from replay_service.observers import TrajectoryObserver
-from replay_service.packed import item_signature, layout_of
-from replay_service.stats import BufferStats, StatsTracker, checkpoint_stats
-from replay_service.tables import check_extra_tables, find_table
-from replay_service.writers import TransitionWriter
+from replay_service.monitoring import summaries
+from replay_service.monitoring.stats import BufferStats, StatsTracker, checkpoint_stats
+from replay_service.sample import priorities as priorities_lib
+from replay_service.sample import rate_limit
+from replay_service.specs import nests as specs
+from replay_service.specs import windows as sequences
+from replay_service.specs.packed import item_signature, layout_of
+from replay_service.storage import export as export_lib
+from replay_service.storage.store import DEFAULT_KEEP, CheckpointStore
 
 if TYPE_CHECKING:
     import reverb
     import tensorflow as tf
 
-    from replay_service.backends import EmbeddedBackend, RemoteBackend
-    from replay_service.datasets import ReplayBuffer
-    from replay_service.gym_vector import GymVectorWriter
-    from replay_service.local_backend import LocalBackend
-    from replay_service.torch_sampling import TorchBatchStream, TorchReplayDataset
+    from replay_service.backends.local.backend import LocalBackend
+    from replay_service.backends.reverb.backend import EmbeddedBackend, RemoteBackend
+    from replay_service.backends.reverb.datasets import ReplayBuffer
+    from replay_service.collect.gym_vector import GymVectorWriter
+    from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
 
 BACKENDS = ("auto", "reverb", "local")
 # What `backend="auto"` chose in this process, said once.
@@ -64,7 +67,7 @@ class ReplayBufferManager:
     `replay-server`), which owns its checkpoints. The local backend (`backend="local"`, or
     `"auto"` where dm-reverb does not import: macOS, Windows, ARM, Python 3.12+) keeps the
     tables in this process without Reverb, with the same API and checkpoint directory protocol
-    (see `replay_service.local_backend`); remote mode, sharding, `mixed_dataset`,
+    (see `replay_service.backends.local.backend`); remote mode, sharding, `mixed_dataset`,
     `train_schedule` and `replay-server` are Reverb-only.
 
     Args:
@@ -84,14 +87,15 @@ class ReplayBufferManager:
         every table; the replay buffer, `num_frames()` and datasets address the primary table
         unless given `table=`.
       pad_end_of_episode: Pad the end of every episode so that no step is left out of an item,
-        and store a mask: items are `Masked(step, mask)` (see `replay_service.sequences`).
+        and store a mask: items are `Masked(step, mask)` (see `replay_service.specs.windows`).
         Extra tables must then be padded too, with the same sequence length.
       checkpoint_interval_s: Embedded mode: take a checkpoint every this many seconds in a
         background thread (failures are logged and retried); None: only on `checkpoint()`.
         After a crash at most one interval plus one checkpoint's duration is lost.
       summary_dir: Write `stats()` as TensorBoard scalars into this directory every
         `summary_interval_s` seconds from a background thread, from the time the buffer is
-        created or loaded until `close()` (see `replay_service.summaries`); None: no summaries.
+        created or loaded until `close()` (see `replay_service.monitoring.summaries`); None: no
+        summaries.
       summary_interval_s: Seconds between summary writes.
       backend: "reverb" (a Reverb server), "local" (in this process, no Reverb) or "auto"
         (Reverb when dm-reverb and TensorFlow import, else local; logged once per process).
@@ -99,7 +103,7 @@ class ReplayBufferManager:
         `<checkpoint_dir>/.memmap`, deleted by `close()`, for buffers larger than RAM).
       layout: How Reverb tables store steps: "nested" (one column per field) or "packed"
         (one `uint8` row per step, several times less server memory per step and faster
-        inserts; see `replay_service.packed`). Every table of the server gets it (an extra
+        inserts; see `replay_service.specs.packed`). Every table of the server gets it (an extra
         `TableConfig` naming another layout is refused). Every sampling path returns the same
         items in both; TF-Agents' own `ReverbAddTrajectoryObserver` cannot write a packed
         table. The local backend has its own storage and refuses "packed".
@@ -172,7 +176,7 @@ class ReplayBufferManager:
             raise ConfigError(f"storage={storage!r} applies only to backend='local'")
         self._backend: EmbeddedBackend | RemoteBackend | LocalBackend
         if self.backend == "local":
-            from replay_service.local_backend import LocalBackend
+            from replay_service.backends.local.backend import LocalBackend
 
             if layout != "nested":
                 raise ConfigError(
@@ -191,11 +195,11 @@ class ReplayBufferManager:
                 storage,
             )
         elif server_address is not None:
-            from replay_service.backends import RemoteBackend
+            from replay_service.backends.reverb.backend import RemoteBackend
 
             self._backend = RemoteBackend(server_address, self.tables, self._timeouts)
         else:
-            from replay_service.backends import EmbeddedBackend
+            from replay_service.backends.reverb.backend import EmbeddedBackend
 
             self._backend = EmbeddedBackend(
                 CheckpointStore(checkpoint_dir, keep=keep_checkpoints),  # type: ignore[arg-type]
@@ -427,7 +431,7 @@ class ReplayBufferManager:
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
             require_int(name, value, 1, what="a positive integer")
         if self.backend == "local":
-            from replay_service import local_sampling
+            from replay_service.backends.local import sampling as local_sampling
 
             if num_steps not in (None, config.sequence_length):
                 raise ConfigError(
@@ -436,7 +440,7 @@ class ReplayBufferManager:
                     "backend='reverb'"
                 )
             return local_sampling.tf_dataset(self._local_source(config.name), batch_size, prefetch)
-        from replay_service.datasets import ReplayBuffer, sample_dataset
+        from replay_service.backends.reverb.datasets import ReplayBuffer, sample_dataset
 
         if num_steps not in (None, config.sequence_length):
             # Splitting items into shorter sequences: TF-Agents' pipeline does that.
@@ -501,7 +505,7 @@ class ReplayBufferManager:
         client = self._require_client()
         self._require_reverb("mixed_dataset")
         require_int("prefetch", prefetch, 1, what="a positive integer")
-        from replay_service.datasets import mixed_dataset
+        from replay_service.backends.reverb.datasets import mixed_dataset
 
         dataset = mixed_dataset(
             client.server_address,
@@ -576,7 +580,7 @@ class ReplayBufferManager:
 
     def stats(self) -> BufferStats:
         """Returns how full every table is, how fast it fills and is sampled, and the last
-        checkpoint (see `replay_service.stats`).
+        checkpoint (see `replay_service.monitoring.stats`).
 
         Rates (inserts/s, samples/s, samples per insert, time blocked by the rate limiter) are
         measured over the last `stats.DEFAULT_WINDOW_S` seconds of readings, the first window
@@ -603,7 +607,7 @@ class ReplayBufferManager:
         With a `samples_per_insert` rate limiter, a loop that collects and trains in one thread
         deadlocks as soon as it samples while the limiter waits for inserts (or the reverse);
         the schedule says "train" only when a whole batch can be sampled at once and "collect"
-        otherwise. See `replay_service.rate_limit` for the rule it checks.
+        otherwise. See `replay_service.sample.rate_limit` for the rule it checks.
 
         Args:
           batch_size: Items sampled per training step.
@@ -642,14 +646,14 @@ class ReplayBufferManager:
             )
             self._summary_writer.start()
         if self.backend == "local":
-            from replay_service import local_sampling
+            from replay_service.backends.local import sampling as local_sampling
 
             self._lifeline = local_sampling.Lifeline()
             self._replay_buffer = local_sampling.LocalReplayBuffer(
                 self._local_source(self.table_name), self.clear
             )
             return self._replay_buffer, self._new_observer()
-        from replay_service.datasets import ReplayBuffer
+        from replay_service.backends.reverb.datasets import ReplayBuffer
 
         self._replay_buffer = ReplayBuffer(
             self._stored_spec,
@@ -662,7 +666,7 @@ class ReplayBufferManager:
         return self._replay_buffer, self._new_observer()
 
     def _local_source(self, table: str) -> Any:
-        from replay_service import local_sampling
+        from replay_service.backends.local import sampling as local_sampling
 
         return local_sampling.LocalSampleSource(
             self._client.table(table),
@@ -697,7 +701,7 @@ class ReplayBufferManager:
         return observer
 
     def _table_info(self, client: Any, name: str | None = None) -> Any:
-        from replay_service.backends import check_table_exists
+        from replay_service.backends.reverb.backend import check_table_exists
 
         return check_table_exists(client, name or self.table_name, self._timeouts.connect)
 
@@ -820,7 +824,7 @@ class ReplayBufferManager:
     ) -> TorchBatchStream:
         """Returns an endless iterator of torch batches sampled from this buffer.
 
-        See `replay_service.torch_sampling.TorchBatchStream` (options) and `TransitionBatch`
+        See `replay_service.sample.torch_streams.TorchBatchStream` (options) and `TransitionBatch`
         (`transitions=True`: states, actions, rewards, next_states, dones, truncated, hiddens).
         `table` picks the table to sample (None: the primary one).
 
@@ -837,7 +841,7 @@ class ReplayBufferManager:
           ManagerClosedError: When iterating, once this manager (or the stream) is closed.
           ConfigError: If an option is invalid or `table` is unknown.
         """
-        from replay_service import torch_sampling
+        from replay_service.sample import torch_streams as torch_sampling
 
         if prefetch is None:  # sampled in the calling thread (see TorchBatchStream)
             prefetch = torch_sampling.DEFAULT_PREFETCH
@@ -871,7 +875,7 @@ class ReplayBufferManager:
           BufferStateError: If no buffer was created or loaded.
           ConfigError: If an option is invalid or `table` is unknown.
         """
-        from replay_service import torch_sampling
+        from replay_service.sample import torch_streams as torch_sampling
 
         return torch_sampling.TorchReplayDataset(
             self._torch_source(table),
@@ -884,7 +888,7 @@ class ReplayBufferManager:
         if self.backend == "local":
             self._require_client()
             return self._local_source(find_table(self.tables, table).name)
-        from replay_service import torch_sampling
+        from replay_service.sample import torch_streams as torch_sampling
 
         return torch_sampling.SampleSource.from_handle(
             self.table_handle(table), lifeline=self._require_buffer().lifeline
@@ -896,7 +900,7 @@ class ReplayBufferManager:
         """Returns a writer of `(state, action, reward, next_state, done, truncated)` transitions.
 
         It writes the same items as the observer, into every table (see
-        `replay_service.writers`); `checkpoint()` flushes it and `close()` closes it.
+        `replay_service.collect.transitions`); `checkpoint()` flushes it and `close()` closes it.
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
@@ -924,7 +928,7 @@ class ReplayBufferManager:
 
         Use `writer.reset(obs)` after `envs.reset()` and `writer.add(actions, *envs.step(actions))`
         after each step: NEXT_STEP reset steps are never stored, SAME_STEP final observations
-        are taken from `infos` (see `replay_service.gym_vector`).
+        are taken from `infos` (see `replay_service.collect.gym_vector`).
 
         Args:
           envs: The vector env (its `num_envs` and `metadata["autoreset_mode"]` are read), or the
@@ -937,7 +941,7 @@ class ReplayBufferManager:
           BufferStateError: If no buffer was created or loaded.
           ConfigError: If the number of envs or the mode is invalid.
         """
-        from replay_service.gym_vector import GymVectorWriter
+        from replay_service.collect.gym_vector import GymVectorWriter
 
         num_envs = envs if isinstance(envs, int) else getattr(envs, "num_envs", None)
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
@@ -962,7 +966,7 @@ class ReplayBufferManager:
     ) -> tuple[str, str]:
         """Writes every item exactly once to `<prefix>state.safetensors` + `<prefix>metadata.json`.
 
-        Takes a checkpoint first (see `replay_service.export` for the method and format).
+        Takes a checkpoint first (see `replay_service.storage.export` for the method and format).
 
         Returns:
           `(state_path, metadata_path)`.
@@ -1000,7 +1004,7 @@ class ReplayBufferManager:
         """Creates this manager's buffer from an export: every item, its priority, in order.
 
         The capacity may differ from the exported one; fewer slots than items is refused unless
-        `drop_oldest=True` (the newest items are kept). See `replay_service.export`.
+        `drop_oldest=True` (the newest items are kept). See `replay_service.storage.export`.
 
         Returns:
           `(replay_buffer, observer)` as from `create_replay_buffer`.

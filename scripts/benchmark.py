@@ -55,8 +55,8 @@ from tf_agents.replay_buffers import reverb_utils
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 from replay_service import ReplayBufferManager, Timeouts
-from replay_service.checkpoints import CheckpointStore
-from replay_service.specs import spec_from_description
+from replay_service.specs.nests import spec_from_description
+from replay_service.storage.store import CheckpointStore
 
 _WORKLOADS = flags.DEFINE_list(
     "workloads",
@@ -342,7 +342,7 @@ def insert_trajectory_writer(manager: ReplayBufferManager, steps: list[Any]) -> 
 
 
 def insert_structured_writer(manager: ReplayBufferManager, steps: list[Any]) -> float:
-    from replay_service.observers import window_config
+    from replay_service.collect.observer import window_config
 
     config = window_config(manager._data_spec, manager.table_name, SEQUENCE_LENGTH, 1, 1.0)
 
@@ -452,7 +452,7 @@ SHARD_ROUNDS = 3
 def sharded_rows(workload: Workload, steps: list[Any], batches: int, root: str) -> list[Row]:
     """`ShardedReplayBuffer.get_dataset` over `SHARDS` servers in this process against one
     server's `get_dataset` holding the same items, taking turns in `SHARD_ROUNDS` rounds."""
-    from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
+    from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
 
     spec = workload.spec()
     per_shard = len(steps) // SHARDS

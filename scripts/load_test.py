@@ -53,10 +53,10 @@ from typing import Any
 import numpy as np
 from tf_agents.trajectories import trajectory
 
-from replay_service.config import Timeouts
-from replay_service.connection import pick_free_port
+from replay_service.backends.reverb.connection import pick_free_port
+from replay_service.config.options import Timeouts
+from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer, sharded_status
 from replay_service.errors import ConfigError, ReplayServiceError
-from replay_service.sharding import ShardedConfig, ShardedReplayBuffer, sharded_status
 
 TABLE_NAME = "uniform_table"
 SEQUENCE_LENGTH = 2
@@ -278,7 +278,7 @@ def synthetic_step(collector: int, episode: int, t: int, episode_steps: int) -> 
 
 
 def _data_spec() -> Any:
-    from replay_service.specs import spec_from_description
+    from replay_service.specs.nests import spec_from_description
 
     return spec_from_description(
         [

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from replay_service.config import Timeouts
-from replay_service.connection import pick_free_port
+from replay_service.backends.reverb.connection import pick_free_port
+from replay_service.config.options import Timeouts
 
 try:
     import reverb
@@ -30,7 +30,7 @@ try:
     from tf_agents.policies import random_py_policy
 
     from replay_service import ReplayBufferManager
-    from replay_service.specs import collect_data_spec
+    from replay_service.specs.nests import collect_data_spec
 except ImportError:  # no Reverb stack (e.g. Python 3.12): only the `local` tests run
     HAVE_REVERB = False
 else:
@@ -127,7 +127,7 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 def wait_for_adoption(checkpoint_dir: Any, timeout: float = 30.0) -> None:
     """Waits until a running replay-server moved the checkpoints clients asked for into its
     `checkpoints/` (it waits `SAVE_SETTLE_S` after each save, then adopts at its next poll)."""
-    from replay_service.checkpoints import CheckpointStore
+    from replay_service.storage.store import CheckpointStore
 
     store = CheckpointStore(str(checkpoint_dir))
     wait_for(

@@ -23,10 +23,10 @@ from replay_service import (
     TableConfig,
     Timeouts,
 )
-from replay_service.checkpoints import CHECKPOINTS_DIR, CORRUPT_DIR, CheckpointStore
-from replay_service.config import INT32_MAX
-from replay_service.config_file import load_config
-from replay_service.observers import TrajectoryObserver
+from replay_service.collect.observer import TrajectoryObserver
+from replay_service.config.files import load_config
+from replay_service.config.options import INT32_MAX
+from replay_service.storage.store import CHECKPOINTS_DIR, CORRUPT_DIR, CheckpointStore
 
 
 @pytest.fixture()
@@ -214,8 +214,8 @@ def test_server_cli_rejects_unknown_command_and_status_without_address():
 
 
 def test_status_of_a_server_that_is_down():
-    from replay_service.connection import pick_free_port
-    from replay_service.status import server_status
+    from replay_service.backends.reverb.connection import pick_free_port
+    from replay_service.monitoring.status import server_status
 
     address = f"localhost:{pick_free_port()}"
     with pytest.raises(ServerUnavailableError, match=address):

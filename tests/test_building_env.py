@@ -11,7 +11,7 @@ import pytest
 from tf_agents.environments import utils
 from tf_agents.trajectories import time_step as ts
 
-from replay_service.envs import (
+from replay_service.starter.envs import (
     OBS_FIELDS,
     STEPS_PER_DAY,
     STEPS_PER_WEEK,
@@ -20,7 +20,7 @@ from replay_service.envs import (
     load_env,
     make_observation,
 )
-from replay_service.envs.building import COS_TIME, OCCUPANCY, SIN_TIME, ZONE_TEMP
+from replay_service.starter.envs.building import COS_TIME, OCCUPANCY, SIN_TIME, ZONE_TEMP
 
 HEAT_OFF_COOL_OFF = (12.0, 30.0)
 COMFORT = (20.0, 24.0)

@@ -10,8 +10,8 @@ import sys
 from typing import Any
 
 from conftest import CARTPOLE_CONFIG, REPO
-from replay_service import cli_output
-from replay_service.connection import pick_free_port
+from replay_service.backends.reverb.connection import pick_free_port
+from replay_service.cli import output as cli_output
 
 # What the libraries print on their own when nothing quiets them.
 NOISE = (

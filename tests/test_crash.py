@@ -17,7 +17,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import FAST_TIMEOUTS, all_items
 from replay_service import ReplayBufferManager
-from replay_service.checkpoints import CHECKPOINT_META_FILE, CHECKPOINTS_DIR, CORRUPT_DIR
+from replay_service.storage.store import CHECKPOINT_META_FILE, CHECKPOINTS_DIR, CORRUPT_DIR
 
 CHECKPOINT_INTERVAL_S = 1
 STEPS_PER_S = 150

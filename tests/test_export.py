@@ -22,7 +22,7 @@ from replay_service import (
     SamplingConfig,
     SpecMismatchError,
 )
-from replay_service.export import FORMAT
+from replay_service.storage.export import FORMAT
 
 HIGH_PRIORITY = 2.5
 STEP = np.array([1, 0, 0, 0], np.float32)
@@ -48,7 +48,7 @@ def _exported_items(state_path: str, paths: list[str]) -> list[list[np.ndarray]]
 
 
 def _paths(manager) -> list[str]:
-    from replay_service.specs import flatten_with_paths, table_signature
+    from replay_service.specs.nests import flatten_with_paths, table_signature
 
     return [p for p, _ in flatten_with_paths(table_signature(manager.data_spec, 2))]
 

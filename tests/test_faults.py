@@ -30,8 +30,16 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, REPO, all_items, tree_digest, wait_for
 from replay_service import ReplayBufferManager
-from replay_service.checkpointed_server import CheckpointedServer
-from replay_service.checkpoints import (
+from replay_service.backends.reverb.connection import check_port_free, pick_free_port
+from replay_service.backends.reverb.internals import (
+    SAVE_SETTLE_S,
+    is_concurrent_save_error,
+    retry_concurrent_save,
+)
+from replay_service.backends.reverb.server import CheckpointedServer
+from replay_service.config.options import TableConfig
+from replay_service.errors import CheckpointError, CheckpointExistsError, NoCheckpointError
+from replay_service.storage.store import (
     CHECKPOINT_META_FILE,
     CHECKPOINTS_DIR,
     CORRUPT_DIR,
@@ -39,14 +47,6 @@ from replay_service.checkpoints import (
     REVERB_DIR,
     REVERB_DONE_FILE,
     CheckpointStore,
-)
-from replay_service.config import TableConfig
-from replay_service.connection import check_port_free, pick_free_port
-from replay_service.errors import CheckpointError, CheckpointExistsError, NoCheckpointError
-from replay_service.reverb_internals import (
-    SAVE_SETTLE_S,
-    is_concurrent_save_error,
-    retry_concurrent_save,
 )
 
 MID = 1
@@ -273,7 +273,7 @@ def test_the_periodic_checkpoint_thread_survives_a_full_disk_and_resumes(
     write_steps(observer, 51, CAPACITY)
     disk.fill()
     before = checkpoint_dirs(root)
-    with caplog.at_level(logging.ERROR, logger="replay_service.checkpointed_server"):
+    with caplog.at_level(logging.ERROR, logger="replay_service.backends.reverb.server"):
         wait_for(
             lambda: sum("periodic checkpoint failed" in r.message for r in caplog.records) >= 3,
             20,
@@ -400,8 +400,8 @@ def remote_manager(data_spec: Any, address: str) -> ReplayBufferManager:
 
 def restore_in_process(root: Path) -> Any:
     """Restores `root` with the CartPole config in this process; returns the running owner."""
-    from replay_service.checkpointed_server import serve_config
-    from replay_service.config_file import load_config
+    from replay_service.backends.reverb.server import serve_config
+    from replay_service.config.files import load_config
 
     config = load_config(
         CARTPOLE_CONFIG, server__checkpoint_dir=str(root), server__port=pick_free_port()
@@ -411,7 +411,7 @@ def restore_in_process(root: Path) -> Any:
 
 def restored_count(root: Path) -> int:
     """Items a restore of `root` holds (the CartPole config's table)."""
-    from replay_service.connection import server_info
+    from replay_service.backends.reverb.connection import server_info
 
     owner = restore_in_process(root)
     try:
@@ -527,7 +527,7 @@ def two_checkpoints(tmp_path_factory) -> Path:
     from tf_agents.environments import suite_gym
     from tf_agents.policies import random_py_policy
 
-    from replay_service.specs import collect_data_spec
+    from replay_service.specs.nests import collect_data_spec
 
     env = suite_gym.load("CartPole-v0")
     spec = collect_data_spec(
@@ -793,7 +793,7 @@ def _cartpole_spec() -> Any:
     from tf_agents.environments import suite_gym
     from tf_agents.policies import random_py_policy
 
-    from replay_service.specs import collect_data_spec
+    from replay_service.specs.nests import collect_data_spec
 
     env = suite_gym.load("CartPole-v0")
     return collect_data_spec(
@@ -940,9 +940,9 @@ def fifo_config(tmp_path: Path) -> str:
 
 def drain_ids(config: str, root: Path) -> list[int]:
     """Restores `root` in this process and takes every item out; returns their ids."""
-    from replay_service.checkpointed_server import serve_config
-    from replay_service.config_file import load_config
-    from replay_service.connection import server_info
+    from replay_service.backends.reverb.connection import server_info
+    from replay_service.backends.reverb.server import serve_config
+    from replay_service.config.files import load_config
 
     owner = serve_config(
         load_config(config, server__checkpoint_dir=str(root), server__port=pick_free_port()),
@@ -1127,7 +1127,7 @@ if __name__ == "__main__":
 def _unanswered_first_calls(monkeypatch: pytest.MonkeyPatch, count: int) -> list[str]:
     """Makes the first `count` first-contact calls of new servers fail as an unanswered call
     does; returns the addresses they were made to."""
-    from replay_service import checkpointed_server
+    from replay_service.backends.reverb import server as checkpointed_server
     from replay_service.errors import ServerUnavailableError
 
     real = checkpointed_server.server_info

@@ -19,9 +19,9 @@ kubernetes_validate = pytest.importorskip(
 )
 
 from conftest import CONFIGS, REPO
-from replay_service.checkpointed_server import serve_config
-from replay_service.config_file import load_config
-from replay_service.connection import pick_free_port
+from replay_service.backends.reverb.connection import pick_free_port
+from replay_service.backends.reverb.server import serve_config
+from replay_service.config.files import load_config
 
 KUBERNETES = os.path.join(CONFIGS, "kubernetes")
 K8S_VERSION = "1.30"

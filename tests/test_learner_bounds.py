@@ -22,12 +22,12 @@ from replay_service import (
     ServerUnavailableError,
     Timeouts,
 )
-from replay_service.datasets import (
+from replay_service.backends.reverb.datasets import (
     MANAGER_CLOSED_MESSAGE,
     SERVER_LOST_MESSAGE,
     liveness_bound,
 )
-from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
+from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
 
 # A regression must fail, not hang CI.
 pytestmark = pytest.mark.timeout(180)
@@ -200,9 +200,10 @@ def test_every_sampling_path_fails_at_once_after_an_embedded_manager_closes(
 _EXIT_SCRIPT = """
 import json, sys, time
 import numpy as np
-from replay_service import ReplayBufferManager, Timeouts, datasets
-from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
-from replay_service.specs import spec_from_description
+from replay_service import ReplayBufferManager, Timeouts
+from replay_service.backends.reverb import datasets
+from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
+from replay_service.specs.nests import spec_from_description
 
 calls = []
 original = datasets._Watch.round

@@ -28,7 +28,7 @@ from replay_service import (
     SpecMismatchError,
     Timeouts,
 )
-from replay_service.checkpoints import CHECKPOINTS_DIR, REVERB_DIR
+from replay_service.storage.store import CHECKPOINTS_DIR, REVERB_DIR
 
 LAST = 2
 FIRST = 0
@@ -79,7 +79,7 @@ def test_no_sampled_window_spans_two_episodes(make_manager, env, policy):
 
 
 def _paths(manager):
-    from replay_service.specs import flatten_with_paths
+    from replay_service.specs.nests import flatten_with_paths
 
     return flatten_with_paths(manager._data_spec)
 
@@ -455,7 +455,7 @@ def test_remote_manager_checks_the_table(make_manager, data_spec):
 
 
 def test_server_down_gives_a_clear_error_within_the_timeout(make_manager):
-    from replay_service.connection import pick_free_port
+    from replay_service.backends.reverb.connection import pick_free_port
 
     address = f"localhost:{pick_free_port()}"
     manager = make_manager(server_address=address, timeouts=Timeouts(connect=1.0))

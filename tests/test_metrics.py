@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FAST_TIMEOUTS, collect
 from replay_service import PortInUseError, ReplayBufferManager
-from replay_service.connection import pick_free_port
-from replay_service.metrics import start_metrics_server
+from replay_service.backends.reverb.connection import pick_free_port
+from replay_service.monitoring.metrics import start_metrics_server
 
 TABLE = "uniform_table"
 

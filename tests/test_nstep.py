@@ -12,8 +12,8 @@ from tf_agents.trajectories import time_step as ts
 
 from conftest import all_items
 from replay_service import ConfigError, SamplingConfig, SpecMismatchError
-from replay_service.nstep import n_step_targets, windows_to_n_step
-from replay_service.specs import table_signature
+from replay_service.sample.nstep import n_step_targets, windows_to_n_step
+from replay_service.specs.nests import table_signature
 
 FIRST, MID, LAST = (int(s) for s in (ts.StepType.FIRST, ts.StepType.MID, ts.StepType.LAST))
 GAMMA = 0.9

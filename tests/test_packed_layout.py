@@ -19,14 +19,16 @@ import tree
 from tf_agents.drivers import py_driver
 from tf_agents.replay_buffers import reverb_utils
 
-from replay_service import ReplayBufferManager, TableConfig, packed, torch_sampling
-from replay_service.checkpoints import CheckpointStore
-from replay_service.config_file import load_config
-from replay_service.connection import pick_free_port
+from replay_service import ReplayBufferManager, TableConfig
+from replay_service.backends.reverb.connection import pick_free_port
+from replay_service.collect.transitions import TransitionWriter
+from replay_service.config.files import load_config
+from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
 from replay_service.errors import ConfigError, SpecMismatchError
-from replay_service.export import read_export
-from replay_service.sharding import ShardedConfig, ShardedReplayBuffer
-from replay_service.writers import TransitionWriter
+from replay_service.sample import torch_streams as torch_sampling
+from replay_service.specs import packed
+from replay_service.storage.export import read_export
+from replay_service.storage.store import CheckpointStore
 from tests.conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, ServerProcess, all_items
 
 Item = tuple[bytes, ...]
@@ -504,8 +506,8 @@ def test_bad_layouts_are_refused(make_manager: Any, data_spec: Any, tmp_path: An
 
 
 def test_pack_and_unpack_round_trip_every_dtype() -> None:
-    from replay_service.array_specs import ArraySpec
-    from replay_service.sequences import Masked
+    from replay_service.specs.arrays import ArraySpec
+    from replay_service.specs.windows import Masked
 
     spec = Masked(
         step={

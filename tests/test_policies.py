@@ -15,9 +15,9 @@ from tf_agents.policies import fixed_policy, policy_saver, py_tf_eager_policy, r
 from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 
-from replay_service.envs import STEPS_PER_WEEK, BuildingEnv, load_env, make_observation
-from replay_service.policies import SchedulePolicy, load_policy, make_random_policy
-from replay_service.policies.schedule import COMFORT_SETPOINTS, SETBACK_SETPOINTS
+from replay_service.starter.envs import STEPS_PER_WEEK, BuildingEnv, load_env, make_observation
+from replay_service.starter.policies import SchedulePolicy, load_policy, make_random_policy
+from replay_service.starter.policies.schedule import COMFORT_SETPOINTS, SETBACK_SETPOINTS
 
 FIXED_ACTION = np.array([21.0, 23.0], dtype=np.float32)
 

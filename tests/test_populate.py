@@ -38,12 +38,9 @@ from replay_service import (
     ReplayServiceError,
     SpecMismatchError,
 )
-from replay_service.checkpoints import CHECKPOINTS_DIR, LOCK_FILE, REVERB_DIR, STORE_FILE
 from replay_service.cli.populate import POPULATE_FLAGS, ProgressBar, normalize_flag_spelling
-from replay_service.envs import STEPS_PER_WEEK, BuildingEnv, decode_time, load_env
-from replay_service.policies import load_policy
-from replay_service.specs import describe_spec
-from replay_service.starter import (
+from replay_service.specs.nests import describe_spec
+from replay_service.starter.build import (
     DEFAULT_CAPACITY,
     SUMMARY_PLOT_SUFFIX,
     PopulateConfig,
@@ -51,6 +48,9 @@ from replay_service.starter import (
     populate,
     starter_data_spec,
 )
+from replay_service.starter.envs import STEPS_PER_WEEK, BuildingEnv, decode_time, load_env
+from replay_service.starter.policies import load_policy
+from replay_service.storage.store import CHECKPOINTS_DIR, LOCK_FILE, REVERB_DIR, STORE_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "populate_starter_buffer.py"

@@ -18,15 +18,16 @@ import numpy as np
 import pytest
 import tree
 
-from replay_service import array_specs, specs
-from replay_service.array_specs import ArraySpec, StepType, Trajectory
-from replay_service.checkpoints import LOCK_FILE, CheckpointStore
-from replay_service.config import TableConfig
+from replay_service.config.options import TableConfig
 from replay_service.errors import (
     CheckpointError,
     ConfigError,
     SpecMismatchError,
 )
+from replay_service.specs import arrays as array_specs
+from replay_service.specs import nests as specs
+from replay_service.specs.arrays import ArraySpec, StepType, Trajectory
+from replay_service.storage.store import LOCK_FILE, CheckpointStore
 
 REPO = Path(__file__).resolve().parent.parent
 REFUSED = ("tensorflow", "tf_agents", "reverb")
@@ -97,9 +98,12 @@ _NO_TF_SCRIPT = textwrap.dedent(
         importlib.import_module(f"replay_service.{{module}}")
     assert "ArraySpec" in dir(replay_service) and "ReplayBufferManager" in dir(replay_service)
 
-    from replay_service import array_specs, export, specs, sequences
-    from replay_service.checkpoints import CheckpointStore
-    from replay_service.config import TableConfig
+    from replay_service.specs import arrays as array_specs
+    from replay_service.storage import export
+    from replay_service.specs import nests as specs
+    from replay_service.specs import windows as sequences
+    from replay_service.storage.store import CheckpointStore
+    from replay_service.config.options import TableConfig
     from replay_service.errors import CheckpointError
 
     spec = replay_service.data_spec_for_spaces(spaces.Box(-1, 1, (3,)), spaces.Discrete(4))
@@ -346,7 +350,7 @@ def test_specs_helpers_take_array_specs() -> None:
 
 @pytest.mark.local
 def test_padded_tables_store_masked_array_specs() -> None:
-    from replay_service import sequences
+    from replay_service.specs import windows as sequences
 
     spec = array_specs.trajectory_spec(ArraySpec((2,), np.float32), ArraySpec((1,), np.int64))
     stored = sequences.stored_spec(spec, True)
@@ -360,7 +364,8 @@ def test_padded_tables_store_masked_array_specs() -> None:
 
 
 def _stored_and_items(count: int) -> tuple[Any, Any]:
-    from replay_service import export, sequences
+    from replay_service.specs import windows as sequences
+    from replay_service.storage import export
 
     spec = array_specs.trajectory_spec(
         {"x": ArraySpec((3,), np.float32)}, ArraySpec((1,), np.int64)
@@ -380,7 +385,7 @@ def _stored_and_items(count: int) -> tuple[Any, Any]:
 
 @pytest.mark.local
 def test_write_export_and_read_export_round_trip_without_tf(tmp_path: Path) -> None:
-    from replay_service import export
+    from replay_service.storage import export
 
     stored, items = _stored_and_items(4)
     table = TableConfig(name="t", capacity=10, sequence_length=2)
@@ -404,7 +409,7 @@ def test_write_export_and_read_export_round_trip_without_tf(tmp_path: Path) -> N
 
 @pytest.mark.local
 def test_write_export_refuses_items_that_do_not_match_the_spec(tmp_path: Path) -> None:
-    from replay_service import export
+    from replay_service.storage import export
 
     stored, items = _stored_and_items(3)
     table = TableConfig(name="t", capacity=10, sequence_length=2)
@@ -430,7 +435,7 @@ def test_write_export_refuses_items_that_do_not_match_the_spec(tmp_path: Path) -
 
 def test_the_reverb_and_tf_free_readers_agree_on_an_export(tmp_path: Path) -> None:
     pytest.importorskip("tf_agents")
-    from replay_service import export
+    from replay_service.storage import export
 
     stored, items = _stored_and_items(3)
     table = TableConfig(name="t", capacity=10, sequence_length=2)
@@ -456,7 +461,7 @@ def test_a_second_store_on_a_locked_directory_is_refused(tmp_path: Path) -> None
             CheckpointStore(root).lock()
         code = (
             "import sys\n"
-            "from replay_service.checkpoints import CheckpointStore\n"
+            "from replay_service.storage.store import CheckpointStore\n"
             "from replay_service.errors import CheckpointError\n"
             f"try:\n    CheckpointStore({str(root)!r}).lock()\n"
             "except CheckpointError as e:\n    print(e); sys.exit(3)\n"
@@ -527,7 +532,7 @@ class FakeSource:
 def test_torch_batches_come_from_any_sample_source() -> None:
     pytest.importorskip("torch")
     from replay_service.errors import BufferStateError
-    from replay_service.torch_sampling import (
+    from replay_service.sample.torch_streams import (
         TorchBatchStream,
         TorchSampleInfo,
         TransitionBatch,
@@ -553,7 +558,7 @@ def test_the_export_writer_gives_safetensors_bytes_for_every_dtype_and_split_arr
 
     import safetensors.numpy
 
-    from replay_service.export import Concatenated, write_safetensors
+    from replay_service.storage.export import Concatenated, write_safetensors
 
     rng = np.random.default_rng(0)
     dtypes = ["bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32"]
@@ -562,7 +567,7 @@ def test_the_export_writer_gives_safetensors_bytes_for_every_dtype_and_split_arr
         f"data/{i}": rng.integers(0, 100, (5, 2, 3)).astype(d) for i, d in enumerate(dtypes)
     }
     tensors["empty"] = np.zeros((0, 2), np.float32)
-    metadata = {"format": "replay_service.export/1"}
+    metadata = {"format": "replay_service.storage.export/1"}
     expected = safetensors.numpy.save(tensors, metadata=metadata)
     # The same tensors, some handed over as views split in two (a ring buffer's two runs).
     split = dict(tensors)
@@ -578,7 +583,7 @@ def test_the_export_writer_gives_safetensors_bytes_for_every_dtype_and_split_arr
 
 @pytest.mark.local
 def test_a_written_file_that_does_not_read_back_as_written_is_refused(tmp_path) -> None:
-    from replay_service.export import _compare_read_back
+    from replay_service.storage.export import _compare_read_back
 
     chunks = [b"header00", np.arange(3 << 20, dtype=np.uint8) % 251]
     path = tmp_path / "state.safetensors"

@@ -12,14 +12,14 @@ import tensorflow as tf
 import torch
 
 from replay_service import ConfigError, SamplingConfig, SpecMismatchError
-from replay_service.priorities import (
+from replay_service.sample.priorities import (
     BetaSchedule,
     MaxPriorityTracker,
     importance_weights,
     prepare_updates,
     update_priorities,
 )
-from replay_service.specs import flatten_with_paths
+from replay_service.specs.nests import flatten_with_paths
 
 NUM_SAMPLES = 4000
 # Frequencies must be within this many binomial standard deviations of the expected ones.

@@ -12,9 +12,9 @@ from tf_agents.drivers import py_driver
 
 from conftest import FAST_TIMEOUTS, collect
 from replay_service import ConfigError, SamplingConfig, Timeouts
-from replay_service.connection import server_info
-from replay_service.rate_limit import IN_FLIGHT, LimiterState, check_single_process_loop
-from replay_service.reverb_internals import rebased_sample_count
+from replay_service.backends.reverb.connection import server_info
+from replay_service.backends.reverb.internals import rebased_sample_count
+from replay_service.sample.rate_limit import IN_FLIGHT, LimiterState, check_single_process_loop
 
 
 def limiter(manager: Any) -> LimiterState:

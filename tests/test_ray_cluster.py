@@ -11,8 +11,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs the 'ray' extra (ray[default])")
 
 from conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, REPO
-from replay_service.ray_cluster import start_collector, start_shards
-from replay_service.sharding import ShardedReplayBuffer
+from replay_service.distributed.ray_cluster import start_collector, start_shards
+from replay_service.distributed.sharding import ShardedReplayBuffer
 
 CAPACITY = 100_000  # configs/cartpole.toml
 INTERVAL_S = 1.0

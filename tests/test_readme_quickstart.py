@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from replay_service import ReplayBufferManager
-from replay_service.specs import data_spec_for_spaces
+from replay_service.specs.nests import data_spec_for_spaces
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 STEPS = 50

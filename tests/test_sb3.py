@@ -20,7 +20,7 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 from conftest import FAST_TIMEOUTS, all_items
 from replay_service.errors import ReplayServiceError
-from replay_service.sb3 import ReverbReplayBuffer
+from replay_service.integrations.sb3 import ReverbReplayBuffer
 
 N_ENVS = 2
 STEPS = 80

@@ -27,8 +27,8 @@ from replay_service import (
     SpecMismatchError,
     copy_buffer,
 )
-from replay_service.reverb_internals import bare_checkpoints, read_stored_tables
-from replay_service.starter import load_data_spec
+from replay_service.backends.reverb.internals import bare_checkpoints, read_stored_tables
+from replay_service.starter.build import load_data_spec
 
 CAPACITY = 1000
 STEPS_PER_RUN = 30
@@ -37,7 +37,7 @@ POPULATE = os.path.join(os.path.dirname(sys.executable), "replay-populate")
 SPEC_MODULE = """
 from tf_agents.environments import suite_gym
 from tf_agents.policies import random_py_policy
-from replay_service.specs import collect_data_spec
+from replay_service.specs.nests import collect_data_spec
 
 
 def cartpole_spec():

@@ -13,7 +13,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import CONFIGS, all_items
 from replay_service import ConfigError, SpecMismatchError
-from replay_service.sequences import Masked, padding_needed
+from replay_service.specs.windows import Masked, padding_needed
 
 FIRST, MID, LAST = 0, 1, 2
 SEQUENCES_CONFIG = os.path.join(CONFIGS, "cartpole_sequences.toml")
@@ -254,8 +254,8 @@ def test_padded_buffer_exports_and_imports_exactly(make_manager, data_spec, tmp_
 
 
 def test_a_toml_table_can_be_padded(tmp_path):
-    from replay_service.config_file import load_config
-    from replay_service.tables import make_table
+    from replay_service.backends.reverb.tables import make_table
+    from replay_service.config.files import load_config
 
     path = tmp_path / "padded.toml"
     path.write_text(

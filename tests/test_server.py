@@ -23,8 +23,8 @@ from conftest import (
     wait_for_adoption,
 )
 from replay_service import ConfigError, ReplayBufferManager
-from replay_service.checkpoints import CHECKPOINTS_DIR, CORRUPT_DIR
-from replay_service.config_file import load_config
+from replay_service.config.files import load_config
+from replay_service.storage.store import CHECKPOINTS_DIR, CORRUPT_DIR
 
 PRIORITIZED_CONFIG = os.path.join(CONFIGS, "cartpole_prioritized.toml")
 TABLE = "uniform_table"
@@ -117,7 +117,7 @@ def test_collector_and_learner_in_separate_processes(start_server, data_spec):
         from tf_agents.environments import suite_gym
         from tf_agents.policies import random_py_policy
         from replay_service import ReplayBufferManager
-        from replay_service.specs import trajectory_spec
+        from replay_service.specs.nests import trajectory_spec
         env = suite_gym.load("CartPole-v0")
         policy = random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec())
         with ReplayBufferManager(trajectory_spec(env), 100000, server_address={address!r},

@@ -23,10 +23,9 @@ from replay_service import (
     ServerUnavailableError,
     Timeouts,
 )
-from replay_service.checkpoints import REVERB_DONE_FILE
-from replay_service.connection import pick_free_port
-from replay_service.datasets import EMPTY_BUFFER_MESSAGE
-from replay_service.sharding import (
+from replay_service.backends.reverb.connection import pick_free_port
+from replay_service.backends.reverb.datasets import EMPTY_BUFFER_MESSAGE
+from replay_service.distributed.sharding import (
     ShardedConfig,
     ShardedReplayBuffer,
     block_size,
@@ -34,6 +33,7 @@ from replay_service.sharding import (
     format_sharded_status,
     load_sharded_config,
 )
+from replay_service.storage.store import REVERB_DONE_FILE
 
 TABLE = "uniform_table"
 CAPACITY = 100_000  # configs/cartpole.toml

@@ -18,14 +18,7 @@ from replay_service import (
     NoCheckpointError,
     SpecMismatchError,
 )
-from replay_service.checkpoints import (
-    CHECKPOINT_META_FILE,
-    CHECKPOINT_PREFIX,
-    CHECKPOINTS_DIR,
-    REVERB_DIR,
-    STORE_FILE,
-)
-from replay_service.starter import (
+from replay_service.starter.build import (
     SUMMARY_PLOT_SUFFIX,
     check_capacity,
     copy_buffer,
@@ -33,6 +26,13 @@ from replay_service.starter import (
     starter_buffer_path,
     summary_plot_path,
     validate_buffer_name,
+)
+from replay_service.storage.store import (
+    CHECKPOINT_META_FILE,
+    CHECKPOINT_PREFIX,
+    CHECKPOINTS_DIR,
+    REVERB_DIR,
+    STORE_FILE,
 )
 
 

@@ -25,11 +25,11 @@ from replay_service import (
     SpecMismatchError,
     TableConfig,
 )
-from replay_service.checkpointed_server import serve_config
-from replay_service.checkpoints import CHECKPOINT_META_FILE, STORE_FILE, StoreMetadata
-from replay_service.config_file import load_config
-from replay_service.connection import pick_free_port as free_port
-from replay_service.specs import describe_spec
+from replay_service.backends.reverb.connection import pick_free_port as free_port
+from replay_service.backends.reverb.server import serve_config
+from replay_service.config.files import load_config
+from replay_service.specs.nests import describe_spec
+from replay_service.storage.store import CHECKPOINT_META_FILE, STORE_FILE, StoreMetadata
 
 TWO_TABLES_CONFIG = os.path.join(CONFIGS, "uniform_and_prioritized.toml")
 PRIMARY = "uniform_table"

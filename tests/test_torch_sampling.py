@@ -23,12 +23,8 @@ from replay_service import (
     ManagerClosedError,
     SamplingConfig,
     Timeouts,
-    packed,
 )
-from replay_service.array_specs import ArraySpec
-from replay_service.sequences import Masked
-from replay_service.specs import normalize_spec
-from replay_service.torch_sampling import (
+from replay_service.sample.torch_streams import (
     SampleSource,
     TorchReplayDataset,
     TorchSampleInfo,
@@ -39,6 +35,10 @@ from replay_service.torch_sampling import (
     to_transitions,
     transition_packer,
 )
+from replay_service.specs import packed
+from replay_service.specs.arrays import ArraySpec
+from replay_service.specs.nests import normalize_spec
+from replay_service.specs.windows import Masked
 
 TERMINATED_EPISODE = 1.0
 TRUNCATED_EPISODE = 2.0

@@ -27,14 +27,14 @@ from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory
 
 from conftest import CONFIGS, REPO
-from replay_service.checkpointed_server import CheckpointedServer
-from replay_service.checkpoints import CheckpointStore, StoreMetadata
-from replay_service.config import TableConfig, VariableTableConfig
-from replay_service.config_file import load_config
+from replay_service.backends.reverb.server import CheckpointedServer
+from replay_service.config.files import load_config
+from replay_service.config.options import TableConfig, VariableTableConfig
 from replay_service.errors import ConfigError, SpecMismatchError
-from replay_service.specs import describe_spec, spec_from_description, variable_container_spec
-from replay_service.stats import server_stats
-from replay_service.status import format_status, server_status
+from replay_service.monitoring.stats import server_stats
+from replay_service.monitoring.status import format_status, server_status
+from replay_service.specs.nests import describe_spec, spec_from_description, variable_container_spec
+from replay_service.storage.store import CheckpointStore, StoreMetadata
 
 SAC_CONFIG = os.path.join(CONFIGS, "tf_agents_sac.toml")
 EXPERIENCE = reverb_replay_buffer.DEFAULT_TABLE  # "experience"

@@ -16,9 +16,10 @@ from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import all_items
-from replay_service import ManagerClosedError, SpecMismatchError, writers
-from replay_service.specs import flatten_with_paths, table_signature
-from replay_service.writers import FIRST, LAST, MID
+from replay_service import ManagerClosedError, SpecMismatchError
+from replay_service.collect import transitions as writers
+from replay_service.collect.transitions import FIRST, LAST, MID
+from replay_service.specs.nests import flatten_with_paths, table_signature
 
 TERMINATED, TRUNCATED = "terminated", "truncated"
 

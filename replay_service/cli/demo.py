@@ -17,7 +17,7 @@ from tf_agents.train.utils import train_utils
 
 from replay_service import ConfigError, ReplayBufferManager, ReplayServiceError
 from replay_service.cli import flags_parser, show_flags_in_help, usage_error
-from replay_service.specs import collect_data_spec
+from replay_service.specs.nests import collect_data_spec
 
 _STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)
 _CAPACITY = flags.DEFINE_integer("capacity", 50_000, "Buffer capacity in items.", lower_bound=1)

@@ -27,10 +27,8 @@ from typing import NoReturn, TextIO
 import tqdm
 from absl import app, flags, logging
 
-from replay_service.checkpoints import CheckpointStore
-from replay_service.envs import BUILDING_ENV_ID
 from replay_service.errors import ConfigError, ReplayServiceError
-from replay_service.starter import (
+from replay_service.starter.build import (
     DATA_SPEC_ENV_PREFIX,
     DEFAULT_CAPACITY,
     DEFAULT_ENV,
@@ -47,6 +45,8 @@ from replay_service.starter import (
     populate,
     starter_buffer_path,
 )
+from replay_service.starter.envs import BUILDING_ENV_ID
+from replay_service.storage.store import CheckpointStore
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130

@@ -26,7 +26,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from replay_service.cli import flags_parser, show_flags_in_help, usage_error
-from replay_service.config_file import load_config
+from replay_service.config.files import load_config
 from replay_service.errors import ReplayServiceError
 
 _CONFIG = flags.DEFINE_string("config", None, "TOML config file (see configs/). Default: built-in.")
@@ -100,7 +100,7 @@ class _StopFlag:
 
 
 def _serve() -> int:
-    from replay_service.checkpointed_server import serve_config
+    from replay_service.backends.reverb.server import serve_config
 
     config = load_config(
         _CONFIG.value,
@@ -147,7 +147,7 @@ def _serve() -> int:
 
 def _start_exporters(server: Any) -> list[Any]:
     """Starts the stats exporters the flags ask for; returns their close functions."""
-    from replay_service.stats import StatsTracker, checkpoint_stats
+    from replay_service.monitoring.stats import StatsTracker, checkpoint_stats
 
     tracker = StatsTracker(server.client, timeout=_TIMEOUT.value)
     tracker.read(wait_for_rates=False)  # the start of the first rate window
@@ -160,7 +160,7 @@ def _start_exporters(server: Any) -> list[Any]:
     closers: list[Any] = []
     try:
         if _TENSORBOARD_DIR.value:
-            from replay_service.summaries import StatsSummaryWriter
+            from replay_service.monitoring.summaries import StatsSummaryWriter
 
             writer = StatsSummaryWriter(
                 read_stats, _TENSORBOARD_DIR.value, interval_s=_SUMMARY_INTERVAL.value
@@ -168,7 +168,7 @@ def _start_exporters(server: Any) -> list[Any]:
             writer.start()
             closers.append(writer.close)
         if _METRICS_PORT.value is not None:
-            from replay_service.metrics import start_metrics_server
+            from replay_service.monitoring.metrics import start_metrics_server
 
             metrics = start_metrics_server(read_stats, _METRICS_PORT.value, _METRICS_ADDRESS.value)
             closers.append(metrics.close)
@@ -186,7 +186,7 @@ def _start_exporters(server: Any) -> list[Any]:
 
 
 def _status() -> int:
-    from replay_service.status import format_status, server_status
+    from replay_service.monitoring.status import format_status, server_status
 
     if not _ADDRESS.value:
         raise usage_error("replay-server", "status needs --address=host:port")
@@ -200,8 +200,8 @@ def _status() -> int:
 def _status_json(address: str) -> int:
     import json
 
-    from replay_service.checkpoints import CheckpointStore
-    from replay_service.stats import checkpoint_stats, server_stats
+    from replay_service.monitoring.stats import checkpoint_stats, server_stats
+    from replay_service.storage.store import CheckpointStore
 
     checkpoint = None
     if _CHECKPOINT_DIR.value:

@@ -1,0 +1,1 @@
+"""The local backend: in-process tables, sampling and checkpoints."""

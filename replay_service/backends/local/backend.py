@@ -1,0 +1,497 @@
+"""The in-process backend: the buffer's tables live in this process, no Reverb server.
+
+`LocalBackend` is what `ReplayBufferManager(backend="local")` holds instead of a Reverb
+backend. It owns the checkpoint directory through the same `CheckpointStore` protocol (lock,
+verified checkpoints, retention, quarantine and fallback on restore), writing each checkpoint in
+the portable export format (`replay_service.backends.local.checkpoint`). Its `LocalClient` gives the
+collectors (`TrajectoryObserver`, `TransitionWriter`) the few calls they make on a Reverb client,
+and `LocalWindowWriter` cuts the same windows as Reverb's structured writer configs do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import types
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tree
+
+from replay_service.backends.local import checkpoint as local_checkpoint
+from replay_service.backends.local.table import LocalTable, check_local_table
+from replay_service.config.options import TableConfig, Timeouts
+from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
+from replay_service.specs.nests import describe_spec
+from replay_service.storage import export as export_lib
+from replay_service.storage.store import (
+    MEMMAP_DIR,
+    Checkpoint,
+    CheckpointStore,
+    StoreMetadata,
+    remove_path,
+)
+
+_log = logging.getLogger(__name__)
+
+LOCAL_ADDRESS = "local"
+
+
+class Window:
+    """One table's windows: the last `sequence_length` steps of an episode, every
+    `stride_length` steps (padded tables: windows starting at multiples of the stride).
+
+    Attributes:
+      table: The table the windows go into.
+      sequence_length: Steps per item.
+      stride_length: Steps between the ends of consecutive items.
+      priority: Priority of every item.
+      padded: The table stores `Masked` steps and windows start at multiples of the stride.
+    """
+
+    __slots__ = ("padded", "priority", "sequence_length", "stride_length", "table")
+
+    def __init__(
+        self,
+        table: LocalTable,
+        sequence_length: int,
+        stride_length: int,
+        priority: float,
+        padded: bool,
+    ) -> None:
+        if sequence_length != table.config.sequence_length:
+            raise ConfigError(
+                f"table {table.name!r} holds items of {table.config.sequence_length} steps, "
+                f"a writer asked for {sequence_length}"
+            )
+        self.table = table
+        self.sequence_length = sequence_length
+        self.stride_length = stride_length
+        self.priority = priority
+        self.padded = padded
+
+
+class LocalWindowWriter:
+    """Appends steps of one episode at a time and inserts windows into local tables.
+
+    It has the calls of Reverb's `StructuredWriter` that the collectors use (`append`,
+    `flush`, `end_episode`), with the same items: for an unpadded table, at step index
+    `i >= sequence_length - 1` when at least `stride_length` steps passed since its last item;
+    for a padded one, when `i % stride_length == (sequence_length - 1) % stride_length`.
+
+    Args:
+      windows: One `Window` per table.
+    """
+
+    def __init__(self, windows: Sequence[Window]) -> None:
+        self._windows = list(windows)
+        fields = self._windows[0].table.fields
+        self._fields = [
+            (str(f["path"]), np.dtype(f["dtype"]), tuple(int(d) for d in f["shape"]))
+            for f in fields
+        ]
+        self._history: list[list[np.ndarray]] = []
+        self._since = [0] * len(self._windows)
+        self._step_index = -1
+        self._longest = max(w.sequence_length for w in self._windows)
+
+    def append(self, step: Any) -> None:
+        """Appends one step (a nest, or the flat list of its leaves); inserts due windows.
+
+        Raises:
+          SpecMismatchError: If the step has the wrong number of fields, or a field the wrong
+            shape or a value that does not convert to its dtype (naming the field).
+        """
+        leaves = step if type(step) is list else tree.flatten(step)
+        fields = self._fields
+        if len(leaves) != len(fields):
+            raise SpecMismatchError(
+                f"a step has {len(leaves)} fields, the table stores {len(fields)} "
+                f"({[path for path, _, _ in fields]})"
+            )
+        arrays = []
+        for value, (path, dtype, shape) in zip(leaves, fields, strict=True):
+            if type(value) is np.ndarray and value.dtype == dtype and value.shape == shape:
+                arrays.append(value)  # what the collectors' fast paths hand over
+                continue
+            try:
+                array = np.asarray(value, dtype=dtype)
+            except (TypeError, ValueError) as e:
+                raise SpecMismatchError(f"field {path!r}: {value!r} is not {dtype}: {e}") from e
+            if array.shape != shape:
+                raise SpecMismatchError(
+                    f"field {path!r}: expected shape {list(shape)}, got {list(array.shape)}"
+                )
+            arrays.append(array)
+        history = self._history
+        history.append(arrays)
+        if len(history) > self._longest:
+            del history[0]
+        index = self._step_index = self._step_index + 1
+        since = self._since
+        for position, window in enumerate(self._windows):
+            since[position] += 1
+            length = window.sequence_length
+            if index < length - 1:
+                continue
+            if window.padded:
+                due = index % window.stride_length == (length - 1) % window.stride_length
+            else:
+                due = since[position] >= window.stride_length
+            if due:
+                since[position] = 0
+                window.table.insert_window(history[-length:], window.priority)
+
+    def flush(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to wait for: items are in the table once `append` returns."""
+
+    def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
+        """Ends the episode: the next step starts new windows."""
+        del clear_buffers, timeout_ms
+        self._history = []
+        self._since = [0] * len(self._windows)
+        self._step_index = -1
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class LocalClient:
+    """The calls of a Reverb client that collectors and priority updates make, on local tables.
+
+    Args:
+      tables: The buffer's tables by name.
+    """
+
+    server_address = LOCAL_ADDRESS
+
+    def __init__(self, tables: dict[str, LocalTable]) -> None:
+        self.tables = tables
+
+    def window_writer(self, windows: Sequence[tuple[str, int, int, float, bool]]) -> Any:
+        """A writer of `(table, sequence_length, stride_length, priority, padded)` windows."""
+        return LocalWindowWriter(
+            [Window(self.table(name), *rest) for name, *rest in windows]  # type: ignore[arg-type]
+        )
+
+    def table(self, name: str) -> LocalTable:
+        """The table `name`.
+
+        Raises:
+          ConfigError: If there is none.
+        """
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise ConfigError(
+                f"the local buffer has no table {name!r}; its tables are {sorted(self.tables)}"
+            ) from None
+
+    def reset(self, table: str) -> None:
+        """Removes every item of `table`."""
+        self.table(table).reset()
+
+    def server_info(self, timeout: int | None = None) -> dict[str, Any]:
+        """Per table, the fields of Reverb's `TableInfo` that `stats` and `num_frames` read."""
+        del timeout
+        return {name: _table_info(table) for name, table in self.tables.items()}
+
+    def mutate_priorities(
+        self, table: str, updates: dict[int, float] | None = None, deletes: Any = None
+    ) -> None:
+        """Sets priorities by item key (keys no longer held are ignored)."""
+        if deletes:
+            raise ConfigError("deleting items by key is not supported by the local backend")
+        self.table(table).update_priorities(dict(updates or {}))
+
+
+class LocalBackend:
+    """A buffer in this process whose checkpoints go to `store` (see module docstring).
+
+    Args:
+      store: The checkpoint directory.
+      tables: Table configurations, the primary one first.
+      data_spec: Per-step data spec (TF-Agents or `array_specs` specs).
+      stored_spec: What each step stores (`data_spec`, or `Masked` for padded tables).
+      timeouts: `timeouts.checkpoint` is not enforced (checkpoints run in this thread).
+      checkpoint_interval_s: Seconds between automatic checkpoints; None: only on request.
+      storage: "memory" or "memmap" (see `LocalTable`).
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        tables: Sequence[TableConfig],
+        data_spec: Any,
+        stored_spec: Any,
+        timeouts: Timeouts,
+        checkpoint_interval_s: float | None = None,
+        storage: str = "memory",
+    ) -> None:
+        self._store = store
+        self._configs = tuple(tables)
+        self._data_spec = data_spec
+        self._stored_spec = stored_spec
+        self._timeouts = timeouts
+        self._interval = checkpoint_interval_s
+        self._storage = storage
+        self.metadata = StoreMetadata.for_tables(self._configs[0], data_spec, self._configs[1:])
+        self._fields = describe_spec(stored_spec)
+        self._tables: dict[str, LocalTable] = {}
+        self._client: LocalClient | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # Memory-mapped table directories this backend's tables created (`storage="memmap"`):
+        # the only scratch files its `close()` deletes.
+        self._scratch_made: set[str] = set()
+        self.restored_from: Checkpoint | None = None
+        self._last: Checkpoint | None = None
+        self._last_duration_s: float | None = None
+        for config in self._configs:  # refuse Reverb-only options before touching the disk
+            check_local_table(config)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The absolute checkpoint directory."""
+        return self._store.root
+
+    @property
+    def client(self) -> LocalClient:
+        """The tables' client (after `create` or `load`)."""
+        assert self._client is not None
+        return self._client
+
+    def create(self, overwrite: bool) -> LocalClient:
+        """Starts a new, empty buffer (same checks as the Reverb backends).
+
+        Raises:
+          CheckpointExistsError: If checkpoints exist and `overwrite` is False.
+          CheckpointError: If the directory is foreign, in use or not writable.
+        """
+        store = self._store
+        store.check_new(overwrite)
+        self._reopen()
+        store.lock()
+        try:
+            store.prepare_new(self.metadata, overwrite=overwrite)
+            self._start()
+        except BaseException:
+            store.unlock()
+            raise
+        self._start_schedule()
+        _log.info("Created an empty local buffer in %s", store.root)
+        return self.client
+
+    def load(self) -> LocalClient:
+        """Restores the newest checkpoint that verifies and loads (see `CheckpointStore`).
+
+        Raises:
+          NoCheckpointError: If there is no checkpoint left that verifies and loads.
+          SpecMismatchError: If the stored tables or data spec differ from the configured ones.
+          CheckpointError: If the directory is foreign, in use or unreadable.
+        """
+        store = self._store
+        self._check_stored(store.read_metadata(), store.store_file)
+        self._reopen()
+        store.lock()
+        try:
+            store.ensure_dirs()
+            store.clean_staging(self.metadata)
+            self.restored_from = store.restore_newest(self._restore, self._discard, backend="local")
+        except BaseException:
+            store.unlock()
+            raise
+        self._start_schedule()
+        _log.info("Loaded %s items from %s", self.restored_from.num_items, self.restored_from.path)
+        return self.client
+
+    def checkpoint(self) -> str:
+        """Writes, verifies and adopts a checkpoint; returns its path under `checkpoints/`.
+
+        Raises:
+          CheckpointError: If it fails (the directory keeps no partial checkpoint and the
+            buffer keeps its items); the message names the path.
+        """
+        store = self._store
+        with self._lock:
+            started = time.monotonic()
+            store.ensure_intact(self.metadata)
+            store.clean_staging(self.metadata)
+            path = os.path.join(store.reverb_root, f"local-{time.time_ns()}-{uuid.uuid4().hex}")
+            try:
+                # Collectors and samplers wait while the storage is written in place (as a
+                # Reverb table is locked while it is serialized): a consistent snapshot.
+                with contextlib.ExitStack() as frozen:
+                    for table in self._tables.values():
+                        frozen.enter_context(table.frozen())
+                    verified = local_checkpoint.write(path, self._snapshot(copy=False))
+            except Exception as e:
+                store.discard_staging()
+                raise CheckpointError(
+                    f"checkpoint into {store.reverb_root!r} failed: {type(e).__name__}: {e}"
+                ) from e
+            try:
+                checkpoint = store.adopt(path, self.metadata, verified)
+            except CheckpointError as e:
+                remove_path(path)
+                raise CheckpointError(
+                    f"{e}; the checkpoint was discarded and the buffer still holds its items"
+                ) from e
+            self._last = checkpoint
+            self._last_duration_s = time.monotonic() - started
+        _log.info("checkpoint %s (%s items)", checkpoint.path, checkpoint.num_items)
+        return checkpoint.path
+
+    def after_clear(self) -> None:
+        """Checkpoints the emptied tables, so a later load does not bring old items back."""
+        self.checkpoint()
+
+    def last_checkpoint(self) -> tuple[Checkpoint | None, float | None]:
+        """The last checkpoint taken and the seconds it took."""
+        return self._last, self._last_duration_s
+
+    def close(self) -> None:
+        """Stops the schedule, fails waiting samplers and releases the directory (no
+        checkpoint). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._timeouts.checkpoint)
+        for table in self._tables.values():
+            table.close()
+        self._note_scratch()
+        for directory in sorted(self._scratch_made):  # scratch; the checkpoints hold the data
+            remove_path(directory)
+        if self._scratch_made:
+            with contextlib.suppress(OSError):  # kept while it holds anything else
+                os.rmdir(os.path.join(self._store.root, MEMMAP_DIR))
+        self._scratch_made = set()
+        self._store.unlock()
+
+    # ---------------------------------------------------------------------------- helpers
+
+    def _reopen(self) -> None:
+        """Makes `close()` release the directory again (a manager may retry a failed start)."""
+        self._closed = False
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _new_table(self, config: TableConfig) -> LocalTable:
+        scratch = None
+        if self._storage == "memmap":
+            scratch = self._scratch_dir(config.name)
+        return LocalTable(config, self._fields, storage=self._storage, scratch_dir=scratch)
+
+    def _start(self) -> None:
+        self._tables = {config.name: self._new_table(config) for config in self._configs}
+        self._client = LocalClient(self._tables)
+
+    def _note_scratch(self) -> None:
+        """Records the memory-mapped directories the current tables created (a table creates
+        its files at its first insert or restore, always under this backend's lock)."""
+        if self._storage != "memmap":
+            return
+        for table in self._tables.values():
+            if table.nbytes:
+                self._scratch_made.add(self._scratch_dir(table.name))
+
+    def _scratch_dir(self, name: str) -> str:
+        return os.path.join(self._store.root, MEMMAP_DIR, name)
+
+    def _discard(self) -> None:
+        self._note_scratch()
+        self._tables = {}
+        self._client = None
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        self._check_stored(checkpoint.metadata, checkpoint.path)
+        path = checkpoint.path
+        if not local_checkpoint.is_local_checkpoint(path):
+            raise CheckpointError(
+                f"{path!r} is a Reverb checkpoint; the local backend reads only its own. Load "
+                "it with backend='reverb' and export() it, then import_buffer() the export here"
+            )
+        if checkpoint.files is None:
+            raise CheckpointError(f"{path!r} records no file digests")
+        from replay_service.backends.reverb.internals import check_recorded_files
+
+        check_recorded_files(path, checkpoint.files, local_checkpoint.small_files(path))
+        names = local_checkpoint.read_index(path)
+        if names != [c.name for c in self._configs]:
+            raise CheckpointError(f"{path!r} holds tables {names}, not the configured ones")
+        self._start()
+        total = 0
+        for index, config in enumerate(self._configs):
+            local_checkpoint.restore_table(
+                path, index, self._stored_spec, self._tables[config.name]
+            )
+            total += self._tables[config.name].size
+        if checkpoint.num_items is not None and total != checkpoint.num_items:
+            raise CheckpointError(
+                f"restoring {path!r} gave {total} items, but {checkpoint.num_items} were "
+                "recorded when it was taken"
+            )
+
+    def _snapshot(
+        self, *, copy: bool = True
+    ) -> list[tuple[TableConfig, Any, export_lib.ExportedItems]]:
+        tables = []
+        for config in self._configs:
+            data, priorities, times_sampled = self._tables[config.name].items(copy=copy)
+            items = export_lib.ExportedItems(
+                data=data, priorities=priorities, times_sampled=times_sampled
+            )
+            tables.append((config, self._stored_spec, items))
+        return tables
+
+    def _check_stored(self, stored: StoreMetadata, where: str) -> None:
+        problems = stored.differences(self.metadata)
+        if problems:
+            raise SpecMismatchError(
+                f"{where} does not match the configured table: " + "; ".join(problems)
+            )
+
+    def _start_schedule(self) -> None:
+        if not self._interval:
+            return
+        self._thread = threading.Thread(
+            target=self._schedule, name="local-checkpoints", daemon=True
+        )
+        self._thread.start()
+
+    def _schedule(self) -> None:
+        interval = float(self._interval or 0.0)
+        while not self._stop.wait(interval):
+            try:
+                self.checkpoint()
+            except Exception as e:  # the schedule must survive any failure and retry
+                _log.error("periodic checkpoint failed (will retry): %s: %s", type(e).__name__, e)
+
+
+def _table_info(table: LocalTable) -> Any:
+    """A `TableInfo`-shaped view of a local table (no rate limiter beyond its minimum size)."""
+    ns = types.SimpleNamespace
+    return ns(
+        name=table.name,
+        max_size=table.config.capacity,
+        current_size=table.size,
+        signature=None,
+        rate_limiter_info=ns(
+            samples_per_insert=1.0,
+            min_diff=-float("inf"),
+            max_diff=float("inf"),
+            min_size_to_sample=table.config.sampling.min_size_to_sample,
+            insert_stats=ns(completed=table.inserts),
+            sample_stats=ns(completed=table.samples),
+        ),
+        table_worker_time=ns(waiting_for_sampling_ms=0, waiting_for_inserts_ms=0),
+    )

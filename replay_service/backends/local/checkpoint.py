@@ -1,0 +1,205 @@
+"""The checkpoint files of the local backend: one safetensors export per table.
+
+A local checkpoint is a directory written into the store's staging root and adopted into
+`checkpoints/` exactly like a Reverb checkpoint (`CheckpointStore.adopt`: verified, digests
+recorded, renamed into place, retention applied):
+
+    local_checkpoint.json           format tag and the tables, in order
+    table<i>.state.safetensors      table i's items in the export format (`storage.export`)
+    table<i>.metadata.json          its export metadata (data spec, counts, sha256 of the state)
+    DONE                            written last: the directory is complete
+
+Because each table is an export, the same files import into a Reverb-backed buffer
+(`import_buffer`) and back, item for item.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from replay_service.backends.reverb.internals import DONE_FILE, file_sha256
+from replay_service.config.options import TableConfig
+from replay_service.errors import CheckpointError
+from replay_service.storage import export as export_lib
+from replay_service.storage.file_modes import DIR_MODE, open_private
+
+FORMAT = "replay_service.backends.local.checkpoint/1"
+INDEX_FILE = "local_checkpoint.json"
+
+
+def is_local_checkpoint(path: str) -> bool:
+    """Whether `path` holds a local-backend checkpoint (its index file)."""
+    return os.path.isfile(os.path.join(path, INDEX_FILE))
+
+
+def table_prefix(index: int) -> str:
+    """File name prefix of the `index`-th table's export inside a checkpoint."""
+    return f"table{index}."
+
+
+def write(
+    path: str,
+    tables: Sequence[tuple[TableConfig, Any, export_lib.ExportedItems]],
+) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Writes a complete local checkpoint into the new directory `path`.
+
+    Each state file is read back and compared with the bytes meant while it is written (see
+    `export.write_safetensors`), so its digest is known without hashing it again.
+
+    Args:
+      path: Directory to create (must not exist).
+      tables: `(config, stored_spec, items)` per table, the primary table first.
+
+    Returns:
+      `(num_items, files)` as `verify` gives them, for `CheckpointStore.adopt`.
+
+    Raises:
+      CheckpointError: If a file cannot be written (a full disk, permissions) or does not read
+        back as written; the message names the path. A partial directory is left for the
+        caller to discard.
+    """
+    try:
+        os.mkdir(path, DIR_MODE)
+        os.chmod(path, DIR_MODE)
+    except OSError as e:
+        raise CheckpointError(f"cannot create checkpoint directory {path!r}: {e}") from e
+    num_items = 0
+    files: dict[str, dict[str, Any]] = {}
+    for index, (config, stored_spec, items) in enumerate(tables):
+        # The directory is new and holds only this checkpoint's tables: no target check.
+        state_path, metadata_path = export_lib.write_export(
+            path, table_prefix(index), config, stored_spec, items, overwrite=True
+        )
+        metadata = export_lib.read_metadata(metadata_path)
+        files[os.path.basename(state_path)] = {
+            "size": os.path.getsize(state_path),
+            "sha256": metadata[export_lib.CHECKSUMS][export_lib.STATE_SUFFIX],
+        }
+        files[os.path.basename(metadata_path)] = _digest(metadata_path)
+        num_items += items.num_items
+    index_data = {"format": FORMAT, "tables": [config.name for config, _, _ in tables]}
+    try:
+        _write_synced(os.path.join(path, INDEX_FILE), json.dumps(index_data, indent=2) + "\n")
+        _write_synced(os.path.join(path, DONE_FILE), "")
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint {path!r}: {e}") from e
+    files[INDEX_FILE] = _digest(os.path.join(path, INDEX_FILE))
+    return num_items, files
+
+
+def read_index(path: str) -> list[str]:
+    """The table names of the local checkpoint at `path`, in order.
+
+    Raises:
+      CheckpointError: If the index is missing, unreadable or not this format.
+    """
+    index_path = os.path.join(path, INDEX_FILE)
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint index {index_path!r} cannot be read: {e}") from e
+    tables = data.get("tables") if isinstance(data, dict) else None
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != FORMAT
+        or not isinstance(tables, list)
+        or not all(isinstance(t, str) for t in tables)
+    ):
+        raise CheckpointError(f"{index_path!r} is not a {FORMAT} index: {data!r}")
+    return tables
+
+
+def verify(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Reads every file of a local checkpoint back and checks each table's digest.
+
+    Returns:
+      `(num_items, files)`: items of every table, and per file its size and SHA-256.
+
+    Raises:
+      CheckpointError: If `DONE`, the index or a table's files are missing or damaged.
+    """
+    if not os.path.isfile(os.path.join(path, DONE_FILE)):
+        raise CheckpointError(f"local checkpoint {path!r} is incomplete (no {DONE_FILE} file)")
+    tables = read_index(path)
+    num_items = 0
+    files: dict[str, dict[str, Any]] = {}
+    for index in range(len(tables)):
+        state_path, metadata_path = export_lib.export_paths(path, table_prefix(index))
+        metadata = export_lib.read_metadata(metadata_path)
+        # The one read-back of the state file: its digest must be the one computed from the
+        # bytes that were meant to be written.
+        state = _digest(state_path)
+        recorded = metadata.get(export_lib.CHECKSUMS, {}).get(export_lib.STATE_SUFFIX)
+        if state["sha256"] != recorded:
+            raise CheckpointError(
+                f"{state_path!r} does not read back as written: SHA-256 {state['sha256']}, "
+                f"written {recorded}"
+            )
+        files[os.path.basename(state_path)] = state
+        files[os.path.basename(metadata_path)] = _digest(metadata_path)
+        num_items += int(metadata["num_items"])
+    files[INDEX_FILE] = _digest(os.path.join(path, INDEX_FILE))
+    return num_items, files
+
+
+def _digest(path: str) -> dict[str, Any]:
+    try:
+        return {"size": os.path.getsize(path), "sha256": file_sha256(path)}
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path!r}: {e}") from e
+
+
+def small_files(path: str) -> list[str]:
+    """The index and each table's metadata: the files whose recorded digests a restore
+    checks first (each state file is checked against its metadata as it is read)."""
+    names = [INDEX_FILE]
+    for index in range(len(read_index(path))):
+        _, metadata_path = export_lib.export_paths(path, table_prefix(index))
+        names.append(os.path.basename(metadata_path))
+    return names
+
+
+def recorded_names(path: str) -> list[str]:
+    """The files of a local checkpoint whose digests are recorded (all but `DONE`)."""
+    names = [INDEX_FILE]
+    for index in range(len(read_index(path))):
+        state_path, metadata_path = export_lib.export_paths(path, table_prefix(index))
+        names += [os.path.basename(state_path), os.path.basename(metadata_path)]
+    return names
+
+
+def restore_table(path: str, index: int, stored_spec: Any, table: Any) -> None:
+    """Fills the empty `table` (a `LocalTable`) with the `index`-th table of a checkpoint.
+
+    The state file is mapped and copied once, straight into the table's storage, while its
+    SHA-256 is computed beside the copy; a digest that differs from the one its metadata
+    records raises after the copy (the caller then drops the table).
+
+    Raises:
+      CheckpointError: If a file is missing or damaged.
+      SpecMismatchError: If its data spec or sequence length differ from the table's.
+    """
+    config = table.config
+    state_path, metadata_path = export_lib.export_paths(path, table_prefix(index))
+    metadata = export_lib.read_metadata(metadata_path)
+    export_lib.check_compatible(metadata, config.sequence_length, stored_spec, metadata_path)
+    recorded = metadata.get(export_lib.CHECKSUMS, {}).get(export_lib.STATE_SUFFIX)
+    if not isinstance(recorded, str):
+        raise CheckpointError(f"{metadata_path!r} records no sha256 of {state_path!r}")
+    fields = export_lib.item_fields(stored_spec, config.sequence_length)
+    with export_lib.mapped_state(state_path, recorded) as tensors:
+        items = export_lib.read_state_fields(
+            state_path, fields, int(metadata["num_items"]), tensors
+        )
+        table.restore(items.data, items.priorities, items.times_sampled)
+
+
+def _write_synced(path: str, text: str) -> None:
+    with open_private(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())

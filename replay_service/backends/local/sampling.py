@@ -1,0 +1,298 @@
+"""Sampling streams of the local backend: torch batches, tf.data datasets, a replay buffer.
+
+Every stream samples a `LocalTable` in the calling thread (no server, no prefetch needed) and
+gives what the Reverb streams give: torch batches through `torch_sampling` (the source below
+has the `torch_samples` call it needs), and tf.data batches of `(trajectory, SampleInfo)` with
+leading dimensions `[batch, sequence_length]`, the info broadcast along the sequence, as
+`get_dataset` and TF-Agents' `as_dataset` do.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import tree
+
+from replay_service.backends.local.table import LocalTable
+from replay_service.errors import ConfigError, ManagerClosedError
+
+if TYPE_CHECKING:
+    from replay_service.sample.torch_streams import Packer
+
+# Reverb's `SampleInfo` fields, in its order.
+SampleInfo = collections.namedtuple(
+    "SampleInfo", ["key", "probability", "table_size", "priority", "times_sampled"]
+)
+_INFO_DTYPES = ("uint64", "float64", "int64", "float64", "int32")
+
+
+class Lifeline:
+    """Closed by the manager's `close()`: every stream holding it fails at its next call."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        """Makes every stream holding this lifeline fail."""
+        self.closed = True
+
+
+class LocalSampleSource:
+    """One local table as a source of torch batches (see `torch_sampling.iterate_batches`).
+
+    Args:
+      table: The table.
+      stored_spec: Per-step stored spec (its structure shapes every batch).
+      sample_timeout: Seconds to wait for `min_size_to_sample` items; None: forever.
+      lifeline: Closed by the manager's `close()`.
+    """
+
+    server_address = "local"
+
+    def __init__(
+        self,
+        table: LocalTable,
+        stored_spec: Any,
+        sample_timeout: float | None,
+        lifeline: Lifeline | None = None,
+    ) -> None:
+        self.table = table
+        self.table_name = table.name
+        self.sequence_length = table.config.sequence_length
+        self.sample_timeout = sample_timeout
+        self.ordered = table.config.sampling.sampler == "fifo"
+        self.lifeline = lifeline
+        # The per-step stored spec (`Masked` for padded tables), read by `torch_sampling`.
+        self.signature = stored_spec
+        self._structure = stored_spec
+
+    def __reduce__(self) -> Any:
+        raise ConfigError(
+            f"table {self.table_name!r} lives in this process (backend='local'): it cannot be "
+            "sent to DataLoader worker processes; use num_workers=0 (sampling is in-process "
+            "and needs no workers) or backend='reverb'"
+        )
+
+    def sample(
+        self, batch_size: int, *, with_info: bool = True
+    ) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+        """One batch: flat field tensors `[batch, sequence_length, ...]` and numpy info (an
+        empty dict without `with_info`).
+
+        Raises:
+          ManagerClosedError: If the manager was closed.
+          BufferStateError: If nothing can be sampled within `sample_timeout`.
+        """
+        closed = self.closed_error()
+        if closed is not None:
+            raise closed
+        return self.table.sample(batch_size, self.sample_timeout, with_info=with_info)
+
+    def closed_error(self) -> ManagerClosedError | None:
+        """The error every stream of this source raises once its manager was closed, else None."""
+        if self.lifeline is None or not self.lifeline.closed:
+            return None
+        return ManagerClosedError(
+            f"the buffer of table {self.table_name!r} was closed; create or load a new one"
+        )
+
+    def torch_samples(
+        self,
+        batch_size: int,
+        *,
+        num_workers: int | None = None,
+        convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        pack: Packer | None = None,
+        with_info: bool = True,
+    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
+        """Samples batches forever as `(data, info tuple)` of torch tensors (see
+        `torch_sampling.TorchSampleSource`).
+
+        Args:
+          batch_size: Items per batch.
+          num_workers: Ignored (sampling runs in the calling thread).
+          convert: Applied to every data tensor (pinning, device transfer); the info tensors
+            stay on the CPU (`iterate_batches` moves them when asked).
+          pack: Flat data tensors -> what is yielded; None: the item nest.
+          with_info: Whether to read and yield the info (else None).
+
+        A uniform table without `max_times_sampled` is drawn `draws_per_call(batch_size)`
+        batches at a time (independent draws with replacement, as one batch at a time): a
+        batch handed out later may miss items inserted since its draw, as a prefetched Reverb
+        stream's may; its info tells the table size and times sampled at the draw (all the
+        drawn batches counted). Batches drawn ahead are dropped when the table is cleared.
+        Other samplers draw each batch when it is asked for, so priority updates and removals
+        apply to the next batch.
+
+        Raises:
+          ManagerClosedError, BufferStateError: As `sample`.
+        """
+        from replay_service.sample.torch_streams import item_packer, split_batches
+
+        del num_workers
+        if pack is None:
+            pack = item_packer(self._structure)
+        draws = self.draws_per_call(batch_size)
+        table = self.table
+        while True:
+            resets = table.resets
+            data, info = self.sample(batch_size * draws, with_info=with_info)
+            if convert is not None:
+                data = [convert(t) for t in data]
+            infos = (
+                tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
+                if with_info
+                else None
+            )
+            # Prepared once for all the drawn batches, built per batch from views.
+            parts = split_batches(pack.prepare(data), batch_size, draws)
+            info_parts = None if infos is None else split_batches(infos, batch_size, draws)
+            for k in range(draws):
+                if k:
+                    closed = self.closed_error()
+                    if closed is not None:
+                        raise closed
+                    if table.resets != resets:  # cleared: these items were removed
+                        break
+                yield (
+                    pack.build([part[k] for part in parts]),
+                    None if info_parts is None else tuple(part[k] for part in info_parts),
+                )
+
+    def draws_per_call(self, batch_size: int) -> int:
+        """Batches a torch stream draws per table call: `torch_sampling.draws_per_call` for a
+        table of independent draws (`SamplingConfig.independent_draws`), else 1."""
+        from replay_service.sample.torch_streams import draws_per_call
+
+        if not self.table.config.sampling.independent_draws:
+            return 1
+        return draws_per_call(batch_size, self.table.item_bytes)
+
+
+def _info_tensor(array: np.ndarray) -> torch.Tensor:
+    if array.dtype == np.uint64:
+        return torch.from_numpy(array.view(np.int64)).view(torch.uint64)
+    return torch.from_numpy(array)
+
+
+def tf_dataset(source: LocalSampleSource, batch_size: int, prefetch: int = 0) -> Any:
+    """A tf.data dataset of `(trajectory, SampleInfo)` batches of one local table.
+
+    Leading dimensions are `[batch_size, sequence_length]` (info broadcast along the
+    sequence), as `ReplayBufferManager.get_dataset` gives on Reverb. It never ends: when nothing
+    can be sampled within the source's timeout, or the manager was closed, iterating raises a
+    `tf.errors.OpError` whose message is ours.
+
+    Raises:
+      ConfigError: If TensorFlow is not installed.
+    """
+    tf = require_tensorflow("get_dataset")
+    from replay_service.specs.nests import table_signature
+
+    length = source.sequence_length
+    signature = table_signature(source._structure, length)
+    flat = tree.flatten(signature)
+    output_signature = (
+        tuple(tf.TensorSpec([batch_size, *s.shape], s.dtype) for s in flat),
+        tuple(tf.TensorSpec([batch_size], tf.as_dtype(d)) for d in _INFO_DTYPES),
+    )
+
+    def generate() -> Iterator[Any]:
+        while True:
+            data, info = source.sample(batch_size)
+            yield tuple(t.numpy() for t in data), tuple(info[name] for name in SampleInfo._fields)
+
+    def structure(data: Any, info: Any) -> Any:
+        broadcast = [tf.repeat(x[:, None], length, axis=1) for x in info]
+        return tf.nest.pack_sequence_as(signature, list(data)), SampleInfo(*broadcast)
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=output_signature)
+    dataset = dataset.map(structure)
+    return dataset.prefetch(prefetch) if prefetch else dataset
+
+
+def require_tensorflow(call: str) -> Any:
+    """Imports TensorFlow for `call`, or says what to install.
+
+    Raises:
+      ConfigError: If TensorFlow does not import.
+    """
+    try:
+        import tensorflow as tf
+    except ImportError as e:
+        raise ConfigError(
+            f"{call} returns a tf.data dataset and needs TensorFlow, which is not installed "
+            f"({e}); use torch_batches()/torch_dataset(), or install tensorflow==2.14.1 "
+            "(Python 3.11)"
+        ) from e
+    return tf
+
+
+class LocalReplayBuffer:
+    """What `create_replay_buffer()` returns on the local backend, in place of TF-Agents'
+    `ReverbReplayBuffer`: `as_dataset`, `num_frames` and `clear` of the primary table.
+
+    Args:
+      source: The primary table's sample source.
+      client_reset: Empties the tables (the manager's `clear`).
+    """
+
+    def __init__(self, source: LocalSampleSource, client_reset: Callable[[], None]) -> None:
+        self._source = source
+        self._reset = client_reset
+        self.lifeline = source.lifeline
+
+    @property
+    def data_spec(self) -> Any:
+        """The per-step stored spec."""
+        return self._source._structure
+
+    def num_frames(self) -> int:
+        """Items in the primary table."""
+        return self._source.table.size
+
+    def as_dataset(
+        self,
+        sample_batch_size: int | None = None,
+        num_steps: int | None = None,
+        num_parallel_calls: int | None = None,
+        sequence_preprocess_fn: Any = None,
+        single_deterministic_pass: bool = False,
+    ) -> Any:
+        """TF-Agents' `as_dataset` on the local table: `(trajectory, info)` batches.
+
+        Args:
+          sample_batch_size: Items per batch (required).
+          num_steps: Must be None or the table's sequence length.
+          num_parallel_calls: Ignored.
+          sequence_preprocess_fn: Must be None.
+          single_deterministic_pass: Must be False.
+
+        Raises:
+          ConfigError: For options the local backend does not have, or without TensorFlow.
+        """
+        del num_parallel_calls
+        length = self._source.sequence_length
+        if sample_batch_size is None or num_steps not in (None, length):
+            raise ConfigError(
+                f"the local backend's as_dataset needs sample_batch_size and num_steps None or "
+                f"{length} (got {sample_batch_size!r}, {num_steps!r})"
+            )
+        if sequence_preprocess_fn is not None or single_deterministic_pass:
+            raise ConfigError(
+                "sequence_preprocess_fn and single_deterministic_pass need backend='reverb'"
+            )
+        return tf_dataset(self._source, sample_batch_size)
+
+    def clear(self) -> None:
+        """Empties the tables."""
+        self._reset()
+
+    def stop_sampling(self) -> None:
+        """Makes every stream of this buffer fail at its next call."""
+        if self.lifeline is not None:
+            self.lifeline.close()

@@ -1,0 +1,1 @@
+"""The Reverb backend: server, tables, tf.data pipelines, Reverb's files."""

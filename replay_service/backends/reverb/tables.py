@@ -1,0 +1,238 @@
+"""Pure factories from `TableConfig` to Reverb tables, and checks of a set of tables (no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from replay_service.config.options import SamplingConfig, TableConfig, VariableTableConfig
+from replay_service.errors import ConfigError
+from replay_service.specs.packed import item_signature
+from replay_service.specs.windows import stored_spec
+
+if TYPE_CHECKING:
+    import reverb
+
+
+# `MinSize` limiters bound the sample/insert difference by +-DBL_MAX; any finite bound is a
+# `samples_per_insert` limiter.
+_UNBOUNDED_DIFF = 1e300
+
+
+def make_selector(name: str, priority_exponent: float) -> Any:
+    """Returns the Reverb item selector called `name` (see `config.SAMPLERS`)."""
+    import reverb
+
+    selectors = {
+        "uniform": reverb.selectors.Uniform,
+        "fifo": reverb.selectors.Fifo,
+        "lifo": reverb.selectors.Lifo,
+        "max_heap": reverb.selectors.MaxHeap,
+        "min_heap": reverb.selectors.MinHeap,
+    }
+    if name == "prioritized":
+        return reverb.selectors.Prioritized(priority_exponent)
+    return selectors[name]()
+
+
+def make_rate_limiter(sampling: SamplingConfig) -> reverb.rate_limiters.RateLimiter:
+    """Returns `MinSize`, or `SampleToInsertRatio` when `samples_per_insert` is set."""
+    import reverb
+
+    if sampling.samples_per_insert is None:
+        return reverb.rate_limiters.MinSize(sampling.min_size_to_sample)
+    return reverb.rate_limiters.SampleToInsertRatio(
+        samples_per_insert=float(sampling.samples_per_insert),
+        min_size_to_sample=sampling.min_size_to_sample,
+        error_buffer=sampling.effective_error_buffer(),
+    )
+
+
+def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
+    """Builds the Reverb table described by `config`, with a signature from `data_spec`.
+
+    Args:
+      config: Name, capacity, sequence length and sampling of the table.
+      data_spec: Per-step data spec; the signature adds the time dimension (and the mask of
+        a padded table).
+
+    Returns:
+      A `reverb.Table` ready to be handed to a `reverb.Server`.
+    """
+    import reverb
+
+    sampling = config.sampling
+    return reverb.Table(
+        name=config.name,
+        sampler=make_selector(sampling.sampler, sampling.priority_exponent),
+        remover=make_selector(sampling.remover, sampling.priority_exponent),
+        max_size=config.capacity,
+        rate_limiter=make_rate_limiter(sampling),
+        max_times_sampled=sampling.max_times_sampled,
+        signature=item_signature(
+            stored_spec(data_spec, config.pad_end_of_episode), config.sequence_length, config.layout
+        ),
+    )
+
+
+def draws_independently(info: Any) -> bool:
+    """Whether a running table (its `reverb.TableInfo`) samples as
+    `SamplingConfig.independent_draws` says: a uniform sampler, no `max_times_sampled` and a
+    rate limiter that never holds a sample back for lack of inserts (`MinSize`).
+
+    A remote client's own `TableConfig` need not be the server's (the server's config file
+    decides), so streams ask the server.
+    """
+    limiter = info.rate_limiter_info
+    return (
+        info.sampler_options.WhichOneof("distribution") == "uniform"
+        and info.max_times_sampled <= 0
+        and limiter.min_diff <= -_UNBOUNDED_DIFF
+        and limiter.max_diff >= _UNBOUNDED_DIFF
+    )
+
+
+def make_variable_table(config: VariableTableConfig) -> reverb.Table:
+    """Builds a TF-Agents variable-container table, as `sac_reverb_server.py` does.
+
+    Args:
+      config: Name and signature of the table.
+
+    Returns:
+      A `reverb.Table` of one item (`max_size=1`, FIFO remover: a push replaces the previous
+      item), sampled uniformly once it holds an item (`MinSize(1)`), never removed by sampling.
+    """
+    import reverb
+
+    return reverb.Table(
+        name=config.name,
+        sampler=reverb.selectors.Uniform(),
+        remover=reverb.selectors.Fifo(),
+        rate_limiter=reverb.rate_limiters.MinSize(1),
+        max_size=1,
+        max_times_sampled=0,
+        signature=config.spec,
+    )
+
+
+def make_replay_tables(configs: Sequence[TableConfig], data_spec: Any) -> list[reverb.Table]:
+    """Builds one table per config; names must be unique.
+
+    Raises:
+      ValueError: If two configs share a name.
+    """
+    names = [c.name for c in configs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"table names must be unique, got duplicates {duplicates}")
+    return [make_table(c, data_spec) for c in configs]
+
+
+def check_extra_tables(primary: TableConfig, extra: Sequence[Any]) -> tuple[TableConfig, ...]:
+    """Validates the tables served next to `primary` on the same server.
+
+    Args:
+      primary: The manager's (or server's) main table.
+      extra: Further tables; each a `TableConfig` with a name of its own.
+
+    Returns:
+      `extra` as a tuple.
+
+    Raises:
+      ConfigError: If `extra` is not a sequence, an entry is not a `TableConfig`, two tables
+        (the primary included) share a name, or their padding differs (padded tables must also
+        share one sequence length).
+    """
+    if isinstance(extra, str | bytes | TableConfig) or not isinstance(extra, Sequence):
+        raise ConfigError(f"extra_tables must be a sequence of TableConfig, got {extra!r}")
+    for index, config in enumerate(extra):
+        if not isinstance(config, TableConfig):
+            raise ConfigError(
+                f"extra_tables[{index}] must be a TableConfig, got {type(config).__name__} "
+                f"{config!r}"
+            )
+    names = [primary.name, *(c.name for c in extra)]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(
+            f"table names must be unique on one server, got duplicates {duplicates} "
+            f"(tables: {names})"
+        )
+    for config in extra:
+        if config.layout != primary.layout:
+            raise ConfigError(
+                f"table {config.name!r} has layout={config.layout!r}, the primary table "
+                f"{primary.name!r} {primary.layout!r}: one writer feeds every table, so they "
+                "must all have one layout"
+            )
+        if config.pad_end_of_episode != primary.pad_end_of_episode:
+            raise ConfigError(
+                f"table {config.name!r} has pad_end_of_episode={config.pad_end_of_episode}, the "
+                f"primary table {primary.name!r} {primary.pad_end_of_episode}: one writer feeds "
+                "every table, so they must all be padded or none"
+            )
+        if config.pad_end_of_episode and config.sequence_length != primary.sequence_length:
+            raise ConfigError(
+                f"padded table {config.name!r} has sequence_length {config.sequence_length}, "
+                f"the primary table {primary.name!r} {primary.sequence_length}: padded tables "
+                "on one server must share one sequence length (the padding is written once)"
+            )
+    return tuple(extra)
+
+
+def check_variable_tables(
+    tables: Sequence[TableConfig], variable_tables: Sequence[Any]
+) -> tuple[VariableTableConfig, ...]:
+    """Validates the variable-container tables served next to `tables`.
+
+    Args:
+      tables: The replay tables of the server.
+      variable_tables: Each a `VariableTableConfig` with a name of its own.
+
+    Returns:
+      `variable_tables` as a tuple.
+
+    Raises:
+      ConfigError: If `variable_tables` is not a sequence, an entry is not a
+        `VariableTableConfig`, or a name is used twice (by any table of the server).
+    """
+    if isinstance(variable_tables, str | bytes | VariableTableConfig) or not isinstance(
+        variable_tables, Sequence
+    ):
+        raise ConfigError(
+            f"variable_tables must be a sequence of VariableTableConfig, got {variable_tables!r}"
+        )
+    for index, config in enumerate(variable_tables):
+        if not isinstance(config, VariableTableConfig):
+            raise ConfigError(
+                f"variable_tables[{index}] must be a VariableTableConfig, got "
+                f"{type(config).__name__} {config!r}"
+            )
+    replay = [t.name for t in tables]
+    seen = set(replay)
+    for config in variable_tables:
+        if config.name in seen:
+            kind = "replay" if config.name in replay else "variable"
+            raise ConfigError(
+                f"variable table name {config.name!r} is already the name of a {kind} table "
+                f"(tables: {replay + [v.name for v in variable_tables]}); table names must be "
+                "unique on one server"
+            )
+        seen.add(config.name)
+    return tuple(variable_tables)
+
+
+def find_table(tables: Sequence[TableConfig], name: str | None) -> TableConfig:
+    """Returns the table called `name`; None means the first (primary) one.
+
+    Raises:
+      ConfigError: If no table has that name (the message lists the tables).
+    """
+    if name is None:
+        return tables[0]
+    for config in tables:
+        if config.name == name:
+            return config
+    raise ConfigError(
+        f"unknown table {name!r}; this buffer's tables are {[t.name for t in tables]}"
+    )

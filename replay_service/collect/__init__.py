@@ -1,0 +1,1 @@
+"""How items get in: TF-Agents observers, transition writers, gymnasium vector envs."""

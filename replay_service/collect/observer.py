@@ -1,0 +1,417 @@
+"""A TF-Agents trajectory observer that writes fixed-length windows to a Reverb table.
+
+It is a drop-in for `tf_agents.replay_buffers.reverb_utils.ReverbAddTrajectoryObserver` (same
+windows: every `stride_length` steps, the last `sequence_length` steps of the current episode)
+with what that observer lacks: every wait has a timeout, items are flushed as they accumulate and
+on close, a wrongly shaped step fails at once with the field that is wrong, and a window never
+spans two episodes.
+
+Items are created by a Reverb `StructuredWriter` whose pattern and conditions are fixed up front,
+so the per-step Python work is one `append`; TF-Agents' observer slices the writer history and
+calls `create_item` in Python for every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from replay_service.backends.reverb.internals import abandon_writer
+from replay_service.config.options import Timeouts, require_int, require_number, to_ms
+from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
+from replay_service.specs.nests import check_collect_spec, diff_value, normalize_spec
+from replay_service.specs.packed import PACKED, check_layout
+from replay_service.specs.windows import (
+    Masked,
+    last_steps_config,
+    padded_window_config,
+    padding_needed,
+    padding_step,
+    stored_spec,
+)
+
+# Steps appended between waits for the server, which keeps unconfirmed items well below the
+# ~50 at which Reverb warns; the wait lets the newest half stay in flight.
+MAX_IN_FLIGHT_ITEMS = 32
+
+# Collectors that append one step at a time wait for the server every `FLUSH_EVERY` steps, until
+# at most `FLUSH_DOWN_TO` items are unconfirmed: never more than 48 are, below the 50 at which
+# Reverb warns, and waiting often but briefly keeps the server busy while Python appends.
+FLUSH_EVERY = 16
+FLUSH_DOWN_TO = 32
+
+LAST = 2  # TF-Agents' StepType.LAST
+
+
+def flush_every(num_tables: int) -> int:
+    """Steps between waits for a writer feeding `num_tables` tables (up to one item per table
+    per step), so that no more than `FLUSH_DOWN_TO + FLUSH_EVERY` items are ever in flight."""
+    return max(1, FLUSH_EVERY // max(1, num_tables))
+
+
+def window_config(
+    data_spec: Any, table_name: str, sequence_length: int, stride_length: int, priority: float
+) -> Any:
+    """The `StructuredWriter` config that inserts the last `sequence_length` steps of an episode
+    into `table_name` every `stride_length` steps."""
+    from reverb import structured_writer as sw
+
+    return last_steps_config(
+        normalize_spec(data_spec),
+        table_name,
+        sequence_length,
+        sw.Condition.steps_since_applied() >= stride_length,
+        priority,
+    )
+
+
+def window_configs(
+    data_spec: Any,
+    table_name: str,
+    sequence_length: int,
+    stride_length: int,
+    priority: float,
+    extra_tables: Sequence[tuple[str, int]] = (),
+    pad_end_of_episode: bool = False,
+) -> list[Any]:
+    """One `StructuredWriter` config per table: `table_name` first, then each
+    `(name, sequence_length)` of `extra_tables`. A single `StructuredWriter` given this list
+    feeds every table with the windows of the same steps, each table with its own window
+    length; padded tables (`padded_window_config`) store `Masked` steps."""
+    make = padded_window_config if pad_end_of_episode else window_config
+    tables = [(table_name, sequence_length), *extra_tables]
+    return [make(data_spec, name, length, stride_length, priority) for name, length in tables]
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteTarget:
+    """What a collector writes to, shared by `TrajectoryObserver` and `TransitionWriter`: the
+    tables' windows, how often to wait for the server, and padding.
+
+    Attributes:
+      client: Client of the server holding the tables: a `reverb.Client`, or the local
+        backend's `LocalClient` (which has `window_writer`).
+      table_name: The primary table (named in errors).
+      sequence_length: Steps per item.
+      stride_length: A new item every `stride_length` steps.
+      windows: Per table `(name, sequence_length, stride_length, priority, padded)`, the
+        primary table first.
+      data_spec: The per-step data spec (the Reverb configs are built from it).
+      flush_every: Steps between waits for the server (`flush_every`).
+      timeout_ms: Bound on every wait, in milliseconds (None: forever).
+      pad_end_of_episode: Whether steps are `Masked` and episode ends padded.
+      layout: "nested" (a Reverb `StructuredWriter`) or "packed" (a
+        `packed.PackedWindowWriter`).
+    """
+
+    client: Any
+    table_name: str
+    sequence_length: int
+    stride_length: int
+    windows: list[tuple[str, int, int, float, bool]]
+    data_spec: Any
+    flush_every: int
+    timeout_ms: int | None
+    pad_end_of_episode: bool
+    layout: str = "nested"
+
+    @classmethod
+    def build(
+        cls,
+        client: Any,
+        table_name: str,
+        sequence_length: int,
+        data_spec: Any,
+        *,
+        stride_length: int,
+        priority: float,
+        timeouts: Timeouts | None,
+        extra_tables: Sequence[tuple[str, int]],
+        pad_end_of_episode: bool,
+        layout: str = "nested",
+    ) -> WriteTarget:
+        """Validates the lengths and describes the windows (arguments as `TrajectoryObserver`'s).
+
+        Raises:
+          ConfigError: If `sequence_length` or `stride_length` is not an integer in
+            1..`INT32_MAX` (bools are refused), or `priority` is not a finite number >= 0.
+        """
+        require_int("sequence_length", sequence_length, 1)
+        require_int("stride_length", stride_length, 1)
+        require_number("priority", priority, 0)
+        windows = [
+            (name, length, stride_length, float(priority), pad_end_of_episode)
+            for name, length in [(table_name, sequence_length), *extra_tables]
+        ]
+        return cls(
+            client=client,
+            table_name=table_name,
+            sequence_length=sequence_length,
+            stride_length=stride_length,
+            windows=windows,
+            data_spec=data_spec,
+            flush_every=flush_every(len(windows)),
+            timeout_ms=to_ms((timeouts or Timeouts()).write),
+            pad_end_of_episode=pad_end_of_episode,
+            layout=check_layout(layout),
+        )
+
+    @functools.cached_property
+    def configs(self) -> list[Any]:
+        """One Reverb `StructuredWriter` config per table (`window_configs`)."""
+        name, length, stride, priority, padded = self.windows[0]
+        return window_configs(
+            self.data_spec,
+            name,
+            length,
+            stride,
+            priority,
+            [(w[0], w[1]) for w in self.windows[1:]],
+            padded,
+        )
+
+    def open_writer(self) -> Any:
+        """A new writer of these windows: Reverb's `StructuredWriter`, or the local backend's
+        `LocalWindowWriter`."""
+        local = getattr(self.client, "window_writer", None)
+        if local is not None:
+            return local(self.windows)
+        if self.layout == PACKED:
+            from replay_service.specs.packed import PackedWindowWriter, layout_of
+
+            stored = stored_spec(normalize_spec(self.data_spec), self.pad_end_of_episode)
+            return PackedWindowWriter(self.client, self.windows, layout_of(stored))
+        return self.client.structured_writer(self.configs)
+
+    def padding(self, num_steps: int) -> int:
+        """Padding steps that end an episode of `num_steps` steps (0 unless padded)."""
+        if not self.pad_end_of_episode:
+            return 0
+        return padding_needed(num_steps, self.sequence_length, self.stride_length)
+
+    def wait(self, call: Callable[[], Any]) -> None:
+        """Runs a blocking writer call (given `timeout_ms`).
+
+        Raises:
+          WriteTimeoutError: If the server does not confirm in time, naming table and server.
+        """
+        try:
+            call()
+        except _deadline_errors() as e:
+            raise WriteTimeoutError(
+                f"table {self.table_name!r}: written items were not confirmed within "
+                f"{self.timeout_ms} ms; the server at {self.client.server_address!r} is down "
+                "or its rate limiter blocks inserts (too few samples per insert)"
+            ) from e
+
+
+class TrajectoryObserver:
+    """Writes overlapping windows of unbatched TF-Agents trajectories to one or more tables.
+
+    Pass it in `observers=[...]` of `tf_agents.train.actor.Actor` or a `PyDriver`.
+
+    Args:
+      client: Client of the server holding the table.
+      table_name: Table to write to.
+      sequence_length: Steps per item; must equal the table's.
+      data_spec: Per-step spec (e.g. `agent.collect_data_spec`).
+      stride_length: A new item every `stride_length` steps (1: every window).
+      priority: Initial priority of new items.
+      timeouts: `timeouts.write` bounds every wait for the server.
+      extra_tables: `(name, sequence_length)` of further tables on the same server that get
+        the windows of the same steps (see `window_configs`).
+      pad_end_of_episode: Write `Masked(step, mask)` steps and pad each episode's end (the
+        tables must be padded too, with one sequence length; see `replay_service.specs.windows`).
+      layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`).
+
+    Raises:
+      ConfigError: If `sequence_length` or `stride_length` is not an integer >= 1, or
+        `priority` not a finite number >= 0.
+      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        sequence_length: int,
+        data_spec: Any,
+        *,
+        stride_length: int = 1,
+        priority: float = 1.0,
+        timeouts: Timeouts | None = None,
+        extra_tables: Sequence[tuple[str, int]] = (),
+        pad_end_of_episode: bool = False,
+        layout: str = "nested",
+    ) -> None:
+        check_collect_spec(data_spec, "TrajectoryObserver")
+        self._target = target = WriteTarget.build(
+            client,
+            table_name,
+            sequence_length,
+            data_spec,
+            stride_length=stride_length,
+            priority=priority,
+            timeouts=timeouts,
+            extra_tables=extra_tables,
+            pad_end_of_episode=pad_end_of_episode,
+            layout=layout,
+        )
+        self._data_spec = data_spec
+        self._pad = pad_end_of_episode
+        self._flush_every = target.flush_every  # read on every step
+        self._padding = padding_step(data_spec) if pad_end_of_episode else None
+        self._episode_steps = 0
+        self._writer: Any = None
+        self._steps_since_flush = 0
+        self._checked = False
+        self._closed = False
+
+    @property
+    def py_client(self) -> Any:
+        """The Reverb client written through (TF-Agents observers expose the same)."""
+        return self._target.client
+
+    def __call__(self, trajectory: Any) -> None:
+        """Appends one step; creates an item when a full window is available.
+
+        Args:
+          trajectory: One unbatched `Trajectory` (numpy arrays or eager tensors).
+
+        Raises:
+          SpecMismatchError: If the step does not match the data spec.
+          WriteTimeoutError: If the server does not confirm items within the write timeout.
+          ManagerClosedError: If the observer was closed.
+        """
+        writer = self._writer
+        if writer is None:
+            writer = self._open(trajectory)
+        try:
+            writer.append(Masked(trajectory, True) if self._pad else trajectory)
+        except ValueError as e:
+            self._raise_mismatch(trajectory, e)
+        self._episode_steps += 1
+        if trajectory.step_type == LAST and self._end_episode(confirm=False):
+            return  # (`is_boundary()`, without its tensor check)
+        since_flush = self._steps_since_flush + 1
+        if since_flush >= self._flush_every:
+            self._target.wait(
+                lambda: writer.flush(FLUSH_DOWN_TO, timeout_ms=self._target.timeout_ms)
+            )
+            since_flush = 0
+        self._steps_since_flush = since_flush
+
+    def flush(self) -> None:
+        """Blocks until every item written so far is confirmed by the server.
+
+        Raises:
+          WriteTimeoutError: If that takes longer than the write timeout.
+        """
+        if self._writer is not None:
+            self._target.wait(lambda: self._writer.flush(timeout_ms=self._target.timeout_ms))
+            self._steps_since_flush = 0
+
+    def reset(self, write_cached_steps: bool = False) -> None:
+        """Ends the current episode: its written items stay, pending steps start a new window.
+
+        Args:
+          write_cached_steps: Accepted for compatibility with TF-Agents observers; steps that
+            do not fill a window are never written.
+        """
+        del write_cached_steps
+        if self._writer is not None:
+            self._end_episode()
+
+    def close(self) -> None:
+        """Flushes pending items and releases the writer. Idempotent.
+
+        Raises:
+          WriteTimeoutError: If pending items are not confirmed within the write timeout (the
+            server is down); the observer is closed all the same and those items are lost.
+        """
+        if self._closed:
+            return
+        try:
+            if self._writer is not None:
+                self._end_episode()
+        except Exception:
+            abandon_writer(self._writer)
+            raise
+        finally:
+            self._writer = None
+            self._closed = True
+
+    def __enter__(self) -> TrajectoryObserver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open(self, trajectory: Any) -> Any:
+        """Checks the first step against the spec and creates the writer.
+
+        Raises:
+          ManagerClosedError: If the observer was closed.
+          SpecMismatchError: If the step does not match the data spec.
+        """
+        if self._closed:
+            raise ManagerClosedError("this observer is closed; get a new one from the manager")
+        if not self._checked:
+            self._check(trajectory)
+        self._writer = self._target.open_writer()
+        return self._writer
+
+    def _end_episode(self, *, confirm: bool = True) -> bool:
+        """Ends the episode (padding it first where the table pads).
+
+        Args:
+          confirm: Wait until the writer's items are confirmed (reset, close). False, at a
+            boundary step: a writer that can end an episode without waiting
+            (`PackedWindowWriter.next_episode`) does, and its items stay counted for the
+            periodic wait, which bounds them as within an episode.
+
+        Returns:
+          Whether every item written so far is confirmed.
+        """
+        writer = self._writer
+        padding = self._target.padding(self._episode_steps)
+        for _ in range(padding):
+            writer.append(self._padding)
+        self._episode_steps = 0
+        next_episode = None if confirm else getattr(writer, "next_episode", None)
+        if next_episode is not None:
+            next_episode()
+            self._steps_since_flush += padding
+            return False
+        self._steps_since_flush = 0
+        target = self._target
+        target.wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=target.timeout_ms))
+        return True
+
+    def _check(self, trajectory: Any) -> None:
+        problems = diff_value(trajectory, self._data_spec)
+        if problems:
+            raise SpecMismatchError(self._mismatch_message(problems))
+        self._checked = True
+
+    def _raise_mismatch(self, trajectory: Any, error: Exception) -> None:
+        problems = diff_value(trajectory, self._data_spec) or [str(error)]
+        raise SpecMismatchError(self._mismatch_message(problems)) from error
+
+    def _mismatch_message(self, problems: list[str]) -> str:
+        return (
+            f"trajectory does not match the data spec of table {self._target.table_name!r} "
+            "(the observer takes one unbatched step at a time): " + "; ".join(problems)
+        )
+
+
+def _deadline_errors() -> tuple[type[BaseException], ...]:
+    """Reverb's write-timeout error, if Reverb is installed (the local backend never times
+    out a write)."""
+    try:
+        import reverb
+    except ImportError:
+        return ()
+    return (reverb.errors.DeadlineExceededError,)

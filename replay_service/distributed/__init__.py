@@ -1,0 +1,1 @@
+"""What runs distributed: sharded buffers and Ray actors."""

@@ -1,0 +1,1 @@
+"""Other libraries' interfaces: Stable-Baselines3's replay buffer."""

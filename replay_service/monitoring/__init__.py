@@ -1,0 +1,1 @@
+"""What operators watch: stats, status, TensorBoard summaries, Prometheus."""

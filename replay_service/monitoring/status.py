@@ -1,0 +1,92 @@
+"""What a running server holds: per-table sizes, traffic and the last checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from replay_service.backends.reverb.connection import connect, server_info
+from replay_service.storage.store import CheckpointStore
+
+
+@dataclasses.dataclass(frozen=True)
+class TableStatus:
+    """One table's counters.
+
+    Attributes:
+      name: Table name.
+      size: Items stored.
+      capacity: Maximum items.
+      inserts: Completed inserts since the server started (or since the restored checkpoint).
+      samples: Completed samples, counted the same way.
+      sampler: Sampler name.
+      remover: Remover name.
+    """
+
+    name: str
+    size: int
+    capacity: int
+    inserts: int
+    samples: int
+    sampler: str
+    remover: str
+
+    @property
+    def samples_per_insert(self) -> float | None:
+        """Observed samples per insert, or None before the first insert."""
+        return self.samples / self.inserts if self.inserts else None
+
+
+def server_status(address: str, timeout: float | None = 10.0) -> list[TableStatus]:
+    """Reads every table's counters from the server at `address`.
+
+    Raises:
+      ServerUnavailableError: If no server answers within `timeout`.
+    """
+    infos = server_info(connect(address, timeout), timeout)
+    return [_table_status(info) for _, info in sorted(infos.items())]
+
+
+def _table_status(info: Any) -> TableStatus:
+    limiter = info.rate_limiter_info
+    return TableStatus(
+        name=info.name,
+        size=int(info.current_size),
+        capacity=int(info.max_size),
+        inserts=int(limiter.insert_stats.completed),
+        samples=int(limiter.sample_stats.completed),
+        sampler=_selector_name(info.sampler_options),
+        remover=_selector_name(info.remover_options),
+    )
+
+
+def _selector_name(options: Any) -> str:
+    names = [field.name for field, _ in options.ListFields() if field.name != "is_deterministic"]
+    kind = names[0] if names else "unknown"
+    if kind == "prioritized":
+        return f"prioritized(exponent={options.prioritized.priority_exponent:g})"
+    if kind == "heap":
+        return "min_heap" if options.heap.min_heap else "max_heap"
+    return kind
+
+
+def format_status(address: str, tables: list[TableStatus], checkpoint_dir: str | None) -> str:
+    """Renders `server_status` output (and the last checkpoint, if a directory is given)."""
+    lines = [f"server {address}"]
+    for t in tables:
+        ratio = "n/a" if t.samples_per_insert is None else f"{t.samples_per_insert:.2f}"
+        lines.append(
+            f"  table {t.name}: {t.size}/{t.capacity} items, {t.inserts} inserts, "
+            f"{t.samples} samples, samples/insert {ratio}, sampler {t.sampler}, remover {t.remover}"
+        )
+    if checkpoint_dir is None:
+        lines.append("  last checkpoint: unknown (pass --checkpoint_dir to read it)")
+    else:
+        latest = CheckpointStore(checkpoint_dir).latest()
+        lines.append(
+            "  last checkpoint: none"
+            if latest is None
+            else f"  last checkpoint: {latest.path} ({latest.info.get('created_at')}, "
+            f"{latest.info.get('num_items')} items)"
+        )
+    return "\n".join(lines)

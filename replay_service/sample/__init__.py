@@ -1,0 +1,1 @@
+"""How learners read: PyTorch streams, priorities, n-step targets, rate limits."""

@@ -1,0 +1,257 @@
+"""Data specs without TensorFlow: `ArraySpec`, the `Trajectory` nest and specs for gym spaces.
+
+The in-process backend runs where TensorFlow, TF-Agents and Reverb are not installed, so it
+describes its data with these classes instead of `tf.TensorSpec` and TF-Agents' `Trajectory`.
+They follow TF-Agents' conventions exactly: `Trajectory` has the same seven fields in the same
+order, `StepType` the same values, and `spec_for_spaces` builds the same shapes, dtypes and
+names as `replay_service.specs.nests.data_spec_for_spaces` does with TF specs, so
+`specs.describe_spec` of either is equal and a checkpoint or export written by one backend names
+the same fields as one written by the other.
+
+Nothing here imports TensorFlow, TF-Agents or Reverb.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from replay_service.errors import ConfigError, SpecMismatchError
+
+
+class StepType:
+    """TF-Agents' step types, as plain ints (`tf_agents.trajectories.time_step.StepType`)."""
+
+    FIRST = 0
+    MID = 1
+    LAST = 2
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ArraySpec:
+    """The shape, dtype and name of one field of a step (a leaf for `dm-tree`).
+
+    Attributes:
+      shape: Non-negative dimensions (a tuple of ints; `()` for a scalar).
+      dtype: A numpy dtype; anything `np.dtype` accepts is normalized to one.
+      name: The field's name, or None.
+      minimum: Optional lower bound, broadcastable to `shape` (kept as an array of `dtype`).
+      maximum: Optional upper bound, broadcastable to `shape` (kept as an array of `dtype`).
+
+    Raises:
+      SpecMismatchError: If the shape holds anything but non-negative ints, the dtype is not a
+        numeric or bool numpy dtype, the name is not a string, or a bound does not fit the
+        shape or dtype.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    name: str | None = None
+    minimum: Any = None
+    maximum: Any = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _check_shape(self.shape, self.name))
+        object.__setattr__(self, "dtype", _check_dtype(self.dtype, self.name))
+        if self.name is not None and not isinstance(self.name, str):
+            raise SpecMismatchError(f"ArraySpec name must be a str or None, got {self.name!r}")
+        for bound in ("minimum", "maximum"):
+            value = getattr(self, bound)
+            if value is not None:
+                object.__setattr__(self, bound, self._check_bound(bound, value))
+
+    @property
+    def is_bounded(self) -> bool:
+        """Whether a minimum or a maximum is set."""
+        return self.minimum is not None or self.maximum is not None
+
+    def zeros(self) -> np.ndarray:
+        """An array of zeros of this spec's shape and dtype."""
+        return np.zeros(self.shape, self.dtype)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ArraySpec):
+            return NotImplemented
+        return (
+            (self.shape, self.dtype, self.name) == (other.shape, other.dtype, other.name)
+            and _same_bound(self.minimum, other.minimum)
+            and _same_bound(self.maximum, other.maximum)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.dtype, self.name))
+
+    def _check_bound(self, bound: str, value: Any) -> np.ndarray:
+        try:
+            array = np.asarray(value, dtype=self.dtype)
+            np.broadcast_to(array, self.shape)
+        except (TypeError, ValueError) as e:
+            raise SpecMismatchError(
+                f"ArraySpec {self.name!r}: {bound} {value!r} does not fit shape {self.shape} "
+                f"and dtype {self.dtype.name}: {e}"
+            ) from e
+        return array
+
+
+class Trajectory(NamedTuple):
+    """One step as TF-Agents stores it: the fields of `tf_agents.trajectories.Trajectory`.
+
+    Attributes:
+      step_type: `StepType` of the step.
+      observation: The observation (a nest).
+      action: The action taken (a nest).
+      policy_info: What the policy reported (a nest; `()` for nothing).
+      next_step_type: `StepType` of the following step.
+      reward: Reward received after the action.
+      discount: Discount applied to the following step's value.
+    """
+
+    step_type: Any
+    observation: Any
+    action: Any
+    policy_info: Any
+    next_step_type: Any
+    reward: Any
+    discount: Any
+
+
+TRAJECTORY_FIELDS: tuple[str, ...] = Trajectory._fields
+"""TF-Agents' `Trajectory` fields, in its order."""
+
+
+def trajectory_spec(observation: Any, action: Any, policy_info: Any = ()) -> Trajectory:
+    """A `Trajectory` of `ArraySpec` with TF-Agents' scalar step type, reward and discount.
+
+    Args:
+      observation: The observation spec (a nest of `ArraySpec`).
+      action: The action spec (a nest of `ArraySpec`).
+      policy_info: The policy info spec; `()` for none.
+
+    Returns:
+      `Trajectory(step_type=int32[], observation, action, policy_info, next_step_type=int32[],
+      reward=float32[], discount=float32[])`.
+    """
+    return Trajectory(
+        step_type=ArraySpec((), np.int32, "step_type"),
+        observation=observation,
+        action=action,
+        policy_info=policy_info,
+        next_step_type=ArraySpec((), np.int32, "next_step_type"),
+        reward=ArraySpec((), np.float32, "reward"),
+        discount=ArraySpec((), np.float32, "discount"),
+    )
+
+
+def space_spec(space: Any, name: str, is_action: bool) -> Any:
+    """The spec of one gymnasium space, with Stable-Baselines3's storage conventions.
+
+    Observations keep their space's shape and dtype (Discrete: int64 `[1]`; MultiDiscrete:
+    `[len(nvec)]`). Actions are flat: `[action_dim]` (Discrete: int64 `[1]`; Box: float32 when
+    the space is float64, as SB3's `ReplayBuffer` casts it). Dict spaces give dicts and Tuple
+    spaces tuples of their members' specs.
+
+    Args:
+      space: A gymnasium Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple space.
+      name: The field's name (the leaf's `name`; a Dict member is named by its key, a Tuple
+        member by its index).
+      is_action: Whether the space is the action space.
+
+    Returns:
+      A nest of `ArraySpec`.
+
+    Raises:
+      ConfigError: For any other space, or an empty Dict or Tuple.
+    """
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict | spaces.Tuple):
+        if not len(space.spaces):
+            raise ConfigError(f"the {_role(is_action)} space {name!r} is empty: {space!r}")
+        if isinstance(space, spaces.Dict):
+            return {
+                str(key): space_spec(member, str(key), is_action)
+                for key, member in space.spaces.items()
+            }
+        return tuple(
+            space_spec(member, str(index), is_action) for index, member in enumerate(space.spaces)
+        )
+    if isinstance(space, spaces.Discrete):
+        return ArraySpec((1,), np.int64, name)
+    if isinstance(space, spaces.Box | spaces.MultiDiscrete | spaces.MultiBinary):
+        dtype = np.dtype(space.dtype)
+        if not is_action:
+            return ArraySpec(tuple(space.shape), dtype, name)
+        if dtype == np.float64:
+            dtype = np.dtype(np.float32)  # as SB3's ReplayBuffer casts it
+        return ArraySpec((int(np.prod(space.shape)),), dtype, name)
+    raise ConfigError(
+        f"{_role(is_action)} space {name!r}: supported spaces are Box, Discrete, MultiDiscrete, "
+        f"MultiBinary, Dict and Tuple, got {type(space).__name__}: {space!r}"
+    )
+
+
+def spec_for_spaces(observation_space: Any, action_space: Any) -> Trajectory:
+    """The per-step `Trajectory` of `ArraySpec` for a gymnasium env's spaces.
+
+    The TF-free twin of `replay_service.specs.nests.data_spec_for_spaces`: the same fields, shapes,
+    dtypes and names (see `space_spec`), with `policy_info=()`, int32 scalar step types and
+    float32 scalar reward and discount.
+
+    Args:
+      observation_space: A gymnasium space (a vector env's `single_observation_space`).
+      action_space: A gymnasium space (`single_action_space`).
+
+    Returns:
+      A `Trajectory` of `ArraySpec`.
+
+    Raises:
+      ConfigError: For a space `space_spec` does not support, naming it.
+    """
+    return trajectory_spec(
+        observation=space_spec(observation_space, "observation", is_action=False),
+        action=space_spec(action_space, "action", is_action=True),
+    )
+
+
+def _role(is_action: bool) -> str:
+    return "action" if is_action else "observation"
+
+
+def _check_shape(shape: Any, name: str | None) -> tuple[int, ...]:
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    if dims is None or not all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in dims
+    ):
+        raise SpecMismatchError(
+            f"ArraySpec {name!r}: shape must be a sequence of non-negative ints, got {shape!r}"
+        )
+    return tuple(int(d) for d in dims)
+
+
+def _check_dtype(dtype: Any, name: str | None) -> np.dtype:
+    if dtype is None:
+        raise SpecMismatchError(f"ArraySpec {name!r}: dtype is required, got None")
+    dtype = getattr(dtype, "as_numpy_dtype", dtype)  # a tf.DType
+    try:
+        result = np.dtype(dtype)
+    except TypeError as e:
+        raise SpecMismatchError(f"ArraySpec {name!r}: dtype {dtype!r} is not a numpy dtype") from e
+    if result.kind not in "biufc":
+        raise SpecMismatchError(
+            f"ArraySpec {name!r}: dtype must be numeric or bool, got {dtype!r} ({result})"
+        )
+    return result
+
+
+def _same_bound(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(np.array_equal(a, b))

@@ -1,0 +1,43 @@
+"""The starter-buffer application: fill a buffer from a baseline policy, copy it.
+
+`replay_service.starter` was one module; its public names stay importable from here.
+"""
+
+from replay_service.starter.build import (  # noqa: F401
+    BUILDING_ACTION_NAMES,
+    COPY_TAG,
+    DATA_SPEC_ENV_PREFIX,
+    DEFAULT_CAPACITY,
+    DEFAULT_ENV,
+    DEFAULT_NUM_ENVS,
+    DEFAULT_NUM_RUNS,
+    DEFAULT_OUTPUT_DIR,
+    DEFAULT_POLICY,
+    DEFAULT_SEQUENCE_LENGTH,
+    DEFAULT_STEPS_PER_RUN,
+    MAX_BUFFER_NAME_LENGTH,
+    OLD_TAG,
+    PARTIAL_TAG,
+    PLOT_DPI,
+    SEED_RANGE,
+    STARTER_KEEP_CHECKPOINTS,
+    STORE_ENTRIES,
+    SUMMARY_PLOT_SUFFIX,
+    PopulateConfig,
+    PopulateResult,
+    Progress,
+    StepRecorder,
+    check_capacity,
+    copy_buffer,
+    diff_columns,
+    format_summary,
+    load_data_spec,
+    make_envs_and_policies,
+    max_new_items,
+    populate,
+    starter_buffer_path,
+    starter_data_spec,
+    summary_plot_path,
+    validate_buffer_name,
+    write_summary_plot,
+)

@@ -1,0 +1,1 @@
+"""What is on disk: the checkpoint store and the export format."""
