@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, START_TIMEOUT_S
+from conftest import REPO, START_TIMEOUT_S, wait_for_adoption
 from readme_blocks import README, readme_block, shell_commands, shrink
 from replay_service import CheckpointStore, ReplayBufferManager
 from replay_service.connection import pick_free_port
@@ -224,3 +224,53 @@ def test_readme_starter_buffer_commands(user_dir: Path) -> None:
     with ReplayBufferManager(data_spec, stored.capacity, str(buffer)) as source:
         source.load_replay_buffer()
         assert copied == source.num_frames() > 0
+
+
+def test_readme_sharding_block(
+    user_dir: Path, data_spec: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # configs/sharded.toml's servers, as its comment starts them, on free ports.
+    ports = [pick_free_port(), pick_free_port()]
+    starts = [
+        shell_commands(line.lstrip("# ").replace("replay-server", ".venv/bin/replay-server"))[0]
+        for line in (user_dir / "configs/sharded.toml").read_text().splitlines()
+        if line.startswith("#   replay-server")
+    ]
+    assert len(starts) == 2, starts
+    sharded = user_dir / "sharded.toml"
+    sharded.write_text(f"[sharding]\naddresses = {[f'localhost:{p}' for p in ports]!r}\n")
+    servers = []
+    try:
+        for words, port, default in zip(starts, ports, (8010, 8011), strict=True):
+            servers.append(Server([w.replace(str(default), str(port)) for w in words], user_dir))
+        for server in servers:
+            server.wait_listening()
+        namespace = run_python(
+            shrink(readme_block("### Sharding"), {'"configs/sharded.toml"': repr(str(sharded))}),
+            {"data_spec": data_spec, "collector_id": 1},
+        )
+        record = namespace["record"]
+        assert set(record.paths) == {f"localhost:{port}" for port in ports}
+        for i in range(2):  # each server moves the block's checkpoint into its own directory
+            wait_for_adoption(user_dir / f"replay_shard{i}")
+    finally:
+        for server in servers:
+            if server.proc.poll() is None:
+                server.stop()
+    printed = capsys.readouterr().out  # the block prints the status of every shard
+    assert all(f"localhost:{port}" in printed for port in ports), printed
+
+
+def test_readme_stable_baselines3_block(user_dir: Path) -> None:
+    pytest.importorskip("stable_baselines3", reason="needs the sb3 extra")
+    namespace = run_python(
+        shrink(readme_block("### Stable-Baselines3"), {"model.learn(20_000)": "model.learn(300)"}),
+        {},
+    )
+    buffer = namespace["model"].replay_buffer
+    try:
+        assert buffer.size() > 0
+    finally:
+        buffer.close()
+    assert (user_dir / "buffer.pkl").is_file()
+    assert CheckpointStore(str(user_dir / "runs/exp1/replay")).is_store()
