@@ -1,31 +1,38 @@
-"""Shards and collectors as Ray actors on a local Ray instance; a shard killed and restarted."""
+"""Shards and collectors as Ray actors on a local Ray instance of 2 CPUs: README's recipe, a
+shard killed and restarted, actors that Ray cannot place."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
 ray = pytest.importorskip("ray", reason="needs the 'ray' extra (ray[default])")
 
 from conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, REPO
+from readme_blocks import README, readme_block, shrink
+from replay_service import ReplayBufferManager
 from replay_service.distributed.ray_cluster import start_collector, start_shards
-from replay_service.distributed.sharding import ShardedReplayBuffer
+from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
+from replay_service.errors import ReplayServiceError, ServerUnavailableError
 
 CAPACITY = 100_000  # configs/cartpole.toml
 INTERVAL_S = 1.0
+# A laptop-sized Ray instance, whatever this machine has.
+RAY_INIT_KWARGS = {
+    "num_cpus": 2,
+    "include_dashboard": False,
+    "log_to_driver": False,
+    "runtime_env": {"env_vars": {"PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}},
+}
 
 
 @pytest.fixture()
 def local_ray():
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}},
-    )
+    ray.init(**RAY_INIT_KWARGS)
     try:
         yield
     finally:
@@ -78,3 +85,59 @@ def test_killed_shard_restarts_from_its_checkpoint_without_losing_confirmed_item
     finally:
         finals = shards.stop(timeout=120)
     assert all(path is not None and "ckpt-" in path for path in finals)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400, method="thread")  # ray.get ignores SIGALRM
+def test_readme_ray_recipe_runs_on_two_cpus(tmp_path: Any, monkeypatch: Any) -> None:
+    # Two shards and four collectors on 2 CPUs: with a whole CPU reserved per actor, the
+    # collectors were never placed and ray.get waited forever.
+    monkeypatch.chdir(REPO)  # the recipe names configs/cartpole.toml
+    root = tmp_path / "replay"
+    code = shrink(
+        readme_block("### Ray"),
+        {
+            "ray.init()": f"ray.init(**{RAY_INIT_KWARGS!r})",
+            '"runs/ray/replay"': repr(str(root)),
+            "collect.remote(1000)": "collect.remote(60)",
+        },
+    )
+    namespace: dict[str, Any] = {}
+    try:
+        exec(compile(code, str(README), "exec"), namespace)
+    finally:
+        ray.shutdown()
+    sizes = namespace["sizes"]
+    assert list(sizes) == list(namespace["shards"].config.addresses)
+    assert all(n > 0 for n in sizes.values())
+    # shards.stop() left every shard's items in its final checkpoint.
+    for i, size in enumerate(sizes.values()):
+        with ReplayBufferManager(
+            namespace["data_spec"], CAPACITY, checkpoint_dir=str(root / f"shard-{i}")
+        ) as manager:
+            manager.load_replay_buffer()
+            assert manager.num_frames() == size
+
+
+def test_shard_that_ray_cannot_place_fails_within_its_bound(local_ray, tmp_path):
+    began = time.monotonic()
+    with pytest.raises(ServerUnavailableError) as caught:
+        start_shards(CARTPOLE_CONFIG, 2, tmp_path / "shards", num_cpus=3, start_timeout_s=5)
+    assert time.monotonic() - began < 30
+    message = str(caught.value)
+    for part in ("shard 0", "shard 1", "5 s", "{'CPU': 3.0}", "'CPU': 2.0", "num_cpus"):
+        assert part in message
+    assert not (tmp_path / "shards").exists() or not any((tmp_path / "shards").iterdir())
+    # The pending actors were killed: the CPUs are free for shards that fit.
+    assert ray.available_resources().get("CPU") == 2.0
+
+
+def test_collector_that_ray_cannot_place_fails_within_its_bound(local_ray, data_spec):
+    config = ShardedConfig(addresses=("localhost:1", "localhost:2"))
+    began = time.monotonic()
+    with pytest.raises(ReplayServiceError) as caught:
+        start_collector(config, 3, data_spec, CAPACITY, num_cpus=2.5, start_timeout_s=3)
+    assert time.monotonic() - began < 30
+    message = str(caught.value)
+    for part in ("collector 3 (shard localhost:2)", "3 s", "{'CPU': 2.5}", "'CPU': 2.0"):
+        assert part in message

@@ -4,39 +4,20 @@ from __future__ import annotations
 
 import math
 import os
-import re
-from pathlib import Path
 from typing import Any
 
+from readme_blocks import README, readme_block, shrink
 from replay_service import ReplayBufferManager
 from replay_service.specs.nests import data_spec_for_spaces
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 STEPS = 50
 NUM_ENVS = 4
 
 
-def _quickstart_code() -> str:
-    """The first python block after the README heading "## PyTorch quick start"."""
-    text = README.read_text()
-    section = text[text.index("## PyTorch quick start") :]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match is not None, "the quick start has no python block"
-    return match.group(1)
-
-
-def _shrink(code: str, replacements: dict[str, str]) -> str:
-    """Applies each replacement, which must match exactly once (the README changed otherwise)."""
-    for old, new in replacements.items():
-        assert code.count(old) == 1, f"{old!r} is not in the quick start exactly once"
-        code = code.replace(old, new)
-    return code
-
-
 def test_readme_pytorch_quick_start_runs(tmp_path: Any) -> None:
     checkpoint_dir = tmp_path / "replay"
-    code = _shrink(
-        _quickstart_code(),
+    code = shrink(
+        readme_block("## PyTorch quick start"),
         {
             '"runs/quickstart/replay"': repr(str(checkpoint_dir)),
             "range(1_000)": f"range({STEPS})",

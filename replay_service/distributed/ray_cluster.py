@@ -1,7 +1,7 @@
 """Shards and collectors as Ray actors (needs the `ray` extra).
 
     ray.init()
-    shards = start_shards("configs/cartpole.toml", num_shards=2, root_dir="/data/replay",
+    shards = start_shards("configs/cartpole.toml", num_shards=2, root_dir="runs/ray/replay",
                           checkpoint_interval_s=60)
     config = shards.config                    # a sharding.ShardedConfig, one address per shard
     collectors = [start_collector(config, i, data_spec, capacity=100_000) for i in range(4)]
@@ -19,11 +19,18 @@ shared filesystem).
 
 Collector `i` writes to shard `i % N` (`ShardedConfig.shard_index`), through a remote
 `ReplayBufferManager`.
+
+Every actor reserves `DEFAULT_NUM_CPUS` (0.25) of a CPU by default, so two shards and four
+collectors (1.5 CPUs) fit on a 2-CPU machine; pass `num_cpus=` to reserve more. Starting an
+actor waits for it within a bound: one that Ray cannot place (not enough free resources) or that
+does not finish starting in time is killed and reported, with what it asked for and what the
+cluster has, instead of waiting forever.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import time
@@ -33,10 +40,16 @@ from replay_service.backends.reverb.connection import pick_free_port
 from replay_service.config.files import load_config
 from replay_service.config.options import DEFAULT_TABLE_NAME, Timeouts
 from replay_service.distributed.sharding import ShardedConfig
-from replay_service.errors import ConfigError, ServerUnavailableError
+from replay_service.errors import ConfigError, ReplayServiceError, ServerUnavailableError
 
 SHARD_DIR_PREFIX = "shard-"
 DEFAULT_START_TIMEOUT_S = 300.0
+"""Seconds a shard may take to be placed and to start (restoring its checkpoint included)."""
+DEFAULT_COLLECTOR_START_TIMEOUT_S = 120.0
+"""Seconds a collector may take to be placed and to start (importing TF-Agents, connecting)."""
+DEFAULT_NUM_CPUS = 0.25
+"""CPUs Ray reserves for each shard and collector actor unless told otherwise. A reservation is
+a scheduling share, not a limit: the process uses what it needs."""
 
 
 def _ray() -> Any:
@@ -185,6 +198,78 @@ def _node_address() -> str:
         return socket.gethostname()
 
 
+def _check_num_cpus(num_cpus: object) -> float:
+    """Returns `num_cpus` as a float.
+
+    Raises:
+      ConfigError: If it is not a finite number >= 0 (Ray takes fractions below 1).
+    """
+    if (
+        isinstance(num_cpus, bool)
+        or not isinstance(num_cpus, (int, float))
+        or not math.isfinite(num_cpus)
+        or num_cpus < 0
+    ):
+        raise ConfigError(f"num_cpus must be a finite number >= 0, got {num_cpus!r}")
+    return float(num_cpus)
+
+
+def _wait_started(
+    ray: Any,
+    started: list[tuple[str, Any, Any]],
+    resources: dict[str, float],
+    timeout: float,
+    error: type[ReplayServiceError],
+) -> list[Any]:
+    """Waits until every actor answers its first call; kills them all if one does not.
+
+    Args:
+      ray: The `ray` module.
+      started: `(name, actor, ref of a first call)` per actor.
+      resources: What each actor asked Ray for, e.g. `{"CPU": 0.25}`.
+      timeout: Seconds for all of them together.
+      error: The class of the error raised.
+
+    Returns:
+      The first calls' results, in order.
+
+    Raises:
+      ReplayServiceError: (`error`) If an actor was not placed or did not finish starting
+        within `timeout` (naming it, what it asked for and what the cluster has), or failed
+        while starting (with Ray's error).
+    """
+    refs = [ref for _, _, ref in started]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    done = {ref.hex() for ref in ready}
+    pending = [name for name, _, ref in started if ref.hex() not in done]
+    results: list[Any] = []
+    failure = None
+    if pending:
+        try:
+            total, available = ray.cluster_resources(), ray.available_resources()
+        except Exception as e:  # a cluster that does not answer is reported as such
+            total = available = f"unknown ({e})"
+        failure = (
+            f"{', '.join(pending)} did not start within {timeout} s. Each asked Ray for "
+            f"{resources}; the cluster has {total} in all, {available} free. An actor that "
+            "Ray cannot place waits for free resources: pass a smaller num_cpus, stop other "
+            "actors or give Ray more CPUs (ray.init(num_cpus=...)); one that was placed but "
+            "starts slowly (restoring a large checkpoint) needs a larger start_timeout_s"
+        )
+    else:
+        for name, _, ref in started:
+            try:
+                results.append(ray.get(ref, timeout=timeout))
+            except Exception as e:  # RayActorError, RayTaskError: the constructor failed
+                failure = f"{name} failed while starting: {e}"
+                break
+    if failure is None:
+        return results
+    for _, actor, _ in started:
+        ray.kill(actor, no_restart=True)
+    raise error(failure)
+
+
 @dataclasses.dataclass
 class RayShards:
     """Running shard actors.
@@ -263,7 +348,7 @@ def start_shards(
     *,
     checkpoint_interval_s: float = 60.0,
     max_restarts: int = 3,
-    num_cpus: float = 1.0,
+    num_cpus: float = DEFAULT_NUM_CPUS,
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
 ) -> RayShards:
     """Starts `num_shards` replay-server actors and waits until every one serves.
@@ -274,22 +359,28 @@ def start_shards(
       root_dir: Shard `i` checkpoints into `<root_dir>/shard-<i>` (restoring what is there).
       checkpoint_interval_s: Seconds between checkpoints; bounds what a crash loses.
       max_restarts: How often Ray restarts a shard whose process died (-1: always).
-      num_cpus: CPUs Ray reserves per shard.
-      start_timeout_s: Seconds each shard may take to start (restoring included).
+      num_cpus: CPUs Ray reserves for each shard (default 0.25, a scheduling share: the
+        Reverb server uses what it needs). Two shards and four collectors with the defaults
+        take 1.5 CPUs; reserve 1 or more to give each shard a core of its own.
+      start_timeout_s: Seconds the shards may take to be placed by Ray and to start
+        (restoring included).
 
     Returns:
       The actors and their `ShardedConfig`.
 
     Raises:
       ConfigError: If Ray is missing or a value is invalid.
-      ServerUnavailableError: If a shard does not start in time (the others are killed).
+      ServerUnavailableError: If a shard fails to start, or is not placed (not enough free
+        resources for `num_cpus`) or not serving within `start_timeout_s`; the message names
+        it, what it asked for and what the cluster has. Every shard is killed then.
     """
     ray = _ray()
     if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
         raise ConfigError(f"num_shards must be a positive integer, got {num_shards!r}")
     path = None if config_path is None else os.path.abspath(os.fspath(config_path))
+    cpus = _check_num_cpus(num_cpus)
     load_config(path)  # a bad config fails here, not in every actor
-    remote_cls = ray.remote(max_restarts=max_restarts, max_task_retries=0, num_cpus=num_cpus)(
+    remote_cls = ray.remote(max_restarts=max_restarts, max_task_retries=0, num_cpus=cpus)(
         ShardServer
     )
     dirs = [
@@ -300,39 +391,65 @@ def start_shards(
         remote_cls.remote(path, directory, pick_free_port(), float(checkpoint_interval_s))
         for directory in dirs
     ]
-    try:
-        addresses = ray.get([a.address.remote() for a in actors], timeout=start_timeout_s)
-    except Exception as e:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        raise ServerUnavailableError(
-            f"{num_shards} shard(s) did not start within {start_timeout_s} s: {e}"
-        ) from e
+    addresses = _wait_started(
+        ray,
+        [
+            (f"shard {i} ({directory})", actor, actor.address.remote())
+            for i, (directory, actor) in enumerate(zip(dirs, actors, strict=True))
+        ],
+        {"CPU": cpus},
+        start_timeout_s,
+        ServerUnavailableError,
+    )
     return RayShards(
         config=ShardedConfig(addresses=tuple(addresses)), actors=actors, checkpoint_dirs=dirs
     )
 
 
 def start_collector(
-    config: ShardedConfig, collector_id: int, data_spec: Any, capacity: int, **kwargs: Any
+    config: ShardedConfig,
+    collector_id: int,
+    data_spec: Any,
+    capacity: int,
+    *,
+    num_cpus: float = DEFAULT_NUM_CPUS,
+    start_timeout_s: float = DEFAULT_COLLECTOR_START_TIMEOUT_S,
+    **kwargs: Any,
 ) -> Any:
-    """Starts a `Collector` actor writing to shard `collector_id % N`.
+    """Starts a `Collector` actor writing to shard `collector_id % N` and waits until it has
+    connected to its shard.
 
     Args:
       config: The shards (e.g. `start_shards(...).config`).
       collector_id: The collector's id.
       data_spec: Per-step data spec.
       capacity: Items per shard.
-      **kwargs: `Collector` options (`sequence_length`, `table_name`, `timeouts`, `env_name`,
-        and Ray's `num_cpus` for the actor, default 1).
+      num_cpus: CPUs Ray reserves for the actor (default 0.25, a scheduling share: the
+        environment loop uses what it needs).
+      start_timeout_s: Seconds the actor may take to be placed by Ray and to start.
+      **kwargs: `Collector` options (`sequence_length`, `table_name`, `timeouts`, `env_name`).
 
     Returns:
       The actor handle; call `collector.collect.remote(steps)`.
 
     Raises:
-      ConfigError: If Ray is missing.
+      ConfigError: If Ray is missing or `num_cpus` is invalid.
+      ReplayServiceError: If the actor fails to start (e.g. its shard does not answer), or is
+        not placed (not enough free resources for `num_cpus`) or not started within
+        `start_timeout_s`; the message names it, what it asked for and what the cluster has.
+        The actor is killed then.
     """
     ray = _ray()
-    num_cpus = kwargs.pop("num_cpus", 1.0)
-    remote_cls = ray.remote(num_cpus=num_cpus)(Collector)
-    return remote_cls.remote(config, collector_id, data_spec, capacity, **kwargs)
+    cpus = _check_num_cpus(num_cpus)
+    actor = ray.remote(num_cpus=cpus)(Collector).remote(
+        config, collector_id, data_spec, capacity, **kwargs
+    )
+    name = f"collector {collector_id} (shard {config.address_for(collector_id)})"
+    _wait_started(
+        ray,
+        [(name, actor, actor.address.remote())],
+        {"CPU": cpus},
+        start_timeout_s,
+        ReplayServiceError,
+    )
+    return actor
