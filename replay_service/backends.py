@@ -15,12 +15,14 @@ from typing import Any
 
 import reverb
 
-from replay_service import reverb_internals
+from replay_service import reverb_internals, tf_compat
 from replay_service.checkpointed_server import CheckpointedServer
 from replay_service.checkpoints import Checkpoint, CheckpointStore
 from replay_service.config import TableConfig, Timeouts
 from replay_service.connection import call_with_timeout, connect, server_info
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
+
+tf_compat.patch_inspect()  # lets TF-Agents' PolicySaver save policies (see tf_compat)
 
 _log = logging.getLogger(__name__)
 

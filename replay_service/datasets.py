@@ -31,11 +31,14 @@ import reverb
 import tensorflow as tf
 from tf_agents.replay_buffers import reverb_replay_buffer
 
+from replay_service import tf_compat
 from replay_service.config import TableConfig, to_ms
 from replay_service.errors import ConfigError
 from replay_service.packed import NESTED, PACKED, PackedLayout, layout_of, step_layout
 from replay_service.specs import table_signature
 from replay_service.tables import find_table
+
+tf_compat.patch_inspect()  # lets TF-Agents' PolicySaver save policies (see tf_compat)
 
 EMPTY_BUFFER_MESSAGE = "replay_service: no item could be sampled"
 
