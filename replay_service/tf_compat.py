@@ -207,6 +207,9 @@ USAGE = (
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs a script or module as `__main__` with the patch applied (see module docs).
 
+    Meant for `python -m replay_service.tf_compat`: a script gets the `sys.argv` and the first
+    `sys.path` entry that `python SCRIPT` would give it, a module those of `python -m MODULE`.
+
     Args:
       argv: `[SCRIPT, ARGS...]` or `["-m", MODULE, ARGS...]` (default `sys.argv[1:]`).
 
@@ -235,7 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
         sys.argv = [target, *args[1:]]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+        # As `python SCRIPT` has it: the script's folder first on the path, not the current
+        # directory that `python -m` put there (a checkout's own packages would shadow the
+        # installed ones).
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
         runpy.run_path(target, run_name="__main__")
     return 0
 

@@ -210,7 +210,7 @@ def test_the_runner_runs_a_script_that_never_imports_replay_service(tmp_path: Pa
     script.write_text(
         textwrap.dedent(
             """
-            import sys
+            import importlib.util, json, sys
 
             import numpy as np
             import tensorflow as tf
@@ -225,7 +225,8 @@ def test_the_runner_runs_a_script_that_never_imports_replay_service(tmp_path: Pa
                 np.array([1.5], np.float32), ts.time_step_spec(observation), action
             )
             policy_saver.PolicySaver(policy, batch_size=None).save(sys.argv[1])
-            print("REPORT {}")
+            sees_cwd = importlib.util.find_spec("only_in_cwd") is not None
+            print("REPORT " + json.dumps({"argv": sys.argv, "sees_cwd": sees_cwd}))
             """
         )
     )
@@ -237,8 +238,14 @@ def test_the_runner_runs_a_script_that_never_imports_replay_service(tmp_path: Pa
     out = tmp_path / "policy"
     plain = run_python(str(script), str(out), env=env, cwd=tmp_path)
     assert plain.returncode != 0 and ERROR in plain.stderr, plain.stdout + plain.stderr
-    report_of(run_python("-m", "replay_service.tf_compat", str(script), str(out), env=env))
+    # Run from a directory whose modules `python SCRIPT` would not see (a checkout's packages).
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "only_in_cwd.py").write_text("")
+    runner = ["-m", "replay_service.tf_compat", str(script), str(out)]
+    report = report_of(run_python(*runner, env=env, cwd=checkout))
     assert (out / "saved_model.pb").is_file()
+    assert report == {"argv": [str(script), str(out)], "sees_cwd": False}
 
     missing = run_python("-m", "replay_service.tf_compat", str(tmp_path / "nope.py"))
     assert missing.returncode == 2 and "no such script" in missing.stderr
