@@ -247,6 +247,17 @@ def test_the_runner_runs_a_script_that_never_imports_replay_service(tmp_path: Pa
     assert (out / "saved_model.pb").is_file()
     assert report == {"argv": [str(script), str(out)], "sees_cwd": False}
 
+    (checkout / "as_module.py").write_text(
+        "import inspect, json, sys\n"
+        "patched = hasattr(inspect._check_instance, '_replay_service_original')\n"
+        "print('REPORT ' + json.dumps({'name': __name__, 'args': sys.argv[1:], 'p': patched}))\n"
+    )
+    runner = ["-m", "replay_service.tf_compat", "-m", "as_module", "--flag"]
+    report = report_of(run_python(*runner, env=env, cwd=checkout))
+    assert report == {"name": "__main__", "args": ["--flag"], "p": True}
+
+    no_module = run_python("-m", "replay_service.tf_compat", "-m")
+    assert no_module.returncode == 2 and "-m needs a module name" in no_module.stderr
     missing = run_python("-m", "replay_service.tf_compat", str(tmp_path / "nope.py"))
     assert missing.returncode == 2 and "no such script" in missing.stderr
     assert str(tmp_path / "nope.py") in missing.stderr
