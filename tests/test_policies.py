@@ -221,12 +221,6 @@ def test_load_policy_round_trips_a_saved_tf_policy(env: BuildingEnv, tmp_path: P
         load_policy(tmp_path, cartpole.time_step_spec(), cartpole.action_spec())
 
 
-@pytest.mark.xfail(
-    raises=TypeError,
-    strict=False,
-    reason="TF 2.14 cannot trace PolicySaver's metadata dict with wrapt 1.14.2 and "
-    "typing_extensions >= 4.6: '__dict__ descriptor does not support _DictWrapper objects'",
-)
 def test_load_policy_reads_a_policy_saver_export(env: BuildingEnv, tmp_path: Path) -> None:
     policy_saver.PolicySaver(_fixed_tf_policy(env), batch_size=None).save(os.fspath(tmp_path))
     loaded = load_policy(tmp_path, env.time_step_spec(), env.action_spec(), seed=0)

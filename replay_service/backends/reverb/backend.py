@@ -20,7 +20,10 @@ from replay_service.backends.reverb.connection import call_with_timeout, connect
 from replay_service.backends.reverb.server import CheckpointedServer
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
+from replay_service.integrations import tf_compat
 from replay_service.storage.store import Checkpoint, CheckpointStore
+
+tf_compat.patch_inspect()  # lets TF-Agents' PolicySaver save policies (see tf_compat)
 
 _log = logging.getLogger(__name__)
 

@@ -34,8 +34,11 @@ from tf_agents.replay_buffers import reverb_replay_buffer
 from replay_service.backends.reverb.tables import find_table
 from replay_service.config.options import TableConfig, to_ms
 from replay_service.errors import ConfigError
+from replay_service.integrations import tf_compat
 from replay_service.specs.nests import table_signature
 from replay_service.specs.packed import NESTED, PACKED, PackedLayout, layout_of, step_layout
+
+tf_compat.patch_inspect()  # lets TF-Agents' PolicySaver save policies (see tf_compat)
 
 EMPTY_BUFFER_MESSAGE = "replay_service: no item could be sampled"
 
