@@ -17,7 +17,13 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import FAST_TIMEOUTS, all_items
 from replay_service import ReplayBufferManager
-from replay_service.storage.store import CHECKPOINT_META_FILE, CHECKPOINTS_DIR, CORRUPT_DIR
+from replay_service.backends.reverb.internals import DONE_FILE
+from replay_service.storage.store import (
+    CHECKPOINT_META_FILE,
+    CHECKPOINTS_DIR,
+    CORRUPT_DIR,
+    REVERB_DIR,
+)
 
 CHECKPOINT_INTERVAL_S = 1
 STEPS_PER_S = 150
@@ -73,6 +79,8 @@ def run_kill_point(start_server, tmp_path, data_spec, seed: int) -> None:
     writer.join(timeout=30)
 
     root = tmp_path / "server_ckpt"
+    # What the server had made durable when it died: every checkpoint whose DONE existed then.
+    newest_complete = max(complete_checkpoints(root), key=_reverb_time, default=None)
     restarted, address = start_server("--restore_if_exists")
     restored = ReplayBufferManager(
         data_spec, 100_000, server_address=address, timeouts=FAST_TIMEOUTS
@@ -86,11 +94,18 @@ def run_kill_point(start_server, tmp_path, data_spec, seed: int) -> None:
     if checkpoints:
         info = json.loads((checkpoints[-1] / CHECKPOINT_META_FILE).read_text())
         assert count == info["num_items"]
-        created = _reverb_time(info["reverb_name"])
-        # Loss is bounded by the checkpoint interval (plus adoption and scheduling slack).
-        assert killed_at - created < CHECKPOINT_INTERVAL_S + 3.0
+        # No complete checkpoint is lost: the restart restores the newest one that was complete
+        # at the kill (adopting it if Reverb had finished it but the server had not yet). What
+        # is lost is what came after it; how long that window is depends on the machine's load
+        # (a checkpoint of a busy server takes longer), so it is measured, not bounded.
+        assert info["reverb_name"] == newest_complete, (info["reverb_name"], newest_complete)
+        loss_window_s = killed_at - _reverb_time(info["reverb_name"])
+        print(f"seed {seed}: {count} items restored, loss window {loss_window_s:.2f} s")
     else:
         assert count == 0
+        assert newest_complete is None, (
+            f"checkpoint {newest_complete} was complete but not restored"
+        )
     if count:
         items = all_items(restored.py_client, restored.table_name, count)
         windows = sorted(int(data[1][1, 0]) for data in items.values())
@@ -104,6 +119,18 @@ def run_kill_point(start_server, tmp_path, data_spec, seed: int) -> None:
     # Each case starts from an empty directory.
     for path in root.iterdir() if root.exists() else []:
         _rmtree(path)
+
+
+def complete_checkpoints(root) -> list[str]:
+    """Reverb names of the checkpoints complete under `root`: adopted ones, and those Reverb
+    finished (DONE written) in its own directory but the server had not adopted yet."""
+    names = [
+        json.loads((path / CHECKPOINT_META_FILE).read_text())["reverb_name"]
+        for path in (root / CHECKPOINTS_DIR).glob("ckpt-*")
+        if (path / CHECKPOINT_META_FILE).is_file()
+    ]
+    names += [path.name for path in (root / REVERB_DIR).glob("*") if (path / DONE_FILE).is_file()]
+    return names
 
 
 def _quiet_checkpoint(manager) -> None:

@@ -46,7 +46,9 @@ def test_short_run_reconciles_and_ends_in_time():
     elapsed = time.monotonic() - started
     assert_reconciled(report)
     assert report.num_collectors == 4 and report.num_shards == 1
-    assert SHORT_RUN_S <= report.duration_s < SHORT_RUN_S + 5
+    # The run's own bound (the same a loaded machine must meet): the stop comes after the run's
+    # duration, and every process reports and exits within the stop grace.
+    assert SHORT_RUN_S <= report.duration_s < SHORT_RUN_S + load_test.STOP_GRACE_S
     assert report.collector_items > SHORT_CAPACITY  # the table filled and evicted
     assert elapsed < SHORT_RUN_S + OVERHEAD_LIMIT_S
     assert report.to_json()["ok"] is True
