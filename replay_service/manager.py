@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay_service.backends.reverb.handles import TableHandle
+from replay_service.backends import Backend, BackendOptions, Capability, backend_class
 from replay_service.backends.reverb.tables import check_extra_tables, find_table
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
@@ -30,7 +30,6 @@ from replay_service.errors import (
     BufferStateError,
     ConfigError,
     ManagerClosedError,
-    SpecMismatchError,
 )
 from replay_service.monitoring import summaries
 from replay_service.monitoring.stats import BufferStats, StatsTracker, checkpoint_stats
@@ -38,23 +37,18 @@ from replay_service.sample import priorities as priorities_lib
 from replay_service.sample import rate_limit
 from replay_service.specs import nests as specs
 from replay_service.specs import windows as sequences
-from replay_service.specs.packed import item_signature, layout_of
 from replay_service.storage import export as export_lib
-from replay_service.storage.store import DEFAULT_KEEP, CheckpointStore
+from replay_service.storage.store import DEFAULT_KEEP
 
 if TYPE_CHECKING:
     import reverb
     import tensorflow as tf
 
-    from replay_service.backends.local.backend import LocalBackend
-    from replay_service.backends.reverb.backend import EmbeddedBackend, RemoteBackend
     from replay_service.backends.reverb.datasets import ReplayBuffer
+    from replay_service.backends.reverb.handles import TableHandle
     from replay_service.collect.gym_vector import GymVectorWriter
     from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
 
-BACKENDS = ("auto", "reverb", "local")
-# What `backend="auto"` chose in this process, said once.
-_announced: set[str] = set()
 
 _log = logging.getLogger(__name__)
 
@@ -164,51 +158,34 @@ class ReplayBufferManager:
         specs.describe_spec(data_spec)  # refuses a spec that is not a nest of tensor specs
         if server_address is None and checkpoint_dir is None:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
-        if server_address is not None and port is not None:
-            raise ConfigError(f"port={port!r} applies only to the embedded server, not remote")
         _check_interval(checkpoint_interval_s, server_address)
         self._stride_length = stride_length
         self._timeouts = timeouts or Timeouts()
-        self.backend = choose_backend(backend, server_address)
         if storage not in ("memory", "memmap"):
             raise ConfigError(f"storage must be 'memory' or 'memmap', got {storage!r}")
-        if storage != "memory" and self.backend != "local":
-            raise ConfigError(f"storage={storage!r} applies only to backend='local'")
-        self._backend: EmbeddedBackend | RemoteBackend | LocalBackend
-        if self.backend == "local":
-            from replay_service.backends.local.backend import LocalBackend
-
-            if layout != "nested":
-                raise ConfigError(
-                    f"layout={layout!r} applies only to Reverb tables; the local backend has its "
-                    "own compact storage (use layout='nested', the default, with backend='local')"
-                )
-            if port is not None:
-                raise ConfigError(f"port={port!r} applies only to a Reverb server, not local")
-            self._backend = LocalBackend(
-                CheckpointStore(checkpoint_dir, keep=keep_checkpoints),  # type: ignore[arg-type]
-                self.tables,
-                data_spec,
-                self._stored_spec,
-                self._timeouts,
-                checkpoint_interval_s,
-                storage,
+        implementation = backend_class(backend, server_address)
+        self.backend = implementation.kind
+        for capability, asked, what in (
+            (Capability.MEMMAP_STORAGE, storage != "memory", f"storage={storage!r}"),
+            (Capability.PACKED_LAYOUT, layout != "nested", f"layout={layout!r}"),
+            (Capability.PORT, port is not None, f"port={port!r}"),
+        ):
+            if asked and capability not in implementation.capabilities:
+                raise implementation.refusal(capability, what)
+        self._backend: Backend = implementation.from_options(
+            BackendOptions(
+                tables=self.tables,
+                data_spec=data_spec,
+                stored_spec=self._stored_spec,
+                timeouts=self._timeouts,
+                checkpoint_dir=checkpoint_dir,
+                keep_checkpoints=keep_checkpoints,
+                checkpoint_interval_s=checkpoint_interval_s,
+                port=port,
+                server_address=server_address,
+                storage=storage,
             )
-        elif server_address is not None:
-            from replay_service.backends.reverb.backend import RemoteBackend
-
-            self._backend = RemoteBackend(server_address, self.tables, self._timeouts)
-        else:
-            from replay_service.backends.reverb.backend import EmbeddedBackend
-
-            self._backend = EmbeddedBackend(
-                CheckpointStore(checkpoint_dir, keep=keep_checkpoints),  # type: ignore[arg-type]
-                self.tables,
-                data_spec,
-                port,
-                self._timeouts,
-                checkpoint_interval_s,
-            )
+        )
         self._client: Any = None
         self._replay_buffer: Any = None
         self._observers: list[TrajectoryObserver] = []
@@ -430,51 +407,15 @@ class ReplayBufferManager:
         config = find_table(self.tables, table)
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
             require_int(name, value, 1, what="a positive integer")
-        if self.backend == "local":
-            from replay_service.backends.local import sampling as local_sampling
-
-            if num_steps not in (None, config.sequence_length):
-                raise ConfigError(
-                    f"num_steps={num_steps!r}: the local backend samples whole items "
-                    f"(num_steps None or {config.sequence_length}); splitting them needs "
-                    "backend='reverb'"
-                )
-            return local_sampling.tf_dataset(self._local_source(config.name), batch_size, prefetch)
-        from replay_service.backends.reverb.datasets import ReplayBuffer, sample_dataset
-
         if num_steps not in (None, config.sequence_length):
-            # Splitting items into shorter sequences: TF-Agents' pipeline does that.
-            if config is not self._table:
-                replay_buffer = ReplayBuffer(
-                    self._stored_spec,
-                    config.name,
-                    config.sequence_length,
-                    sample_timeout=self._timeouts.sample,
-                    server_address=self.server_address,
-                    connect_timeout=self._timeouts.connect,
-                    layout=config.layout,
-                )
-                replay_buffer.lifeline = self._require_buffer().lifeline
-            dataset = replay_buffer.as_dataset(
-                sample_batch_size=batch_size,
-                num_steps=num_steps,
-                num_parallel_calls=min(num_parallel_calls, batch_size),
+            self._require(
+                Capability.SPLIT_SEQUENCES,
+                f"get_dataset(num_steps={num_steps!r}) of items of {config.sequence_length} steps",
             )
-        else:
-            ordered = config.sampling.sampler in ("fifo", "lifo", "max_heap", "min_heap")
-            dataset = sample_dataset(
-                self._require_client().server_address,
-                config.name,
-                self._stored_spec,
-                config.sequence_length,
-                batch_size,
-                sample_timeout=self._timeouts.sample,
-                num_workers=1 if ordered else 2,
-                connect_timeout=self._timeouts.connect,
-                lifeline=replay_buffer.lifeline,
-                layout=config.layout,
-            )
-        return dataset.prefetch(prefetch)
+            require_int("num_steps", num_steps, 1, what="a positive integer")
+        return self._backend.dataset(
+            replay_buffer, config, batch_size, num_steps, num_parallel_calls, prefetch
+        )
 
     def mixed_dataset(
         self,
@@ -502,24 +443,10 @@ class ReplayBufferManager:
           ConfigError: If a weight, name, size or the sequence lengths are invalid.
           tf.errors.InvalidArgumentError: When iterating, as `get_dataset`.
         """
-        client = self._require_client()
-        self._require_reverb("mixed_dataset")
+        replay_buffer = self._require_buffer()
+        self._require(Capability.MIXED_DATASET, "mixed_dataset")
         require_int("prefetch", prefetch, 1, what="a positive integer")
-        from replay_service.backends.reverb.datasets import mixed_dataset
-
-        dataset = mixed_dataset(
-            client.server_address,
-            self.tables,
-            weights,
-            self._stored_spec,
-            batch_size,
-            sample_timeout=self._timeouts.sample,
-            seed=seed,
-            connect_timeout=self._timeouts.connect,
-            lifeline=self._require_buffer().lifeline,
-            layout=self._table.layout,
-        )
-        return dataset.prefetch(prefetch)
+        return self._backend.mixed_dataset(replay_buffer, weights, batch_size, seed, prefetch)
 
     def num_frames(self, *, table: str | None = None) -> int:
         """Returns the number of items in a table (the primary one by default).
@@ -531,10 +458,7 @@ class ReplayBufferManager:
           ConfigError: If `table` is not one of this buffer's tables.
         """
         name = find_table(self.tables, table).name
-        client = self._require_client()
-        if self.backend == "local":
-            return client.table(name).size
-        return int(self._table_info(client, name).current_size)
+        return self._backend.num_items(self._require_client(), name)
 
     def clear(self) -> None:
         """Empties every table in place; every object handed out stays valid.
@@ -549,8 +473,7 @@ class ReplayBufferManager:
         client = self._require_client()
         for table in self.tables:
             client.reset(table.name)
-        if self.backend != "local":  # local streams compare the table's own clear count
-            self._require_buffer().lifeline.cleared()
+        self._backend.note_clear(self._require_buffer())
         self._backend.after_clear()
 
     def checkpoint(self) -> str:
@@ -618,11 +541,11 @@ class ReplayBufferManager:
             names the error buffer needed), or `table` is unknown.
           BufferStateError: If no buffer was created or loaded.
         """
-        client = self._require_client()
-        self._require_reverb("train_schedule (a samples_per_insert rate limiter)")
+        self._require_client()
+        self._require(Capability.TRAIN_SCHEDULE, "train_schedule")
         name = find_table(self.tables, table).name
         return rate_limit.TrainSchedule(
-            lambda: rate_limit.LimiterState.from_info(self._table_info(client, name)),
+            lambda: self._backend.limiter_state(name),
             self._flush_writers,
             batch_size,
             table_name=name,
@@ -635,9 +558,9 @@ class ReplayBufferManager:
             observer.flush()
 
     def _hand_out(self, client: Any) -> tuple[Any, Any]:
-        if self.backend != "local":
-            self._check_server_table(client)
+        replay_buffer = self._backend.open_buffer(client, self.clear)
         self._client = client
+        self._replay_buffer = replay_buffer
         self._stats_tracker = StatsTracker(client, timeout=self._timeouts.connect)
         self._stats_tracker.read(wait_for_rates=False)  # the start of the first rate window
         if self._summary_dir is not None:
@@ -645,42 +568,12 @@ class ReplayBufferManager:
                 self.stats, self._summary_dir, interval_s=self._summary_interval_s
             )
             self._summary_writer.start()
-        if self.backend == "local":
-            from replay_service.backends.local import sampling as local_sampling
-
-            self._lifeline = local_sampling.Lifeline()
-            self._replay_buffer = local_sampling.LocalReplayBuffer(
-                self._local_source(self.table_name), self.clear
-            )
-            return self._replay_buffer, self._new_observer()
-        from replay_service.backends.reverb.datasets import ReplayBuffer
-
-        self._replay_buffer = ReplayBuffer(
-            self._stored_spec,
-            self.table_name,
-            self.sequence_length,
-            sample_timeout=self._timeouts.sample,
-            layout=self._table.layout,
-            **self._backend.replay_buffer_kwargs(),  # type: ignore[union-attr]
-        )
         return self._replay_buffer, self._new_observer()
 
-    def _local_source(self, table: str) -> Any:
-        from replay_service.backends.local import sampling as local_sampling
-
-        return local_sampling.LocalSampleSource(
-            self._client.table(table),
-            self._stored_spec,
-            self._timeouts.sample,
-            self._lifeline,
-        )
-
-    def _require_reverb(self, what: str) -> None:
-        if self.backend == "local":
-            raise ConfigError(
-                f"{what} needs backend='reverb' (dm-reverb, Linux x86_64, Python <= 3.11); "
-                "this buffer uses the local backend"
-            )
+    def _require(self, capability: Capability, what: str) -> None:
+        """Refuses `what` unless the backend has `capability` (the error says the way out)."""
+        if capability not in self._backend.capabilities:
+            raise self._backend.refusal(capability, what)
 
     def _extra_windows(self) -> list[tuple[str, int]]:
         return [(t.name, t.sequence_length) for t in self._extra_tables]
@@ -699,34 +592,6 @@ class ReplayBufferManager:
         )
         self._observers.append(observer)
         return observer
-
-    def _table_info(self, client: Any, name: str | None = None) -> Any:
-        from replay_service.backends.reverb.backend import check_table_exists
-
-        return check_table_exists(client, name or self.table_name, self._timeouts.connect)
-
-    def _check_server_table(self, client: Any) -> None:
-        for table in self.tables:
-            info = self._table_info(client, table.name)
-            signature = item_signature(self._stored_spec, table.sequence_length, table.layout)
-            if info.signature is None:
-                raise SpecMismatchError(
-                    f"table {table.name!r} at {client.server_address!r} has no signature; "
-                    "replay_service needs one to check data and build datasets"
-                )
-            problems = specs.diff_descriptions(
-                specs.describe_spec(signature), specs.describe_spec(info.signature)
-            )
-            if problems and table.layout != "nested":
-                problems.insert(0, f"this manager's layout is {table.layout!r}")
-            if info.max_size != table.capacity:
-                problems.append(f"capacity: requested {table.capacity}, found {info.max_size}")
-            if problems:
-                raise SpecMismatchError(
-                    f"table {table.name!r} at {client.server_address!r} does not match this "
-                    "manager (the leading dimension of each field is sequence_length): "
-                    + "; ".join(problems)
-                )
 
     def _require_open(self) -> None:
         if self._closed:
@@ -885,14 +750,8 @@ class ReplayBufferManager:
         )
 
     def _torch_source(self, table: str | None) -> Any:
-        if self.backend == "local":
-            self._require_client()
-            return self._local_source(find_table(self.tables, table).name)
-        from replay_service.sample import torch_streams as torch_sampling
-
-        return torch_sampling.SampleSource.from_handle(
-            self.table_handle(table), lifeline=self._require_buffer().lifeline
-        )
+        replay_buffer = self._require_buffer()
+        return self._backend.torch_source(replay_buffer, find_table(self.tables, table))
 
     def transition_writer(
         self, *, priority: float = 1.0, check_continuity: bool = True
@@ -980,18 +839,9 @@ class ReplayBufferManager:
         export_lib.require_one_table(self.tables, "export")
         export_lib.export_paths(dirpath, prefix)  # a bad prefix fails before the checkpoint
         export_lib.check_target(os.fspath(dirpath), overwrite)
-        if self.backend == "local":
-            data, priorities, times_sampled = self._require_client().table(self.table_name).items()
-            items = export_lib.ExportedItems(
-                data=data, priorities=priorities, times_sampled=times_sampled
-            )
-            return export_lib.write_export(
-                dirpath, prefix, self._table, self._stored_spec, items, overwrite=overwrite
-            )
-        handle = self.table_handle()
-        return export_lib.export_buffer(
-            handle, self.checkpoint(), dirpath, prefix, overwrite=overwrite
-        )
+        self._require_client()
+        self._flush_writers()
+        return self._backend.export(self._table, os.fspath(dirpath), prefix, overwrite)
 
     def import_buffer(
         self,
@@ -1022,17 +872,7 @@ class ReplayBufferManager:
             self._table, self._stored_spec, dirpath, prefix, drop_oldest=drop_oldest
         )
         replay_buffer, observer = self.create_replay_buffer(overwrite=overwrite)
-        if self.backend == "local":
-            self._client.table(self.table_name).insert(items.data, items.priorities)
-            return replay_buffer, observer
-        export_lib.insert_items(
-            self.py_client,
-            self.table_name,
-            self.sequence_length,
-            items,
-            self._timeouts,
-            packed=layout_of(self._stored_spec) if self._table.layout == "packed" else None,
-        )
+        self._backend.insert_items(self._table, items)
         return replay_buffer, observer
 
     def table_handle(self, table: str | None = None) -> TableHandle:
@@ -1046,13 +886,9 @@ class ReplayBufferManager:
           ConfigError: If `table` is not one of this buffer's tables, or the buffer uses the
             local backend (a handle describes a table of a Reverb server).
         """
-        self._require_reverb("table_handle (a table of a Reverb server)")
-        return TableHandle(
-            server_address=self.server_address,
-            table=find_table(self.tables, table),
-            stored_spec=self._stored_spec,
-            timeouts=self._timeouts,
-        )
+        self._require_client()
+        self._require(Capability.TABLE_HANDLE, "table_handle")
+        return self._backend.table_handle(find_table(self.tables, table))
 
 
 def _check_interval(interval: float | None, server_address: str | None) -> None:
@@ -1073,58 +909,3 @@ def _check_interval(interval: float | None, server_address: str | None) -> None:
             f"checkpoint_interval_s must be a finite number of seconds > 0 or None, got "
             f"{interval!r}"
         )
-
-
-def reverb_importable() -> tuple[bool, str]:
-    """Whether dm-reverb, TensorFlow and TF-Agents import here; else why not.
-
-    Returns:
-      `(True, "")`, or `(False, the import error)`.
-    """
-    try:
-        import reverb  # noqa: F401
-        import tensorflow  # noqa: F401
-        import tf_agents  # noqa: F401
-    except ImportError as e:
-        return False, f"{type(e).__name__}: {e}"
-    return True, ""
-
-
-def choose_backend(backend: str, server_address: str | None = None) -> str:
-    """Resolves `backend` ("auto", "reverb" or "local") to "reverb" or "local".
-
-    "auto" is Reverb when dm-reverb, TensorFlow and TF-Agents import, else local; the choice is
-    logged once per process.
-
-    Raises:
-      ConfigError: If `backend` is unknown, "reverb" is asked for where it does not import, or
-        `server_address` (remote mode, Reverb-only) is given with the local backend.
-    """
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "local":
-        if server_address is not None:
-            raise ConfigError(
-                f"server_address={server_address!r}: remote mode needs backend='reverb'; the "
-                "local backend keeps its tables in this process"
-            )
-        return "local"
-    ok, why = reverb_importable()
-    if backend == "reverb" or server_address is not None:
-        if not ok:
-            raise ConfigError(
-                "backend='reverb' (and remote mode) need dm-reverb 0.13, TensorFlow 2.14 and "
-                f"TF-Agents 0.18, which do not import here ({why}); dm-reverb has wheels only "
-                "for Linux x86_64 and Python <= 3.11. Use backend='local' elsewhere"
-            )
-        return "reverb"
-    chosen = "reverb" if ok else "local"
-    if chosen not in _announced:
-        _announced.add(chosen)
-        if ok:
-            _log.info("backend='auto': using Reverb")
-        else:
-            _log.warning(
-                "backend='auto': dm-reverb does not import (%s); using the local backend", why
-            )
-    return chosen

@@ -733,7 +733,7 @@ def test_an_episode_of_five_steps_gives_three_windows_of_three(make, tmp_path):
 
 
 def _reverb_imports() -> bool:
-    from replay_service.manager import reverb_importable
+    from replay_service.backends import reverb_importable
 
     return reverb_importable()[0]
 

@@ -32,21 +32,24 @@ from replay_service.storage.store import LOCK_FILE, CheckpointStore
 REPO = Path(__file__).resolve().parent.parent
 REFUSED = ("tensorflow", "tf_agents", "reverb")
 TF_FREE_MODULES = (
-    "array_specs",
-    "checkpoints",
-    "cli_output",
+    "backends",
+    "backends.base",
+    "backends.local.backend",
+    "backends.reverb.connection",
+    "backends.reverb.handles",
+    "cli.output",
+    "collect.gym_vector",
     "config",
-    "connection",
     "errors",
-    "export",
-    "gym_vector",
-    "handles",
-    "nstep",
-    "priorities",
-    "sequences",
+    "monitoring.stats",
+    "sample.nstep",
+    "sample.priorities",
+    "sample.torch_streams",
     "specs",
-    "stats",
-    "torch_sampling",
+    "specs.arrays",
+    "specs.windows",
+    "storage.export",
+    "storage.store",
 )
 SPACE_KINDS = ("box", "discrete", "multi_discrete", "multi_binary", "dict", "tuple")
 

@@ -85,7 +85,7 @@ def show_flags_in_help(doc: str | None, flag: Any, program: str | None = None) -
 
 
 def _require_reverb(tool: str) -> None:
-    from replay_service.manager import reverb_importable
+    from replay_service.backends import reverb_importable
 
     ok, why = reverb_importable()
     if not ok:

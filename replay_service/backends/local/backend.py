@@ -17,13 +17,15 @@ import threading
 import time
 import types
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import tree
 
+from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.backends.local import checkpoint as local_checkpoint
+from replay_service.backends.local import sampling as local_sampling
 from replay_service.backends.local.table import LocalTable, check_local_table
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
@@ -210,7 +212,7 @@ class LocalClient:
         self.table(table).update_priorities(dict(updates or {}))
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """A buffer in this process whose checkpoints go to `store` (see module docstring).
 
     Args:
@@ -223,6 +225,10 @@ class LocalBackend:
       storage: "memory" or "memmap" (see `LocalTable`).
     """
 
+    kind = "local"
+    capabilities = frozenset({Capability.MEMMAP_STORAGE})
+    description = "the local backend (tables in this process)"
+
     def __init__(
         self,
         store: CheckpointStore,
@@ -233,6 +239,7 @@ class LocalBackend:
         checkpoint_interval_s: float | None = None,
         storage: str = "memory",
     ) -> None:
+        self._lifeline = local_sampling.Lifeline()
         self._store = store
         self._configs = tuple(tables)
         self._data_spec = data_spec
@@ -257,10 +264,80 @@ class LocalBackend:
         for config in self._configs:  # refuse Reverb-only options before touching the disk
             check_local_table(config)
 
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> LocalBackend:
+        """Local tables for `options` (nothing is created before `create` or `load`)."""
+        assert options.checkpoint_dir is not None
+        return cls(
+            CheckpointStore(options.checkpoint_dir, keep=options.keep_checkpoints),
+            options.tables,
+            options.data_spec,
+            options.stored_spec,
+            options.timeouts,
+            options.checkpoint_interval_s,
+            options.storage,
+        )
+
+    @classmethod
+    def way_out(cls, capability: Capability) -> str:
+        """Reverb's features need backend='reverb'."""
+        del capability
+        return "it needs backend='reverb' (dm-reverb, Linux x86_64, Python <= 3.11)"
+
     @property
     def checkpoint_dir(self) -> str:
         """The absolute checkpoint directory."""
         return self._store.root
+
+    # ------------------------------------------------------------------ items in and out
+
+    def open_buffer(self, client: Any, clear: Callable[[], None]) -> Any:
+        """A `LocalReplayBuffer` of the primary table whose `clear()` is the manager's."""
+        del client
+        return local_sampling.LocalReplayBuffer(self._source(self._configs[0].name), clear)
+
+    def num_items(self, client: Any, table: str) -> int:
+        """The table's size."""
+        return int(client.table(table).size)
+
+    def dataset(
+        self,
+        replay_buffer: Any,
+        table: TableConfig,
+        batch_size: int,
+        num_steps: int | None,
+        num_parallel_calls: int,
+        prefetch: int,
+    ) -> Any:
+        """Whole items of the table as tf.data batches (`sampling.tf_dataset`)."""
+        del replay_buffer, num_steps, num_parallel_calls  # whole items only (no SPLIT_SEQUENCES)
+        return local_sampling.tf_dataset(self._source(table.name), batch_size, prefetch)
+
+    def torch_source(self, replay_buffer: Any, table: TableConfig) -> Any:
+        """A `LocalSampleSource` of the table, ended by `close()` of the manager."""
+        del replay_buffer
+        return self._source(table.name)
+
+    def export(
+        self, table: TableConfig, dirpath: str, prefix: str, overwrite: bool
+    ) -> tuple[str, str]:
+        """Writes the table's items as they are now (no checkpoint needed in this process)."""
+        data, priorities, times_sampled = self.client.table(table.name).items()
+        items = export_lib.ExportedItems(
+            data=data, priorities=priorities, times_sampled=times_sampled
+        )
+        return export_lib.write_export(
+            dirpath, prefix, table, self._stored_spec, items, overwrite=overwrite
+        )
+
+    def insert_items(self, table: TableConfig, items: export_lib.ExportedItems) -> None:
+        """Inserts the items into the table, in order, with their priorities."""
+        self.client.table(table.name).insert(items.data, items.priorities)
+
+    def _source(self, table: str) -> local_sampling.LocalSampleSource:
+        return local_sampling.LocalSampleSource(
+            self.client.table(table), self._stored_spec, self._timeouts.sample, self._lifeline
+        )
 
     @property
     def client(self) -> LocalClient:

@@ -1,6 +1,7 @@
-"""Where a `ReplayBufferManager`'s tables live: an embedded server, or a remote one.
+"""The Reverb backend: a buffer's tables on one Reverb server, embedded or remote.
 
-The manager holds one backend and asks it for a client; it never branches on the mode itself.
+`ReverbBackend` holds what both modes share (checking the server's tables, the tf.data and
+PyTorch pipelines, export and import through Reverb); its two modes differ in lifecycle only:
 
 - `EmbeddedBackend`: a `CheckpointedServer` in this process, owning `checkpoint_dir`.
 - `RemoteBackend`: a running `replay-server` (or any Reverb server with the same tables),
@@ -10,25 +11,249 @@ The manager holds one backend and asks it for a client; it never branches on the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import reverb
 
+from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.backends.reverb import internals as reverb_internals
 from replay_service.backends.reverb.connection import call_with_timeout, connect, server_info
+from replay_service.backends.reverb.handles import TableHandle
 from replay_service.backends.reverb.server import CheckpointedServer
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
 from replay_service.integrations import tf_compat
+from replay_service.specs import nests as specs
+from replay_service.specs.packed import item_signature, layout_of
+from replay_service.storage import export as export_lib
 from replay_service.storage.store import Checkpoint, CheckpointStore
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 tf_compat.patch_inspect()  # lets TF-Agents' PolicySaver save policies (see tf_compat)
 
 _log = logging.getLogger(__name__)
 
 
-class EmbeddedBackend:
+class ReverbBackend(Backend):
+    """What the embedded and the remote Reverb backends share: everything but the lifecycle.
+
+    Args:
+      tables: Table configurations, the primary one first.
+      data_spec: Per-step data spec.
+      stored_spec: What each step stores (`data_spec`, or `Masked` for padded tables).
+      timeouts: Bounds on blocking calls.
+    """
+
+    kind = "reverb"
+    capabilities = frozenset(
+        {
+            Capability.SPLIT_SEQUENCES,
+            Capability.MIXED_DATASET,
+            Capability.TRAIN_SCHEDULE,
+            Capability.TABLE_HANDLE,
+            Capability.PACKED_LAYOUT,
+        }
+    )
+    description = "a Reverb server"
+
+    def __init__(
+        self, tables: Sequence[TableConfig], data_spec: Any, stored_spec: Any, timeouts: Timeouts
+    ) -> None:
+        self._tables = tuple(tables)
+        self._data_spec = data_spec
+        self._stored_spec = stored_spec
+        self._timeouts = timeouts
+        self._client: reverb.Client | None = None
+
+    @classmethod
+    def way_out(cls, capability: Capability) -> str:
+        """What to use instead where this backend lacks `capability`."""
+        if capability is Capability.MEMMAP_STORAGE:
+            return "it applies only to backend='local'"
+        return "it needs an embedded Reverb server (no server_address)"
+
+    def replay_buffer_kwargs(self) -> dict[str, Any]:
+        """How TF-Agents' `ReverbReplayBuffer` reaches the server."""
+        raise NotImplementedError
+
+    def open_buffer(self, client: Any, clear: Callable[[], None]) -> Any:
+        """Checks every table on the server against this buffer; returns a `ReplayBuffer`.
+
+        Raises:
+          SpecMismatchError: If a table is missing, has no signature, or differs (named).
+        """
+        from replay_service.backends.reverb.datasets import ReplayBuffer
+
+        del clear  # TF-Agents' `clear()` of the returned buffer resets the table itself
+        for table in self._tables:
+            self._check_table(client, table)
+        primary = self._tables[0]
+        return ReplayBuffer(
+            self._stored_spec,
+            primary.name,
+            primary.sequence_length,
+            sample_timeout=self._timeouts.sample,
+            layout=primary.layout,
+            **self.replay_buffer_kwargs(),
+        )
+
+    def _check_table(self, client: Any, table: TableConfig) -> None:
+        info = check_table_exists(client, table.name, self._timeouts.connect)
+        signature = item_signature(self._stored_spec, table.sequence_length, table.layout)
+        if info.signature is None:
+            raise SpecMismatchError(
+                f"table {table.name!r} at {client.server_address!r} has no signature; "
+                "replay_service needs one to check data and build datasets"
+            )
+        problems = specs.diff_descriptions(
+            specs.describe_spec(signature), specs.describe_spec(info.signature)
+        )
+        if problems and table.layout != "nested":
+            problems.insert(0, f"this manager's layout is {table.layout!r}")
+        if info.max_size != table.capacity:
+            problems.append(f"capacity: requested {table.capacity}, found {info.max_size}")
+        if problems:
+            raise SpecMismatchError(
+                f"table {table.name!r} at {client.server_address!r} does not match this "
+                "manager (the leading dimension of each field is sequence_length): "
+                + "; ".join(problems)
+            )
+
+    def num_items(self, client: Any, table: str) -> int:
+        """The table's current size, as the server reports it."""
+        return int(check_table_exists(client, table, self._timeouts.connect).current_size)
+
+    def dataset(
+        self,
+        replay_buffer: Any,
+        table: TableConfig,
+        batch_size: int,
+        num_steps: int | None,
+        num_parallel_calls: int,
+        prefetch: int,
+    ) -> tf.data.Dataset:
+        """Whole items through the tuned pipeline (`datasets.sample_dataset`); other
+        `num_steps` split items with TF-Agents' pipeline."""
+        from replay_service.backends.reverb.datasets import ReplayBuffer, sample_dataset
+
+        if num_steps not in (None, table.sequence_length):
+            # Splitting items into shorter sequences: TF-Agents' pipeline does that.
+            if table is not self._tables[0]:
+                lifeline = replay_buffer.lifeline
+                replay_buffer = ReplayBuffer(
+                    self._stored_spec,
+                    table.name,
+                    table.sequence_length,
+                    sample_timeout=self._timeouts.sample,
+                    server_address=self._require_client().server_address,
+                    connect_timeout=self._timeouts.connect,
+                    layout=table.layout,
+                )
+                replay_buffer.lifeline = lifeline
+            dataset = replay_buffer.as_dataset(
+                sample_batch_size=batch_size,
+                num_steps=num_steps,
+                num_parallel_calls=min(num_parallel_calls, batch_size),
+            )
+        else:
+            ordered = table.sampling.sampler in ("fifo", "lifo", "max_heap", "min_heap")
+            dataset = sample_dataset(
+                self._require_client().server_address,
+                table.name,
+                self._stored_spec,
+                table.sequence_length,
+                batch_size,
+                sample_timeout=self._timeouts.sample,
+                num_workers=1 if ordered else 2,
+                connect_timeout=self._timeouts.connect,
+                lifeline=replay_buffer.lifeline,
+                layout=table.layout,
+            )
+        return dataset.prefetch(prefetch)
+
+    def mixed_dataset(
+        self,
+        replay_buffer: Any,
+        weights: Mapping[str, float],
+        batch_size: int,
+        seed: int | None,
+        prefetch: int,
+    ) -> tf.data.Dataset:
+        """Batches mixing this buffer's tables (`datasets.mixed_dataset`)."""
+        from replay_service.backends.reverb.datasets import mixed_dataset
+
+        dataset = mixed_dataset(
+            self._require_client().server_address,
+            self._tables,
+            weights,
+            self._stored_spec,
+            batch_size,
+            sample_timeout=self._timeouts.sample,
+            seed=seed,
+            connect_timeout=self._timeouts.connect,
+            lifeline=replay_buffer.lifeline,
+            layout=self._tables[0].layout,
+        )
+        return dataset.prefetch(prefetch)
+
+    def torch_source(self, replay_buffer: Any, table: TableConfig) -> Any:
+        """A `SampleSource` of the table on this server, ended by the buffer's lifeline."""
+        from replay_service.sample import torch_streams
+
+        return torch_streams.SampleSource.from_handle(
+            self.table_handle(table), lifeline=replay_buffer.lifeline
+        )
+
+    def note_clear(self, replay_buffer: Any) -> None:
+        """Torch streams of Reverb tables drop the blocks they fetched before the clear."""
+        replay_buffer.lifeline.cleared()
+
+    def export(
+        self, table: TableConfig, dirpath: str, prefix: str, overwrite: bool
+    ) -> tuple[str, str]:
+        """Exports the table from a checkpoint taken now (`export.export_buffer`)."""
+        return export_lib.export_buffer(
+            self.table_handle(table), self.checkpoint(), dirpath, prefix, overwrite=overwrite
+        )
+
+    def insert_items(self, table: TableConfig, items: export_lib.ExportedItems) -> None:
+        """Writes the items through Reverb, in order (`export.insert_items`)."""
+        export_lib.insert_items(
+            self._require_client(),
+            table.name,
+            table.sequence_length,
+            items,
+            self._timeouts,
+            packed=layout_of(self._stored_spec) if table.layout == "packed" else None,
+        )
+
+    def limiter_state(self, table: str) -> Any:
+        """The table's rate limiter, read from the server (`rate_limit.LimiterState`)."""
+        from replay_service.sample import rate_limit
+
+        client = self._require_client()
+        return rate_limit.LimiterState.from_info(
+            check_table_exists(client, table, self._timeouts.connect)
+        )
+
+    def table_handle(self, table: TableConfig) -> TableHandle:
+        """A picklable description of `table` on this server."""
+        return TableHandle(
+            server_address=self._require_client().server_address,
+            table=table,
+            stored_spec=self._stored_spec,
+            timeouts=self._timeouts,
+        )
+
+    def _require_client(self) -> reverb.Client:
+        assert self._client is not None, "create() or load() first"
+        return self._client
+
+
+class EmbeddedBackend(ReverbBackend):
     """A Reverb server in this process that checkpoints into `store`.
 
     Args:
@@ -38,7 +263,11 @@ class EmbeddedBackend:
       port: Port to listen on; None picks one.
       timeouts: Bounds on blocking calls (`checkpoint` bounds each checkpoint).
       checkpoint_interval_s: Seconds between automatic checkpoints; None: only on request.
+      stored_spec: What each step stores; None: `data_spec`.
     """
+
+    capabilities = ReverbBackend.capabilities | {Capability.PORT}
+    description = "an embedded Reverb server"
 
     def __init__(
         self,
@@ -48,14 +277,29 @@ class EmbeddedBackend:
         port: int | None,
         timeouts: Timeouts,
         checkpoint_interval_s: float | None = None,
+        stored_spec: Any = None,
     ) -> None:
+        super().__init__(
+            tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts
+        )
         self._store = store
-        self._tables = tuple(tables)
-        self._data_spec = data_spec
         self._port = port
-        self._timeouts = timeouts
         self._interval = checkpoint_interval_s
         self._owner: CheckpointedServer | None = None
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> EmbeddedBackend:
+        """An embedded server for `options` (its checkpoint directory is locked on start)."""
+        assert options.checkpoint_dir is not None
+        return cls(
+            CheckpointStore(options.checkpoint_dir, keep=options.keep_checkpoints),
+            options.tables,
+            options.data_spec,
+            options.port,
+            options.timeouts,
+            options.checkpoint_interval_s,
+            stored_spec=options.stored_spec,
+        )
 
     @property
     def checkpoint_dir(self) -> str | None:
@@ -74,7 +318,8 @@ class EmbeddedBackend:
         )
         self._owner.start_schedule(self._interval)
         _log.info("Created an empty buffer in %s", self._store.root)
-        return self._owner.client
+        self._client = self._owner.client
+        return self._client
 
     def load(self) -> reverb.Client:
         """Restores the newest checkpoint that verifies; see `CheckpointedServer.restore`."""
@@ -92,7 +337,8 @@ class EmbeddedBackend:
             self._owner.restored_from.num_items,
             self._owner.restored_from.path,
         )
-        return self._owner.client
+        self._client = self._owner.client
+        return self._client
 
     def replay_buffer_kwargs(self) -> dict[str, Any]:
         """How TF-Agents' `ReverbReplayBuffer` reaches the server."""
@@ -124,22 +370,48 @@ class EmbeddedBackend:
             self._owner.stop(final_checkpoint=False)
 
 
-class RemoteBackend:
+class RemoteBackend(ReverbBackend):
     """A running Reverb server at `address` that owns its checkpoints.
 
     Args:
       address: "host:port".
       tables: Table configurations the server must have.
       timeouts: Bounds on blocking calls.
+      data_spec: Per-step data spec.
+      stored_spec: What each step stores; None: `data_spec`.
     """
 
-    checkpoint_dir = None
+    description = "a remote Reverb server"
 
-    def __init__(self, address: str, tables: Sequence[TableConfig], timeouts: Timeouts) -> None:
+    def __init__(
+        self,
+        address: str,
+        tables: Sequence[TableConfig],
+        timeouts: Timeouts,
+        data_spec: Any = None,
+        stored_spec: Any = None,
+    ) -> None:
+        super().__init__(
+            tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts
+        )
         self._address = address
-        self._tables = tuple(tables)
-        self._timeouts = timeouts
-        self._client: reverb.Client | None = None
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> RemoteBackend:
+        """A client of the server at `options.server_address` (nothing is contacted yet)."""
+        assert options.server_address is not None
+        return cls(
+            options.server_address,
+            options.tables,
+            options.timeouts,
+            options.data_spec,
+            options.stored_spec,
+        )
+
+    @property
+    def checkpoint_dir(self) -> None:
+        """None: the server owns its checkpoints."""
+        return None
 
     def create(self, overwrite: bool) -> reverb.Client:
         """Empties the server's tables, refusing non-empty ones unless `overwrite`.

@@ -1,0 +1,238 @@
+"""The one interface every backend implements, and what a backend can do beyond it.
+
+`ReplayBufferManager` holds one `Backend` and never asks which one it is: its public methods
+validate their arguments, check the backend's `capabilities` where a feature is not universal,
+then delegate (the pattern of TF-Agents' `replay_buffer.py`). A third backend implements this
+class and declares its capabilities; the manager does not change.
+
+Implementations: `backends.reverb.backend.EmbeddedBackend` and `RemoteBackend` (one Reverb
+server, in this process or reached by address) and `backends.local.backend.LocalBackend` (tables
+in this process, no Reverb or TensorFlow).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from replay_service.config.options import TableConfig, Timeouts
+from replay_service.errors import ConfigError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from replay_service.storage.export import ExportedItems
+    from replay_service.storage.store import Checkpoint
+
+
+class Capability(enum.Enum):
+    """A feature some backends have; the value says it the way an error message does."""
+
+    SPLIT_SEQUENCES = "get_dataset(num_steps=...) shorter than the stored items"
+    MIXED_DATASET = "mixed_dataset"
+    TRAIN_SCHEDULE = "train_schedule (a samples_per_insert rate limiter)"
+    TABLE_HANDLE = "table_handle (a picklable table of a Reverb server)"
+    PACKED_LAYOUT = "layout='packed' (a Reverb table storing one byte row per step)"
+    PORT = "port= (a server listening for other processes)"
+    MEMMAP_STORAGE = "storage='memmap' (tables in memory-mapped files)"
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendOptions:
+    """Everything a backend is built from, validated by the manager.
+
+    Attributes:
+      tables: Table configurations, the primary one first.
+      data_spec: Per-step data spec.
+      stored_spec: What each step stores (`data_spec`, or `Masked` for padded tables).
+      timeouts: Bounds on blocking calls.
+      checkpoint_dir: The checkpoint directory (None with a remote server).
+      keep_checkpoints: Complete checkpoints retained.
+      checkpoint_interval_s: Seconds between automatic checkpoints; None: only on request.
+      port: Port of an embedded server; None picks one.
+      server_address: "host:port" of a running server (remote mode), else None.
+      storage: "memory" or "memmap".
+    """
+
+    tables: tuple[TableConfig, ...]
+    data_spec: Any
+    stored_spec: Any
+    timeouts: Timeouts
+    checkpoint_dir: str | os.PathLike[str] | None = None
+    keep_checkpoints: int = 3
+    checkpoint_interval_s: float | None = None
+    port: int | None = None
+    server_address: str | None = None
+    storage: str = "memory"
+
+
+class Backend(abc.ABC):
+    """Where a buffer's tables live: lifecycle, checkpoints, and how items go in and out.
+
+    The lifecycle is `create` or `load` (each returns the client collectors write through),
+    then any of the other calls, then `close`. `open_buffer` turns that client into the replay
+    buffer object the manager hands out; the sampling calls take it back, since it carries
+    what ends a stream (the buffer's lifeline).
+    """
+
+    kind: ClassVar[str]
+    """What `ReplayBufferManager.backend` reports: "reverb" or "local"."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    """The features beyond this interface that the backend has."""
+
+    description: ClassVar[str] = "this backend"
+    """How errors name the backend, e.g. "the local backend (tables in this process)"."""
+
+    @classmethod
+    def way_out(cls, capability: Capability) -> str:
+        """What to use instead where this backend lacks `capability` (for error messages)."""
+        del capability
+        return "choose another backend (ReplayBufferManager's backend argument)"
+
+    @classmethod
+    def refusal(cls, capability: Capability, what: str) -> ConfigError:
+        """The error for asking this backend for a feature it lacks.
+
+        Args:
+          capability: The feature.
+          what: What the user asked for, naming the value (e.g. "storage='memmap'").
+
+        Returns:
+          A `ConfigError` naming `what`, this backend and the way out.
+        """
+        return ConfigError(
+            f"{what}: {capability.value} is not available with {cls.description}; "
+            f"{cls.way_out(capability)}"
+        )
+
+    @classmethod
+    @abc.abstractmethod
+    def from_options(cls, options: BackendOptions) -> Backend:
+        """Builds the backend; nothing starts and nothing is written before `create`/`load`."""
+
+    # ------------------------------------------------------------------------ lifecycle
+
+    @property
+    @abc.abstractmethod
+    def checkpoint_dir(self) -> str | None:
+        """The absolute checkpoint directory this process owns, or None (remote)."""
+
+    @abc.abstractmethod
+    def create(self, overwrite: bool) -> Any:
+        """Starts a new, empty buffer; returns its client.
+
+        Raises:
+          CheckpointExistsError: If checkpoints (or items) exist and `overwrite` is False.
+          CheckpointError: If the checkpoint directory cannot be used.
+        """
+
+    @abc.abstractmethod
+    def load(self) -> Any:
+        """Restores the newest complete checkpoint (or attaches to a server); returns the client.
+
+        Raises:
+          NoCheckpointError, CheckpointError, SpecMismatchError: See `ReplayBufferManager`.
+        """
+
+    @abc.abstractmethod
+    def checkpoint(self) -> str:
+        """Takes a checkpoint; returns its path.
+
+        Raises:
+          CheckpointError: If it fails.
+        """
+
+    @abc.abstractmethod
+    def after_clear(self) -> None:
+        """Records that every table was emptied, so that a later load does not bring it back."""
+
+    @abc.abstractmethod
+    def last_checkpoint(self) -> tuple[Checkpoint | None, float | None]:
+        """The last checkpoint taken or adopted and the seconds it took (None if unknown)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stops what this backend started and releases the checkpoint directory."""
+
+    # --------------------------------------------------------------------- items in and out
+
+    @abc.abstractmethod
+    def open_buffer(self, client: Any, clear: Callable[[], None]) -> Any:
+        """Checks the tables behind `client` and returns the replay buffer to hand out.
+
+        Args:
+          client: What `create` or `load` returned.
+          clear: The manager's `clear`, for a buffer whose own `clear()` must do what it does.
+
+        Raises:
+          SpecMismatchError: If a table does not hold what this buffer stores.
+        """
+
+    @abc.abstractmethod
+    def num_items(self, client: Any, table: str) -> int:
+        """The number of items in `table`."""
+
+    @abc.abstractmethod
+    def dataset(
+        self,
+        replay_buffer: Any,
+        table: TableConfig,
+        batch_size: int,
+        num_steps: int | None,
+        num_parallel_calls: int,
+        prefetch: int,
+    ) -> tf.data.Dataset:
+        """A tf.data pipeline of `(items, info)` batches of `table`, `prefetch` batches ahead.
+
+        `num_steps` is None or the table's sequence length unless the backend has
+        `Capability.SPLIT_SEQUENCES`.
+        """
+
+    @abc.abstractmethod
+    def torch_source(self, replay_buffer: Any, table: TableConfig) -> Any:
+        """The `TorchSampleSource` the PyTorch streams of `table` draw from."""
+
+    def note_clear(self, replay_buffer: Any) -> None:  # noqa: B027 (optional hook)
+        """Called after the tables were reset, before `after_clear`: streams drop what they
+        fetched before. The default does nothing (streams that compare the table's own clear
+        count need nothing more)."""
+
+    @abc.abstractmethod
+    def export(
+        self, table: TableConfig, dirpath: str, prefix: str, overwrite: bool
+    ) -> tuple[str, str]:
+        """Writes every item of `table` once in the export format; returns the two paths.
+
+        Raises:
+          CheckpointError: If the items cannot be read or written.
+        """
+
+    @abc.abstractmethod
+    def insert_items(self, table: TableConfig, items: ExportedItems) -> None:
+        """Inserts exported items, with their priorities, in order, into an empty `table`."""
+
+    # --------------------------------------------------------- features of some backends
+
+    def mixed_dataset(
+        self,
+        replay_buffer: Any,
+        weights: Mapping[str, float],
+        batch_size: int,
+        seed: int | None,
+        prefetch: int,
+    ) -> tf.data.Dataset:
+        """Batches mixing the buffer's tables by `weights` (`Capability.MIXED_DATASET`)."""
+        raise NotImplementedError(Capability.MIXED_DATASET.value)
+
+    def limiter_state(self, table: str) -> Any:
+        """The rate limiter state of `table` (`Capability.TRAIN_SCHEDULE`)."""
+        raise NotImplementedError(Capability.TRAIN_SCHEDULE.value)
+
+    def table_handle(self, table: TableConfig) -> Any:
+        """A picklable description of `table` (`Capability.TABLE_HANDLE`)."""
+        raise NotImplementedError(Capability.TABLE_HANDLE.value)
