@@ -44,7 +44,7 @@ def _by_kind(kind: str) -> dict[str, Any]:
 def _serve_flags() -> set[str]:
     """The flags replay-server defines (read from its source: importing it beside the demo's
     flags would define some twice)."""
-    with open(os.path.join(REPO, "replay_service", "serve.py")) as f:
+    with open(os.path.join(REPO, "replay_service", "cli", "serve.py")) as f:
         return set(re.findall(r'flags\.DEFINE_\w+\(\s*"(\w+)"', f.read()))
 
 

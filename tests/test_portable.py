@@ -158,7 +158,7 @@ def test_the_portable_modules_import_and_work_without_tensorflow_tf_agents_or_re
     script = _NO_TF_SCRIPT.format(refused=REFUSED, modules=TF_FREE_MODULES)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
     }
     result = subprocess.run(
         [sys.executable, "-c", script],

@@ -76,7 +76,8 @@ def run_python(
 ) -> subprocess.CompletedProcess:
     """Runs this interpreter with `args` in a fresh process, this worktree first on the path."""
     environ = dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3")
-    environ["PYTHONPATH"] = os.pathsep.join([str(REPO), environ.get("PYTHONPATH", "")])
+    # No empty entry: an empty PYTHONPATH entry puts the current directory on the path.
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), environ.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
