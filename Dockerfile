@@ -2,8 +2,8 @@
 #   docker build -t replay-service .
 #   docker run -d --name replay -p 127.0.0.1:8000:8000 -v replay-data:/data replay-service
 # The buffer's checkpoints live in the /data volume; restarts restore the newest one.
-# Kubernetes: configs/kubernetes/ runs this image as a StatefulSet (see README, "Running on a
-# cluster"); keep its args, ports (8000 Reverb, 9100 metrics) and /data mount in step with this file.
+# Kubernetes: configs/kubernetes/ runs this image as a StatefulSet (see docs/operations.md,
+# "Kubernetes"); keep its args, ports (8000 Reverb, 9100 metrics) and /data mount in step with this file.
 # Reverb's gRPC has no authentication: publish the port on loopback or a private network only.
 FROM python:3.11-slim
 

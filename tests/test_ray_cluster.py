@@ -1,5 +1,5 @@
-"""Shards and collectors as Ray actors on a local Ray instance of 2 CPUs: README's recipe, a
-shard killed and restarted, actors that Ray cannot place."""
+"""Shards and collectors as Ray actors on a local Ray instance of 2 CPUs: the recipe of
+docs/operations.md, a shard killed and restarted, actors that Ray cannot place."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs the 'ray' extra (ray[default])")
 
 from conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, REPO
-from readme_blocks import README, readme_block, shrink
+from readme_blocks import DOCS, doc_block, shrink
 from replay_service import ReplayBufferManager
 from replay_service.distributed.ray_cluster import start_collector, start_shards
 from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
@@ -95,7 +95,7 @@ def test_readme_ray_recipe_runs_on_two_cpus(tmp_path: Any, monkeypatch: Any) -> 
     monkeypatch.chdir(REPO)  # the recipe names configs/cartpole.toml
     root = tmp_path / "replay"
     code = shrink(
-        readme_block("### Ray"),
+        doc_block(DOCS / "operations.md", "## Ray"),
         {
             "ray.init()": f"ray.init(**{RAY_INIT_KWARGS!r})",
             '"runs/ray/replay"': repr(str(root)),
@@ -104,7 +104,7 @@ def test_readme_ray_recipe_runs_on_two_cpus(tmp_path: Any, monkeypatch: Any) -> 
     )
     namespace: dict[str, Any] = {}
     try:
-        exec(compile(code, str(README), "exec"), namespace)
+        exec(compile(code, str(DOCS / "operations.md"), "exec"), namespace)
     finally:
         ray.shutdown()
     sizes = namespace["sizes"]

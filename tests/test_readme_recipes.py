@@ -1,10 +1,11 @@
-"""README's recipes run as written, with small sizes, temporary directories and free ports.
+"""The recipes of README.md and docs/ run as written, with small sizes, temporary directories
+and free ports.
 
 Python blocks run with `exec` in a namespace holding what the block takes from its context (an
 `agent`, an `env`); shell blocks run word for word as subprocesses, from a temporary directory
 that links the repository's `.venv`, `configs` and `scripts`, so relative paths stay there.
-README's "PyTorch quick start" is in test_readme_quickstart.py, its Ray recipe in
-test_ray_cluster.py.
+README's "PyTorch quick start" is in test_readme_quickstart.py, the Ray recipe of
+docs/operations.md in test_ray_cluster.py.
 """
 
 from __future__ import annotations
@@ -21,16 +22,22 @@ from typing import Any
 import pytest
 
 from conftest import REPO, START_TIMEOUT_S, wait_for_adoption
-from readme_blocks import README, readme_block, shell_commands, shrink
+from readme_blocks import DOCS, README, doc_block, readme_block, shell_commands, shrink
 from replay_service import CheckpointStore, ReplayBufferManager
 from replay_service.backends.reverb.connection import pick_free_port
 
-pytest.importorskip("reverb", reason="README's recipes need the Reverb stack")
+pytest.importorskip("reverb", reason="the documents' recipes need the Reverb stack")
+
+CONFIGURATION = DOCS / "configuration.md"
+OPERATIONS = DOCS / "operations.md"
+STARTER_BUFFERS = DOCS / "guide" / "starter-buffers.md"
+SB3 = DOCS / "guide" / "sb3.md"
 
 
-def run_python(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
-    """Runs a README block in `namespace` (what the block takes from its context)."""
-    exec(compile(code, str(README), "exec"), namespace)
+def run_python(code: str, namespace: dict[str, Any], source: Path = README) -> dict[str, Any]:
+    """Runs a block of the markdown file `source` in `namespace` (what the block takes from its
+    context)."""
+    exec(compile(code, str(source), "exec"), namespace)
     return namespace
 
 
@@ -47,7 +54,7 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_command(words: list[str], cwd: Path, timeout: float = 180) -> str:
-    """Runs a README command to completion; fails the test on a non-zero exit.
+    """Runs a documented command to completion; fails the test on a non-zero exit.
 
     Returns:
       Its stdout and stderr together.
@@ -62,7 +69,7 @@ def run_command(words: list[str], cwd: Path, timeout: float = 180) -> str:
 
 
 class Server:
-    """A README `replay-server` command in the background, its output read by a thread."""
+    """A documented `replay-server` command in the background, its output read by a thread."""
 
     def __init__(self, words: list[str], cwd: Path) -> None:
         self.words = words
@@ -118,7 +125,9 @@ def test_readme_using_the_buffer_block(user_dir: Path, env: Any, policy: Any, da
     from tf_agents.train.utils import train_utils
 
     namespace = run_python(
-        shrink(readme_block("## Using the buffer"), {"steps_per_run=1000": "steps_per_run=50"}),
+        shrink(
+            readme_block("## TF-Agents quick start"), {"steps_per_run=1000": "steps_per_run=50"}
+        ),
         {
             "agent": SimpleNamespace(collect_data_spec=data_spec),
             "env": env,
@@ -139,7 +148,9 @@ def test_readme_using_the_buffer_block(user_dir: Path, env: Any, policy: Any, da
 
 
 def test_readme_options_block(user_dir: Path, data_spec: Any) -> None:
-    namespace = run_python(readme_block("### Options"), {"data_spec": data_spec})
+    namespace = run_python(
+        doc_block(CONFIGURATION, "## Manager options"), {"data_spec": data_spec}, CONFIGURATION
+    )
     manager = namespace["manager"]
     try:
         manager.create_replay_buffer()
@@ -151,7 +162,10 @@ def test_readme_options_block(user_dir: Path, data_spec: Any) -> None:
 
 def test_readme_replay_server_commands(user_dir: Path) -> None:
     # The block's servers listen on 8000 and 9000; here each gets a free port instead.
-    commands = shell_commands(readme_block("## Operating the server", "bash"))
+    block = readme_block("## Server quick start", "bash")
+    # docs/operations.md repeats README's commands; both say the same.
+    assert doc_block(OPERATIONS, "## replay-server", "bash") == block
+    commands = shell_commands(block)
     assert len(commands) == 5, commands
     default_port, other_port = pick_free_port(), pick_free_port()
     data_dir = user_dir / "data-replay"
@@ -194,7 +208,7 @@ def test_readme_starter_buffer_commands(user_dir: Path) -> None:
     small = {"--steps-per-run 672 --num-runs 10": "--steps-per-run 8 --num-runs 2"}
     populate, populate_script, help_ = (
         shell_commands(shrink(" ".join(words), small))[0] if "672" in words else words
-        for words in shell_commands(readme_block("## Starter buffers", "bash"))
+        for words in shell_commands(doc_block(STARTER_BUFFERS, "# Starter buffers", "bash"))
     )
     run_command(populate, user_dir)
     buffer = user_dir / "starter_buffers/my-starter-buffer"
@@ -202,7 +216,7 @@ def test_readme_starter_buffer_commands(user_dir: Path) -> None:
     run_command(populate_script, user_dir)  # --overwrite
     assert "--buffer-name" in run_command(help_, user_dir)
 
-    (copy,) = shell_commands(readme_block("### Training from a copy", "bash"))
+    (copy,) = shell_commands(doc_block(STARTER_BUFFERS, "## Training from a copy", "bash"))
     run_command(copy, user_dir)
     assert CheckpointStore(str(user_dir / "runs/exp1/replay")).entries()
 
@@ -212,8 +226,12 @@ def test_readme_starter_buffer_commands(user_dir: Path) -> None:
     envs, policies = make_envs_and_policies("building", "schedule", 1, seed=0)
     data_spec = starter_data_spec(envs[0], policies[0])
     namespace = run_python(
-        shrink(readme_block("### Training from a copy"), {'"runs/exp1/replay"': '"runs/exp2"'}),
+        shrink(
+            doc_block(STARTER_BUFFERS, "## Training from a copy"),
+            {'"runs/exp1/replay"': '"runs/exp2"'},
+        ),
         {"agent": SimpleNamespace(collect_data_spec=data_spec)},
+        STARTER_BUFFERS,
     )
     manager = namespace["manager"]
     try:
@@ -246,8 +264,12 @@ def test_readme_sharding_block(
         for server in servers:
             server.wait_listening()
         namespace = run_python(
-            shrink(readme_block("### Sharding"), {'"configs/sharded.toml"': repr(str(sharded))}),
+            shrink(
+                doc_block(OPERATIONS, "## Sharding"),
+                {'"configs/sharded.toml"': repr(str(sharded))},
+            ),
             {"data_spec": data_spec, "collector_id": 1},
+            OPERATIONS,
         )
         record = namespace["record"]
         assert set(record.paths) == {f"localhost:{port}" for port in ports}
@@ -264,8 +286,9 @@ def test_readme_sharding_block(
 def test_readme_stable_baselines3_block(user_dir: Path) -> None:
     pytest.importorskip("stable_baselines3", reason="needs the sb3 extra")
     namespace = run_python(
-        shrink(readme_block("### Stable-Baselines3"), {"model.learn(20_000)": "model.learn(300)"}),
+        shrink(doc_block(SB3, "# Stable-Baselines3"), {"model.learn(20_000)": "model.learn(300)"}),
         {},
+        SB3,
     )
     buffer = namespace["model"].replay_buffer
     try:

@@ -66,7 +66,8 @@ _RATE_SPAN = flags.DEFINE_float(
 _TENSORBOARD_DIR = flags.DEFINE_string(
     "tensorboard_dir",
     None,
-    "Write the server's stats as TensorBoard scalars into this directory (see README, Stats).",
+    "Write the server's stats as TensorBoard scalars into this directory (see "
+    "docs/operations.md, Stats).",
 )
 _SUMMARY_INTERVAL = flags.DEFINE_float(
     "summary_interval_s", 30.0, "Seconds between TensorBoard stats writes."

@@ -26,7 +26,7 @@ limit. Sampling that copy returns each item exactly once, oldest first, then lea
 the items are placed by key into the order of the item records. The live table is not touched
 beyond the checkpoint, which becomes the newest checkpoint of `checkpoint_dir`. The copy holds
 the buffer in memory a second time while the export runs, and like every Reverb server it
-listens on all interfaces for that time (see the README's security section).
+listens on all interfaces for that time (see docs/operations.md, "Security").
 
 Nothing random or time-dependent is written: the same items give byte-identical files. Reverb's
 item keys are not exported (an import cannot choose them), and an import starts every item at
