@@ -11,7 +11,7 @@ from typing import Any
 from replay_service import ReplayBufferManager
 from replay_service.specs.nests import data_spec_for_spaces
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 STEPS = 50
 NUM_ENVS = 4
 
