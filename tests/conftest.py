@@ -37,7 +37,11 @@ else:
     HAVE_REVERB = True
 
 TESTS_DIR = Path(__file__).resolve().parent
-LOCAL_TEST_FILES = ("unit/test_portable.py", "integration/test_local_backend.py")
+LOCAL_TEST_FILES = (
+    "unit/test_portable.py",
+    "unit/test_sum_tree.py",
+    "integration/test_local_backend.py",
+)
 """Test files (relative to tests/) that import no TensorFlow, TF-Agents or Reverb at module
 level; the Makefile's LOCAL_TESTS names the same files."""
 
