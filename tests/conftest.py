@@ -52,6 +52,21 @@ if not HAVE_REVERB:
         if path.relative_to(TESTS_DIR).as_posix() not in LOCAL_TEST_FILES
     ]
 
+TIERS = ("unit", "integration", "system")
+"""The tier directories under tests/; each test gets its directory's marker (`-m unit` etc.)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test with its tier, the first directory of its path under tests/."""
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(TESTS_DIR):
+            tier = path.relative_to(TESTS_DIR).parts[0]
+            if tier in TIERS:
+                item.add_marker(tier)
+
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")
 CARTPOLE_CONFIG = os.path.join(CONFIGS, "cartpole.toml")
