@@ -10,9 +10,9 @@ PYTHON312 ?= $(shell p="$$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3.1
   if [ -x "$$p" ]; then echo "$$p"; else command -v python3.12 2>/dev/null; fi)
 VENV312 := .venv312
 STAMP312 := $(VENV312)/.installed
-LOCAL_TESTS := tests/test_local_backend.py tests/test_portable.py
+LOCAL_TESTS := tests/unit/test_portable.py tests/unit/test_sum_tree.py tests/integration/test_local_backend.py
 
-.PHONY: demo test test-py312 test-slow lint format benchmark load-test clean
+.PHONY: demo test test-fast test-py312 test-slow lint format benchmark load-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
@@ -29,6 +29,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 	@$(MAKE) --no-print-directory test-py312
+
+# The fast tier, for the edit-and-test loop: tests/unit/ and the integration tests not marked
+# `heavy` (under a minute on 2 idle cores). `make test` runs every tier and stays the CI command.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not heavy" tests/unit tests/integration
 
 # Python 3.12, torch path only: the local-backend tests. Without python3.12 this is skipped
 # with a warning, except in CI (CI=true), where it fails.

@@ -36,15 +36,36 @@ except ImportError:  # no Reverb stack (e.g. Python 3.12): only the `local` test
 else:
     HAVE_REVERB = True
 
-LOCAL_TEST_FILES = ("test_local_backend.py", "test_portable.py")
-"""Test files that import no TensorFlow, TF-Agents or Reverb at module level."""
+TESTS_DIR = Path(__file__).resolve().parent
+LOCAL_TEST_FILES = (
+    "unit/test_portable.py",
+    "unit/test_sum_tree.py",
+    "integration/test_local_backend.py",
+)
+"""Test files (relative to tests/) that import no TensorFlow, TF-Agents or Reverb at module
+level; the Makefile's LOCAL_TESTS names the same files."""
 
 if not HAVE_REVERB:
     collect_ignore_glob = [
-        name
-        for name in os.listdir(os.path.dirname(os.path.abspath(__file__)))
-        if name.startswith("test_") and name.endswith(".py") and name not in LOCAL_TEST_FILES
+        path.relative_to(TESTS_DIR).as_posix()
+        for path in TESTS_DIR.rglob("test_*.py")
+        if path.relative_to(TESTS_DIR).as_posix() not in LOCAL_TEST_FILES
     ]
+
+TIERS = ("unit", "integration", "system")
+"""The tier directories under tests/; each test gets its directory's marker (`-m unit` etc.)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test with its tier, the first directory of its path under tests/."""
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(TESTS_DIR):
+            tier = path.relative_to(TESTS_DIR).parts[0]
+            if tier in TIERS:
+                item.add_marker(tier)
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")

@@ -12,7 +12,7 @@ Items are evicted oldest first once the table is full (Reverb's FIFO remover) an
 Samplers (as Reverb's selectors of the same name):
 - "uniform": every item equally likely;
 - "prioritized": probability proportional to `priority ** priority_exponent`, kept in a sum
-  tree (`SumTree`, numpy);
+  tree (`sum_tree.SumTree`, numpy);
 - "fifo": the oldest item, every time (a queue with `max_times_sampled=1`).
 
 Why not TorchRL's replay buffer parts, with torchrl 0.14.1 and the pinned torch 2.13: its
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import os
 import shutil
 import tempfile
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
 from replay_service.errors import (
     BufferStateError,
@@ -84,51 +84,6 @@ def check_local_table(config: TableConfig) -> None:
             "limiter that blocks inserts) needs backend='reverb'; in one process, train every "
             "k collected steps instead"
         )
-
-
-class SumTree:
-    """Sums of non-negative weights over `capacity` slots; samples slots by weight.
-
-    Updates and samples are vectorized over slots (`O(k log capacity)` numpy work per call).
-
-    Args:
-      capacity: Number of slots.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self._leaves = 1 << max(0, math.ceil(math.log2(max(1, capacity))))
-        self._tree = np.zeros(2 * self._leaves, dtype=np.float64)
-
-    @property
-    def total(self) -> float:
-        """The sum of all weights."""
-        return float(self._tree[1])
-
-    def get(self, slots: np.ndarray) -> np.ndarray:
-        """The weights of `slots`."""
-        return self._tree[np.asarray(slots, dtype=np.int64) + self._leaves]
-
-    def set(self, slots: np.ndarray, weights: np.ndarray) -> None:
-        """Sets the weights of `slots` (later duplicates win)."""
-        index = np.asarray(slots, dtype=np.int64) + self._leaves
-        self._tree[index] = weights
-        index = np.unique(index >> 1)
-        while index[0] >= 1:
-            self._tree[index] = self._tree[2 * index] + self._tree[2 * index + 1]
-            if index[0] == 1:
-                break
-            index = np.unique(index >> 1)
-
-    def find(self, targets: np.ndarray) -> np.ndarray:
-        """The slot holding each prefix sum in `targets` (each in `[0, total)`)."""
-        index = np.ones(len(targets), dtype=np.int64)
-        remaining = np.array(targets, dtype=np.float64)
-        while index[0] < self._leaves:
-            left = self._tree[2 * index]
-            right = remaining >= left
-            remaining -= left * right
-            index = 2 * index + right
-        return index - self._leaves
 
 
 class LocalTable:

@@ -80,6 +80,7 @@ def _source_items(root: Path, expected: int) -> dict[int, list[np.ndarray]]:
         server.stop()
 
 
+@pytest.mark.heavy
 def test_bare_root_is_copied_and_every_item_restores_identically(
     sbsim_root: tuple[Path, int], tmp_path: Path, data_spec: Any
 ) -> None:
@@ -155,6 +156,7 @@ def test_load_replay_buffer_on_a_bare_root_names_the_command_that_adopts_it(
     assert tree_digest(root) == before
 
 
+@pytest.mark.heavy
 def test_replay_populate_copy_to_adopts_a_bare_root(
     sbsim_root: tuple[Path, int], tmp_path: Path
 ) -> None:

@@ -130,6 +130,7 @@ def _populate(*args: str, cwd: Path | str = REPO) -> subprocess.CompletedProcess
 # ------------------------------------------------------------------------------ adoption
 
 
+@pytest.mark.heavy
 def test_python_adopts_an_sbsim_buffer_with_the_managers_data_spec(
     sbsim_root: Path, tmp_path: Path, env: Any, policy: Any, data_spec: Any
 ) -> None:
@@ -143,6 +144,7 @@ def test_python_adopts_an_sbsim_buffer_with_the_managers_data_spec(
     assert tree_digest(sbsim_root) == before
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("spec_arg", ["env:CartPole-v0", "sbsim_spec:cartpole_spec"])
 def test_replay_populate_adopts_an_sbsim_buffer_with_data_spec(
     sbsim_root: Path, tmp_path: Path, data_spec: Any, spec_arg: str
@@ -220,6 +222,7 @@ def _extra_field(spec: Any) -> Any:
     ],
     ids=["dtype", "shape", "missing", "extra"],
 )  # fmt: skip
+@pytest.mark.heavy
 def test_a_wrong_data_spec_is_refused_at_adoption_naming_the_field(
     sbsim_root: Path, tmp_path: Path, data_spec: Any, make_wrong: Any, message: str
 ) -> None:
@@ -281,6 +284,7 @@ def test_load_data_spec_forms_give_the_collect_spec(
     ],
     ids=["malformed", "unknown-module", "wrong-spec"],
 )
+@pytest.mark.heavy
 def test_replay_populate_refuses_a_bad_data_spec_writing_nothing(
     sbsim_root: Path, tmp_path: Path, args: list[str], message: str
 ) -> None:
@@ -299,6 +303,7 @@ def test_replay_populate_refuses_a_bad_data_spec_writing_nothing(
     assert tree_digest(sbsim_root) == before
 
 
+@pytest.mark.heavy
 def test_replay_populate_data_spec_needs_copy_to(tmp_path: Path) -> None:
     result = _populate(
         "--buffer-name", "x", "--output-dir", str(tmp_path / "out"), "--data-spec=env:building"

@@ -135,6 +135,7 @@ def test_a_checkpoint_of_the_other_backend_is_refused_and_moves_nothing(
 # ------------------------------------------------------------------- a refused second process
 
 
+@pytest.mark.heavy
 def test_a_refused_second_memmap_buffer_keeps_the_first_ones_files(make_manager, tmp_path):
     root = tmp_path / "ckpt"
     options = {"backend": "local", "storage": "memmap", "checkpoint_dir": str(root)}

@@ -29,7 +29,7 @@ from replay_service.specs import nests as specs
 from replay_service.specs.arrays import ArraySpec, StepType, Trajectory
 from replay_service.storage.store import LOCK_FILE, CheckpointStore
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REFUSED = ("tensorflow", "tf_agents", "reverb")
 TF_FREE_MODULES = (
     "backends",

@@ -49,6 +49,7 @@ def _torch_dtype(spec):
     return torch.from_numpy(np.zeros([], spec.dtype.as_numpy_dtype)).dtype
 
 
+@pytest.mark.heavy
 def test_nested_batches_have_the_spec_shapes_dtypes_and_device(make_manager, env, policy):
     manager = make_manager()
     _, observer = manager.create_replay_buffer()
@@ -69,6 +70,7 @@ def test_nested_batches_have_the_spec_shapes_dtypes_and_device(make_manager, env
     assert torch.all(info.table_size == manager.num_frames())
 
 
+@pytest.mark.heavy
 def test_transition_batches(make_manager, env, policy):
     manager = make_manager()
     _, observer = manager.create_replay_buffer()
@@ -147,6 +149,7 @@ class TaggedDataset(TorchReplayDataset):
             yield worker.id, batch
 
 
+@pytest.mark.heavy
 def test_dataloader_workers_each_sample_on_their_own_connection(make_manager, env, policy):
     manager = make_manager()
     _, observer = manager.create_replay_buffer()
@@ -174,6 +177,7 @@ def test_forked_dataloader_workers_fail_instead_of_hanging(make_manager, env, po
         dataset.data_loader(num_workers=1, multiprocessing_context="fork")
 
 
+@pytest.mark.heavy
 def test_a_short_pytorch_training_loop_learns(make_manager, env, policy):
     torch.manual_seed(0)
     manager = make_manager()
@@ -207,6 +211,7 @@ def test_a_short_pytorch_training_loop_learns(make_manager, env, policy):
     assert any(not torch.equal(a, b) for a, b in zip(before, q_net.parameters(), strict=True))
 
 
+@pytest.mark.heavy
 def test_sampling_an_empty_buffer_fails_within_the_timeout(make_manager):
     manager = make_manager(timeouts=Timeouts(sample=0.5))
     manager.create_replay_buffer()
@@ -220,6 +225,7 @@ def test_sampling_an_empty_buffer_fails_within_the_timeout(make_manager):
         next(iter(manager.torch_dataset(4)))
 
 
+@pytest.mark.heavy
 def test_close_stops_the_prefetch_thread(make_manager, env, policy):
     manager = make_manager()
     _, observer = manager.create_replay_buffer()
@@ -247,6 +253,7 @@ def test_close_stops_the_prefetch_thread(make_manager, env, policy):
     ],
     ids=["uniform", "prioritized", "max_times_sampled", "samples_per_insert"],
 )
+@pytest.mark.heavy
 def test_small_batches_are_fetched_together_only_from_independent_draws(
     make_manager, env, policy, sampling, together
 ):

@@ -301,6 +301,7 @@ def sac_trajectories(episodes: int, length: int, seed: int) -> list[list[traject
     return result
 
 
+@pytest.mark.heavy
 def test_tf_agents_distributed_clients_against_replay_server(start_server, tmp_path):
     server, address = start_server("--checkpoint_interval_s=0", config=SAC_CONFIG)
 

@@ -99,6 +99,7 @@ def test_port_out_of_range_and_in_use(make_manager, tmp_path):
             make_manager(checkpoint_dir=str(tmp_path / "p"), port=port).create_replay_buffer()
 
 
+@pytest.mark.heavy
 def test_non_reverb_port_gives_server_unavailable(make_manager):
     with socket.socket() as plain:
         plain.bind(("127.0.0.1", 0))
@@ -199,6 +200,7 @@ def test_config_file_values(tmp_path, toml, message):
     assert message in str(info.value)
 
 
+@pytest.mark.heavy
 def test_server_cli_rejects_unknown_command_and_status_without_address():
     for args, message in ((["frobnicate"], "unknown command"), (["status"], "--address")):
         result = subprocess.run(
@@ -213,6 +215,7 @@ def test_server_cli_rejects_unknown_command_and_status_without_address():
         assert message in result.stderr
 
 
+@pytest.mark.heavy
 def test_status_of_a_server_that_is_down():
     from replay_service.backends.reverb.connection import pick_free_port
     from replay_service.monitoring.status import server_status
@@ -222,6 +225,7 @@ def test_status_of_a_server_that_is_down():
         server_status(address, timeout=1.0)
 
 
+@pytest.mark.heavy
 def test_sampling_timeout_is_bounded(make_manager):
     manager = make_manager(timeouts=Timeouts(sample=0.3))
     manager.create_replay_buffer()

@@ -91,6 +91,7 @@ def test_update_priorities_changes_what_is_sampled(make_manager):
     _assert_frequencies(new_keys, {k: p / 10.0 for k, p in sent.items()})
 
 
+@pytest.mark.heavy
 def test_tf_inputs_broadcast_over_time_and_repeated_keys_last_wins(make_manager):
     manager = _prioritized_manager(make_manager, [1.0, 1.0])
     _, priority, _ = _sample(manager, 100)
@@ -122,6 +123,7 @@ def test_updates_of_evicted_items_are_ignored(make_manager):
     assert after == {**current, new_key: 6.0}
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf")])
 def test_bad_priorities_are_refused_with_the_value_and_nothing_changes(make_manager, bad):
     manager = _prioritized_manager(make_manager, [1.0, 2.0])
@@ -220,6 +222,7 @@ def test_importance_weights_of_broadcast_info_and_edge_betas():
         importance_weights(np.array(PROBABILITIES), 4, 1.5)
 
 
+@pytest.mark.heavy
 def test_importance_weights_of_sampled_info(make_manager):
     manager = _prioritized_manager(make_manager, [1.0, 3.0])
     batch = next(iter(manager.get_dataset(batch_size=64)))
@@ -254,6 +257,7 @@ def test_beta_schedule_refuses_bad_values(kwargs, message):
         BetaSchedule(**kwargs)
 
 
+@pytest.mark.heavy
 def test_manager_update_priorities_changes_sampling(make_manager, env, policy):
     from conftest import collect
     from replay_service import SamplingConfig

@@ -95,6 +95,7 @@ def test_a_data_spec_given_for_a_copy_is_checked_against_the_buffer(source, data
     assert tree_digest(source_dir) == before
 
 
+@pytest.mark.heavy
 def test_training_on_the_copy_leaves_the_source_unchanged(
     source, make_manager, env, policy, tmp_path
 ):

@@ -561,6 +561,7 @@ manager.close()
 """
 
 
+@pytest.mark.heavy
 def test_memmap_storage_survives_the_disk_filling_after_the_table_was_created(tmpfs):
     result = subprocess.run(
         [
@@ -652,6 +653,7 @@ def test_reverb_only_calls_are_refused_naming_the_way_out(make):
 # --------------------------------------------------------------------------- sampling
 
 
+@pytest.mark.heavy
 def test_sampling_below_min_size_fails_within_the_sample_timeout(make):
     timeouts = Timeouts(connect=5.0, write=10.0, sample=0.5, checkpoint=60.0)
     manager = make(timeouts=timeouts, sampling=SamplingConfig(min_size_to_sample=5))

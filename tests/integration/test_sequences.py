@@ -187,6 +187,7 @@ def test_vector_env_episodes_stay_separate_and_are_padded(make_manager, data_spe
     assert canonical(stored_items(manager, len(expected))) == canonical(expected)
 
 
+@pytest.mark.heavy
 def test_padded_batches_carry_the_mask_in_tf_and_torch(make_manager, data_spec):
     manager = make_manager(
         sequence_length=4, stride_length=4, pad_end_of_episode=True, capacity=100
@@ -297,6 +298,7 @@ def test_padded_extra_tables_share_padding_and_length(make_manager, data_spec):
     assert canonical(stored_items(manager, len(expected))) == canonical(expected)
 
 
+@pytest.mark.heavy
 def test_the_sequences_config_serves_a_padded_table(make_manager, data_spec, start_server):
     _, address = start_server("--checkpoint_interval_s=0", config=SEQUENCES_CONFIG)
     kwargs = {"server_address": address, "sequence_length": 40, "capacity": 20000}

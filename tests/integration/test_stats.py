@@ -28,6 +28,7 @@ def _bytes_on_disk(path: str) -> int:
     )
 
 
+@pytest.mark.heavy
 def test_manager_stats_report_size_rates_samples_and_checkpoint(make_manager, env, policy):
     manager = make_manager()
     with pytest.raises(BufferStateError, match="create_replay_buffer"):
@@ -68,6 +69,7 @@ def test_manager_stats_report_size_rates_samples_and_checkpoint(make_manager, en
     json.dumps(stats.to_json())  # serializable as it is
 
 
+@pytest.mark.heavy
 def test_rates_cover_only_the_recent_window(make_manager, env, policy):
     manager = make_manager()
     _, observer = manager.create_replay_buffer()
@@ -81,6 +83,7 @@ def test_rates_cover_only_the_recent_window(make_manager, env, policy):
     assert quiet.window_samples_per_insert is None
 
 
+@pytest.mark.heavy
 def test_rate_limiter_blocking_is_reported(make_manager, env, policy):
     manager = make_manager(sampling=SamplingConfig(min_size_to_sample=50))
     manager.create_replay_buffer()
@@ -124,6 +127,7 @@ def test_sharded_stats_sum_the_shards(make_manager, data_spec, env, policy, tmp_
     assert json.loads(json.dumps(stats.to_json()))["total"]["size"] == sum(sizes)
 
 
+@pytest.mark.heavy
 def test_status_json_of_a_running_server(start_server, tmp_path, env, policy, data_spec):
     _, address = start_server("--checkpoint_interval_s=0")
     collector = ReplayBufferManager(

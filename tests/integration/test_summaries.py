@@ -28,6 +28,7 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     return values
 
 
+@pytest.mark.heavy
 def test_manager_writes_stats_to_tensorboard(make_manager, env, policy, tmp_path):
     logdir = str(tmp_path / "tb")
     manager = make_manager(summary_dir=logdir, summary_interval_s=0.3)
@@ -73,6 +74,7 @@ def test_bad_summary_interval_is_refused(data_spec, tmp_path):
         )
 
 
+@pytest.mark.heavy
 def test_replay_server_tensorboard_dir(start_server, tmp_path, env, policy, data_spec):
     logdir = str(tmp_path / "server_tb")
     server, address = start_server(

@@ -129,6 +129,7 @@ def _assert_same_transitions(
     assert len(missing) == int((per_env_last_done == 0).sum())
 
 
+@pytest.mark.heavy
 def test_same_transitions_as_sb3s_own_replay_buffer(tmp_path: Any) -> None:
     env = gymnasium.make("CartPole-v1")
     kwargs = dict(n_envs=N_ENVS, handle_timeout_termination=True)
@@ -148,6 +149,7 @@ def test_same_transitions_as_sb3s_own_replay_buffer(tmp_path: Any) -> None:
         ours.close()
 
 
+@pytest.mark.heavy
 def test_same_box_action_transitions_as_sb3s_own_replay_buffer(tmp_path: Any) -> None:
     env = gymnasium.make("Pendulum-v1")
     kwargs = dict(n_envs=N_ENVS, handle_timeout_termination=True)
@@ -173,6 +175,7 @@ def test_same_box_action_transitions_as_sb3s_own_replay_buffer(tmp_path: Any) ->
         ours.close()
 
 
+@pytest.mark.heavy
 def test_save_and_load_replay_buffer_go_through_the_export(tmp_path: Any) -> None:
     env = gymnasium.make("CartPole-v1")
     ours = ReverbReplayBuffer(
@@ -212,6 +215,7 @@ def _pendulum_model(algo: type[OffPolicyAlgorithm], checkpoint_dir: Any) -> OffP
     )  # fmt: skip
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("algo", [SAC, TD3], ids=["SAC", "TD3"])
 def test_sac_and_td3_learn_and_round_trip_their_reverb_buffer(
     algo: type[OffPolicyAlgorithm], tmp_path: Any
@@ -315,6 +319,7 @@ def _saved_cartpole_buffer(tmp_path: Any) -> tuple[Any, int]:
     return path, size
 
 
+@pytest.mark.heavy
 def test_load_replay_buffer_of_an_empty_or_truncated_file_names_the_file(tmp_path: Any) -> None:
     saved, size = _saved_cartpole_buffer(tmp_path)
     data = saved.read_bytes()
@@ -343,6 +348,7 @@ def test_load_replay_buffer_of_an_empty_or_truncated_file_names_the_file(tmp_pat
         model.replay_buffer.close()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("env_id", ["MountainCar-v0", "Acrobot-v1"])
 def test_load_replay_buffer_of_other_spaces_names_both_spaces(env_id: str, tmp_path: Any) -> None:
     saved, _ = _saved_cartpole_buffer(tmp_path)

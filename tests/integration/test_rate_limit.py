@@ -42,6 +42,7 @@ def run_loop(manager: Any, env: Any, policy: Any, *, batch_size: int, train_step
     return collected
 
 
+@pytest.mark.heavy
 def test_single_process_loop_with_samples_per_insert_finishes(make_manager, env, policy):
     spi, batch, min_size = 2.0, 16, 40
     error_buffer = (batch + spi * IN_FLIGHT) / 2
@@ -70,6 +71,7 @@ def test_schedule_refuses_an_error_buffer_too_small_for_one_thread(make_manager)
         check_single_process_loop(0, 1.0, 0.0, 1e9)
 
 
+@pytest.mark.heavy
 def test_limiter_state_follows_reverbs_rule(make_manager, env, policy):
     sampling = SamplingConfig(samples_per_insert=1.0, min_size_to_sample=5, error_buffer=30.0)
     manager = make_manager(sampling=sampling)
@@ -92,6 +94,7 @@ def drain(manager: Any) -> None:
     assert not limiter(manager).can_sample(1)
 
 
+@pytest.mark.heavy
 def test_restored_counters_cannot_stall_sampling(make_manager, env, policy, tmp_path):
     sampling = SamplingConfig(samples_per_insert=1.0, min_size_to_sample=10, error_buffer=40.0)
     manager = make_manager(sampling=sampling, checkpoint_dir=str(tmp_path / "a"))
@@ -165,6 +168,7 @@ def _sample_every_item_twice(manager: Any, max_times_sampled: int) -> dict[int, 
     raise AssertionError(f"not every item was sampled twice: {counts}")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("stored_max", [0, 10])
 def test_restore_with_a_lower_max_times_sampled_drops_items_sampled_that_often(
     make_manager, env, policy, stored_max

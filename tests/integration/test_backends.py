@@ -178,6 +178,7 @@ def test_clear_empties_the_buffer_and_a_later_load_stays_empty(make):
     assert loaded.num_frames() == 0
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("transitions", [False, True], ids=["items", "transitions"])
 def test_torch_batches_sampled_before_a_clear_are_not_handed_out_after_it(make, transitions):
     # Small batches of a uniform table are fetched several at once (and the Reverb pipeline
@@ -213,6 +214,7 @@ def test_context_manager_closes_and_close_is_idempotent(make):
 # -------------------------------------------------------------------------- sampling
 
 
+@pytest.mark.heavy
 def test_get_dataset_batches_are_batch_by_sequence_with_sample_info(make):
     manager = make(sequence_length=3)
     manager.create_replay_buffer()
@@ -270,6 +272,7 @@ def _keys_by_index(manager: ReplayBufferManager, count: int) -> dict[int, int]:
     return keys
 
 
+@pytest.mark.heavy
 def test_update_priorities_changes_how_often_items_are_sampled(make):
     sampling = SamplingConfig(sampler="prioritized", priority_exponent=1.0)
     manager = make(sampling=sampling)
@@ -296,6 +299,7 @@ def test_update_priorities_changes_how_often_items_are_sampled(make):
     assert probability[3] == pytest.approx(0.2)
 
 
+@pytest.mark.heavy
 def test_fifo_with_max_times_sampled_1_gives_oldest_first_then_nothing(make):
     sampling = SamplingConfig(sampler="fifo", max_times_sampled=1)
     manager = make(sampling=sampling)
@@ -309,6 +313,7 @@ def test_fifo_with_max_times_sampled_1_gives_oldest_first_then_nothing(make):
     assert manager.num_frames() == 0
 
 
+@pytest.mark.heavy
 def test_fifo_with_max_times_sampled_1_never_repeats_an_item_within_a_batch(make):
     sampling = SamplingConfig(sampler="fifo", max_times_sampled=1)
     manager = make(sampling=sampling)
@@ -336,6 +341,7 @@ def test_padded_strided_windows_of_three_steps(make, tmp_path):
     assert tuple(batch.step.observation.shape) == (4, 3, 4)
 
 
+@pytest.mark.heavy
 def test_extra_tables_are_fed_by_one_writer(make):
     triples = TableConfig(name="triples", capacity=50, sequence_length=3)
     manager = make(extra_tables=(triples,))
@@ -405,6 +411,7 @@ def test_local_windows_equal_reverbs(make_manager, tmp_path, stride, sequence_le
 # ------------------------------------------------------------------------- portability
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("source,target", [("local", "reverb"), ("reverb", "local")])
 def test_export_moves_between_backends_item_for_item(make_manager, tmp_path, source, target):
     sampling = SamplingConfig(sampler="prioritized")

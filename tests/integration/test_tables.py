@@ -103,6 +103,7 @@ def test_transition_writer_feeds_every_table(make_manager):
     assert manager.num_frames(table=EXTRA) == 6 - 3 + 1
 
 
+@pytest.mark.heavy
 def test_each_table_has_its_own_sequence_length(make_manager, env, policy):
     manager = make_manager(extra_tables=[_prioritized(sequence_length=4, name="long")])
     _, observer = manager.create_replay_buffer()
@@ -284,6 +285,7 @@ def _two_filled_tables(make_manager, env, policy, extra: TableConfig | None = No
     return manager
 
 
+@pytest.mark.heavy
 def test_mixed_dataset_draws_each_table_in_proportion_to_its_weight(make_manager, env, policy):
     manager = _two_filled_tables(make_manager, env, policy)
     uniform_keys = set(_table_items(manager, PRIMARY))
@@ -304,6 +306,7 @@ def test_mixed_dataset_draws_each_table_in_proportion_to_its_weight(make_manager
     assert {int(k) for k in info.key.numpy()[:, 0]} <= prioritized_keys
 
 
+@pytest.mark.heavy
 def test_priorities_of_a_mixed_batch_update_only_the_named_table(make_manager, env, policy):
     manager = _two_filled_tables(make_manager, env, policy)
     prioritized_keys = set(_table_items(manager, EXTRA))
@@ -340,6 +343,7 @@ def test_mixed_dataset_refuses_bad_weights(make_manager, weights, message):
     assert message in str(info.value)
 
 
+@pytest.mark.heavy
 def test_mixed_dataset_refuses_tables_of_different_sequence_lengths(make_manager):
     manager = make_manager(extra_tables=[_prioritized(sequence_length=3)])
     manager.create_replay_buffer()
@@ -347,6 +351,7 @@ def test_mixed_dataset_refuses_tables_of_different_sequence_lengths(make_manager
         manager.mixed_dataset(8, {PRIMARY: 1.0, EXTRA: 1.0})
 
 
+@pytest.mark.heavy
 def test_mixed_dataset_of_an_empty_table_fails_naming_the_tables(make_manager, env, policy):
     manager = make_manager(extra_tables=[_prioritized()])
     manager.create_replay_buffer()
@@ -359,6 +364,7 @@ def test_mixed_dataset_of_an_empty_table_fails_naming_the_tables(make_manager, e
 # ------------------------------------------------------------------- server and TOML
 
 
+@pytest.mark.heavy
 def test_toml_extra_tables_serve_every_table_and_status_lists_them(
     start_server, tmp_path, env, policy, data_spec
 ):

@@ -140,6 +140,7 @@ def test_packed_table_stores_one_uint8_column_and_the_same_items(pair: Any) -> N
         assert client_items(manager, name, len(items)) == items
 
 
+@pytest.mark.heavy
 def test_get_dataset_as_dataset_and_mixed_dataset_match(pair: Any) -> None:
     nested, manager, expected = pair
     primary = expected[manager.table_name]
@@ -169,6 +170,7 @@ def fields(batch: Any) -> list[Any]:
     return [batch.states, batch.actions, batch.rewards, batch.next_states, batch.dones]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("numpy_unpack", [True, False], ids=["numpy-unpack", "tf-unpack"])
 def test_torch_paths_match(
     make_manager: Any, tmp_path: Any, steps: list[Any], numpy_unpack: bool, monkeypatch: Any
@@ -212,6 +214,7 @@ def test_torch_paths_match(
     drain(iter(dataset), expected["nested"], lambda b: b)
 
 
+@pytest.mark.heavy
 def test_transition_writer_padding_strides_and_extra_tables(
     make_manager: Any, tmp_path: Any
 ) -> None:
@@ -253,6 +256,7 @@ def test_transition_writer_padding_strides_and_extra_tables(
     ), "no padded item was written"
 
 
+@pytest.mark.heavy
 def test_observer_strides_like_the_structured_writer(
     make_manager: Any, tmp_path: Any, steps: list[Any]
 ) -> None:
@@ -276,6 +280,7 @@ def test_observer_strides_like_the_structured_writer(
     assert all(len(items) > 3 for items in got["packed"].values())
 
 
+@pytest.mark.heavy
 def test_export_import_and_checkpoints_across_layouts(
     pair: Any, make_manager: Any, tmp_path: Any, steps: list[Any]
 ) -> None:
@@ -334,6 +339,7 @@ def test_export_import_and_checkpoints_across_layouts(
         other.load_replay_buffer()
 
 
+@pytest.mark.heavy
 def test_replay_server_and_shards_with_a_packed_config(
     tmp_path: Any, steps: list[Any], data_spec: Any
 ) -> None:
@@ -443,6 +449,7 @@ def _foreign_items_are_named_and_left_out_of_the_export(
     assert len(batch_items(next(iter(fresh.torch_batches(8))))) == 8
 
 
+@pytest.mark.heavy
 def test_items_of_tf_agents_own_observer_in_a_packed_table_are_named_and_not_exported(
     make_manager: Any, steps: list[Any], tmp_path: Any
 ) -> None:
@@ -452,6 +459,7 @@ def test_items_of_tf_agents_own_observer_in_a_packed_table_are_named_and_not_exp
     _foreign_items_are_named_and_left_out_of_the_export(manager, steps, make_manager, tmp_path)
 
 
+@pytest.mark.heavy
 def test_items_of_tf_agents_own_observer_on_a_packed_replay_server(
     make_manager: Any, steps: list[Any], data_spec: Any, tmp_path: Any
 ) -> None:
@@ -630,6 +638,7 @@ def test_episode_ends_do_not_wait_and_close_confirms_every_item(
     assert counts == {"nested": 60, "packed": 60}
 
 
+@pytest.mark.heavy
 def test_observer_episode_ends_do_not_wait_and_close_confirms(
     make_manager: Any, tmp_path: Any, steps: list[Any], confirming: list[Any]
 ) -> None:

@@ -187,6 +187,7 @@ def test_add_multi_keeps_envs_and_episodes_apart_across_auto_resets(make_manager
             np.testing.assert_array_equal(record["observation"][1, :2], [env, episode])
 
 
+@pytest.mark.heavy
 def test_add_multi_with_a_gym_vector_env_feeds_tf_agents_and_torch_learners(make_manager):
     num_envs, steps = 3, 60
     envs = gym.vector.SyncVectorEnv([lambda: TimeLimit(CartPoleEnv(), 16)] * num_envs)

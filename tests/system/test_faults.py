@@ -3,8 +3,7 @@
 Each test states one guarantee and fails if it breaks. `make test` runs the fast cases;
 `make test-slow` (the `slow` marker) repeats the kill and SIGTERM runs many more times.
 
-Run as a script (`python tests/test_faults.py collect|embedded ...`), this file is the collector
-subprocess the SIGTERM and kill -9 tests drive.
+The collector subprocess the SIGTERM and kill -9 tests drive is `_collector.py`, beside this file.
 """
 
 from __future__ import annotations
@@ -26,8 +25,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tf_agents.trajectories import trajectory as trajectory_lib
 
+import _collector
+from _collector import COLLECTOR_THREADS, EMBEDDED_INTERVAL_S, remote_manager, step
 from conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, REPO, all_items, tree_digest, wait_for
 from replay_service import ReplayBufferManager
 from replay_service.backends.reverb.connection import check_port_free, pick_free_port
@@ -49,7 +49,6 @@ from replay_service.storage.store import (
     CheckpointStore,
 )
 
-MID = 1
 BLOCK = 4096
 CAPACITY = 1000
 START_TIMEOUT_S = 60
@@ -58,22 +57,6 @@ STOP_TIMEOUT_S = 60
 
 
 # ---------------------------------------------------------------------------------- helpers
-
-
-def step(counter: int) -> trajectory_lib.Trajectory:
-    """A CartPole-shaped step whose action carries the unique id `counter` (an endless episode).
-
-    An item (a window of two steps) is identified by the id of its last step.
-    """
-    return trajectory_lib.Trajectory(
-        step_type=np.int32(MID),
-        observation=np.full([4], counter % 1000, np.float32),
-        action=np.int64(counter),
-        policy_info=(),
-        next_step_type=np.int32(MID),
-        reward=np.float32(1.0),
-        discount=np.float32(1.0),
-    )
 
 
 def write_steps(observer: Any, first: int, count: int) -> None:
@@ -385,17 +368,6 @@ def servers() -> Iterator[Callable[..., Server]]:
     yield start
     for server in started:
         server.kill()
-
-
-def remote_manager(data_spec: Any, address: str) -> ReplayBufferManager:
-    """A manager of the CartPole config's table on a running server."""
-    return ReplayBufferManager(
-        data_spec,
-        100_000,
-        table_name="uniform_table",
-        server_address=address,
-        timeouts=FAST_TIMEOUTS,
-    )
 
 
 def restore_in_process(root: Path) -> Any:
@@ -780,99 +752,15 @@ def test_a_client_save_that_loses_a_race_in_reverbs_cleanup_is_asked_for_again(b
     assert len(failed) == 1, "an error other than a lost race was asked for again"
 
 
-# ------------------------------------------------------- collector subprocesses (script mode)
-
-COLLECTOR_THREADS = 3
-FLUSH_EVERY = 8
-ID_SPACING = 10_000_000
-EMBEDDED_INTERVAL_S = 1.0
-EMBEDDED_STEPS_PER_S = 150
-
-
-def _cartpole_spec() -> Any:
-    from tf_agents.environments import suite_gym
-    from tf_agents.policies import random_py_policy
-
-    from replay_service.specs.nests import collect_data_spec
-
-    env = suite_gym.load("CartPole-v0")
-    return collect_data_spec(
-        env, random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec())
-    )
-
-
-def _collect_remote(address: str, threads: int, out: str) -> int:
-    """Writes from `threads` observers as fast as they go until the server stops confirming.
-
-    Thread k writes steps with ids (k + 1) * ID_SPACING, +1, ...; after each successful flush it
-    records the last id written as confirmed. Writes `out` (JSON) when every thread stopped.
-    """
-    manager = remote_manager(_cartpole_spec(), address)
-    manager.load_replay_buffer()
-    results: list[dict[str, Any]] = []
-    lock = threading.Lock()
-
-    def run(index: int) -> None:
-        _, observer = manager.get_replay_buffer_and_observer()
-        first = (index + 1) * ID_SPACING
-        counter, confirmed, error = first, first, ""
-        try:
-            while True:
-                for _ in range(FLUSH_EVERY):
-                    observer(step(counter))
-                    counter += 1
-                observer.flush()
-                confirmed = counter - 1
-        except Exception as e:  # the server stopped confirming: that is the point
-            error = f"{type(e).__name__}: {str(e)[:200]}"
-        with lock:
-            results.append(
-                {"first": first, "confirmed": confirmed, "written": counter - 1, "error": error}
-            )
-
-    workers = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(threads)]
-    for worker in workers:
-        worker.start()
-    print("collecting", flush=True)
-    for worker in workers:
-        worker.join()
-    Path(out).write_text(json.dumps(results))
-    os._exit(0)  # the observers' server is gone; do not wait on their cleanup
-
-
-def _collect_embedded(checkpoint_dir: str) -> int:
-    """An embedded manager with periodic checkpoints, collecting at a bounded rate until killed."""
-    manager = ReplayBufferManager(
-        _cartpole_spec(),
-        100_000,
-        checkpoint_dir,
-        timeouts=FAST_TIMEOUTS,
-        checkpoint_interval_s=EMBEDDED_INTERVAL_S,
-    )
-    _, observer = manager.create_replay_buffer()
-    print("collecting", flush=True)
-    counter = 0
-    while True:
-        observer(step(counter))
-        counter += 1
-        time.sleep(1.0 / EMBEDDED_STEPS_PER_S)
-
-
-def main(argv: list[str]) -> int:
-    """`collect ADDRESS THREADS OUT_JSON` or `embedded CHECKPOINT_DIR`."""
-    if argv[0] == "collect":
-        return _collect_remote(argv[1], int(argv[2]), argv[3])
-    if argv[0] == "embedded":
-        return _collect_embedded(argv[1])
-    raise SystemExit(f"unknown mode {argv[0]!r}")
+# ---------------------------------------------------- collector subprocesses (_collector.py)
 
 
 class Collector:
-    """This file run as a collector subprocess."""
+    """`_collector.py` run as a collector subprocess."""
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), *args],
+            [sys.executable, os.path.abspath(_collector.__file__), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -1117,11 +1005,6 @@ def test_kill_9_of_an_embedded_manager_restores_its_newest_checkpoint(
 @pytest.mark.parametrize("seed", range(100, 120))
 def test_kill_9_of_an_embedded_manager_soak(collectors, make_manager, tmp_path, seed):
     run_embedded_kill_point(collectors, make_manager, tmp_path, seed)
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.exit(main(sys.argv[1:]))
 
 
 def _unanswered_first_calls(monkeypatch: pytest.MonkeyPatch, count: int) -> list[str]:

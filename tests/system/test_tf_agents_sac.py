@@ -20,7 +20,7 @@ import pytest
 from conftest import CONFIGS, REPO
 from replay_service.backends.reverb.connection import pick_free_port
 
-SAC_DIR = os.path.join(REPO, "tests", "tf_agents_sac")
+SAC_DIR = os.path.join(REPO, "tests", "system", "tf_agents_sac")
 SAC_CONFIG = os.path.join(CONFIGS, "tf_agents_sac.toml")
 TRAIN_STEPS = 300
 INITIAL_COLLECT_STEPS = 500

@@ -65,6 +65,7 @@ def test_num_frames_counts_windows_not_steps(make_manager, env, policy):
     assert manager.num_frames() == expected
 
 
+@pytest.mark.heavy
 def test_no_sampled_window_spans_two_episodes(make_manager, env, policy):
     manager = make_manager(sequence_length=4)
     _, observer = manager.create_replay_buffer()
@@ -286,6 +287,7 @@ def test_table_has_a_signature_plain_reverb_can_use(make_manager, env, policy, d
     assert sample.data.observation.dtype == tf.float32
 
 
+@pytest.mark.heavy
 def test_get_dataset_samples_batches(make_manager, env, policy):
     manager = make_manager()
     _, observer = manager.create_replay_buffer()
@@ -296,6 +298,7 @@ def test_get_dataset_samples_batches(make_manager, env, policy):
     assert info.key.shape[0] == 8
 
 
+@pytest.mark.heavy
 def test_sampling_an_empty_buffer_fails_within_the_timeout(make_manager):
     manager = make_manager(timeouts=Timeouts(sample=0.5))
     replay_buffer, _ = manager.create_replay_buffer()
@@ -309,6 +312,7 @@ def test_sampling_an_empty_buffer_fails_within_the_timeout(make_manager):
         next(iter(dataset.prefetch(3)))
 
 
+@pytest.mark.heavy
 def test_clear_empties_in_place_and_is_not_undone_by_load(make_manager, env, policy):
     manager = make_manager()
     replay_buffer, observer = manager.create_replay_buffer()
@@ -426,6 +430,7 @@ def test_port_in_use_is_refused(make_manager, tmp_path):
         make_manager(checkpoint_dir=str(tmp_path / "other"), port=port).create_replay_buffer()
 
 
+@pytest.mark.heavy
 def test_remote_manager_shares_the_embedded_server(make_manager, env, policy):
     owner = make_manager()
     _, owner_observer = owner.create_replay_buffer()
@@ -454,6 +459,7 @@ def test_remote_manager_checks_the_table(make_manager, data_spec):
         ).load_replay_buffer()
 
 
+@pytest.mark.heavy
 def test_server_down_gives_a_clear_error_within_the_timeout(make_manager):
     from replay_service.backends.reverb.connection import pick_free_port
 
