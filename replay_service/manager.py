@@ -31,6 +31,7 @@ from replay_service.errors import (
     ConfigError,
     ManagerClosedError,
 )
+from replay_service.integrations import tf_compat
 from replay_service.monitoring import summaries
 from replay_service.monitoring.stats import BufferStats, StatsTracker, checkpoint_stats
 from replay_service.sample import priorities as priorities_lib
@@ -39,6 +40,11 @@ from replay_service.specs import nests as specs
 from replay_service.specs import windows as sequences
 from replay_service.storage import export as export_lib
 from replay_service.storage.store import DEFAULT_KEEP
+
+# TF-Agents' PolicySaver fails in this environment without it (see integrations.tf_compat): a
+# process that imports the manager can save policies before its first buffer exists. The probe
+# patches only where the failure occurs; no TensorFlow is imported here.
+tf_compat.patch_inspect()
 
 if TYPE_CHECKING:
     import reverb

@@ -2,4 +2,5 @@
 
 from replay_service.integrations.sb3 import (  # noqa: F401
     ReverbReplayBuffer,
+    data_spec_for_spaces,
 )

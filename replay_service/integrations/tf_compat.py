@@ -17,11 +17,12 @@ and, only where the original raises `TypeError` for an instance of a wrapt `Obje
 answers "no instance attribute", as the original does when an object has no `__dict__` (what it
 sees with wrapt's pure-Python proxy). Every other call, and every other error, is unchanged.
 
-When it applies: `patch_inspect()` runs when a module of the Reverb backend or of the TF-Agents
-side is imported (`replay_service.backends.reverb.backend`, `.datasets` and
-`replay_service.starter.policies`: a `ReplayBufferManager` on Reverb, embedded or remote, as in
-the quick start, its datasets, sharding and starter buffers), never on the local backend's
-import path. It patches only where the failure occurs:
+When it applies: `patch_inspect()` runs when `ReplayBufferManager` is imported (`from
+replay_service import ReplayBufferManager`, before any buffer exists, so that a script may save
+a policy first) and when a module of the Reverb backend or of the TF-Agents side is imported
+(`replay_service.backends.reverb.backend`, `.datasets`, `replay_service.starter.policies`). It
+imports no TensorFlow (the local backend's import path stays free of it) and patches only where
+the failure occurs:
 a probe checks a runtime-checkable `typing_extensions.Protocol` against a wrapt proxy of
 `_DictWrapper`'s make-up and patches only if that raises the `TypeError` (so not with
 typing_extensions < 4.6, nor with `WRAPT_DISABLE_EXTENSIONS=true`, nor once wrapt or

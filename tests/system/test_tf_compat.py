@@ -107,6 +107,45 @@ def test_policy_saver_saves_loads_and_acts_after_the_quick_start() -> None:
     assert report == {"patched": True, "action": [1.5]}
 
 
+_POLICY_SAVER_BEFORE_ANY_BUFFER = textwrap.dedent(
+    """
+    import inspect, json, os, sys, tempfile
+
+    import numpy as np
+    import tensorflow as tf
+    from tf_agents.policies import fixed_policy, policy_saver
+    from tf_agents.specs import tensor_spec
+    from tf_agents.trajectories import time_step as ts
+
+    from replay_service import ReplayBufferManager
+
+    root = tempfile.mkdtemp()
+    observation = tensor_spec.BoundedTensorSpec([3], tf.float32, -8.0, 8.0, "observation")
+    action = tensor_spec.BoundedTensorSpec([1], tf.float32, -2.0, 2.0, "action")
+    policy = fixed_policy.FixedPolicy(
+        np.array([1.5], np.float32), ts.time_step_spec(observation), action
+    )
+    report = {"patched": hasattr(inspect._check_instance, "_replay_service_original")}
+    try:
+        policy_saver.PolicySaver(policy, batch_size=None).save(os.path.join(root, "policy"))
+    except TypeError as e:
+        report["error"] = str(e)
+    report["saved"] = os.path.isfile(os.path.join(root, "policy", "saved_model.pb"))
+    print("REPORT " + json.dumps(report))
+    """
+)
+
+
+def test_policy_saver_saves_right_after_the_import_before_any_buffer() -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (tf_compat.PATCH_ENV, "WRAPT_DISABLE_EXTENSIONS")
+    }
+    report = report_of(run_python("-c", _POLICY_SAVER_BEFORE_ANY_BUFFER, env=env))
+    assert report == {"patched": True, "saved": True}, report
+
+
 @pytest.mark.parametrize("setting", ["0", "off", "False"])
 def test_the_switch_leaves_inspect_alone_and_policy_saver_fails_as_before(setting: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "WRAPT_DISABLE_EXTENSIONS"}
@@ -163,7 +202,7 @@ def test_the_patch_answers_only_for_wrapt_proxies() -> None:
         wrapper(Plain(), "x")
 
 
-def test_the_local_backend_import_path_applies_no_patch(tmp_path: Path) -> None:
+def test_the_local_backend_import_path_imports_no_tensorflow(tmp_path: Path) -> None:
     pytest.importorskip("gymnasium")
     # ArraySpec leaves (what from_spaces builds where TensorFlow is not installed), so that
     # nothing here imports TensorFlow.
@@ -203,7 +242,14 @@ def test_the_local_backend_import_path_applies_no_patch(tmp_path: Path) -> None:
         """
     )
     report = report_of(run_python("-c", script))
-    assert report == {"rows": 2, "same_inspect": True, "tf_compat_imported": False, "loaded": []}
+    # The patch is applied where the probe sees the failure (this environment), with no
+    # TensorFlow or Reverb imported on the way.
+    assert report == {
+        "rows": 2,
+        "same_inspect": not tf_compat.needs_patch() and not tf_compat.is_patched(),
+        "tf_compat_imported": True,
+        "loaded": [],
+    }
 
 
 def test_the_runner_runs_a_script_that_never_imports_replay_service(tmp_path: Path) -> None:

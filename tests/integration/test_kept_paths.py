@@ -1,0 +1,65 @@
+"""Module paths that moved stay importable with the public names they had."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import replay_service
+
+PACKAGE = Path(replay_service.__file__).resolve().parent
+# Names an old module exported (its `__all__`) without defining them.
+REEXPORTED = {"replay_service.sb3": ("data_spec_for_spaces",)}
+# The tools' modules: `python -m` keeps working; only `run` (and the demo's spec) is kept.
+TOOLS = {"replay_service.serve": ("run",), "replay_service.demo": ("run", "collect_data_spec")}
+
+
+def defined_public_names(module: str) -> set[str]:
+    """Public names a module's own source defines at its top level."""
+    path = PACKAGE.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return {name for name in names if not name.startswith("_")}
+
+
+@pytest.mark.parametrize("old", sorted(set(replay_service.KEPT_MODULE_PATHS) - set(TOOLS)))
+def test_an_old_module_path_offers_its_public_names(old: str) -> None:
+    new = replay_service.KEPT_MODULE_PATHS[old]
+    expected = defined_public_names(new) | set(REEXPORTED.get(old, ()))
+    kept, moved = importlib.import_module(old), importlib.import_module(new)
+    missing = sorted(name for name in expected if not hasattr(kept, name))
+    assert not missing, f"{old} lost {missing}"
+    for name in expected - set(REEXPORTED.get(old, ())):
+        assert getattr(kept, name) is getattr(moved, name), name
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("old", sorted(TOOLS))
+def test_an_old_tool_module_still_offers_run(old: str) -> None:
+    # In a process of its own: a tool's module defines absl flags another tool defines too.
+    names = ", ".join(TOOLS[old])
+    code = f"import {old} as m\nfor n in ({names!r}).split(', '): assert callable(getattr(m, n)), n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_populate_is_the_function_whatever_was_imported_first() -> None:
+    importlib.import_module("replay_service.cli.populate")
+    from replay_service import populate
+    from replay_service.starter.build import populate as function
+
+    assert populate is function and callable(populate)
+    assert replay_service.populate is function
