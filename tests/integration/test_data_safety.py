@@ -24,6 +24,7 @@ from replay_service import (
 
 BACKENDS = ("reverb", "local")
 CHECKPOINT_META = "replay_service_checkpoint.json"
+CHECKPOINTS = "checkpoints"
 
 
 @pytest.fixture(params=BACKENDS)
@@ -51,6 +52,15 @@ def filled(make_manager: Any, backend: str, root: Path, checkpoints: int = 2) ->
     frames = manager.num_frames()
     manager.close()
     return frames
+
+
+def digest_except(root: Path, skipped: Path) -> dict[str, Any]:
+    """A `tree_digest` of each entry of `root` but `skipped` (a link that loops) and the lock."""
+    return {
+        entry.name: tree_digest(entry) if entry.is_dir() else entry.read_bytes()
+        for entry in root.iterdir()
+        if entry != skipped and entry.name != ".lock"
+    }
 
 
 def without_lock(digest: dict[str, str]) -> dict[str, str]:
@@ -94,6 +104,24 @@ def test_a_linked_own_directory_is_refused_and_nothing_outside_is_touched(
     loaded.load_replay_buffer()
     assert loaded.num_frames() == frames
     assert not (root / "corrupt").exists()
+
+
+@pytest.mark.parametrize("name", [".reverb", "checkpoints"])
+def test_a_looping_own_directory_is_refused_by_a_new_buffer(make_manager, backend, tmp_path, name):
+    root = tmp_path / "ckpt"
+    filled(make_manager, backend, root)
+    link = root / name
+    os.rename(link, tmp_path / "moved")
+    os.symlink(link, link)  # points to itself
+    before = digest_except(root, link)
+    assert before[CHECKPOINTS if name != CHECKPOINTS else "replay_service.json"]
+    for overwrite in (True, False):
+        manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+        with pytest.raises(CheckpointError, match=rf"'{link}' is a symbolic link"):
+            manager.create_replay_buffer(overwrite=overwrite)
+        manager.close()
+    assert digest_except(root, link) == before
+    assert os.readlink(link) == str(link)
 
 
 # ------------------------------------------------------------ the other backend's checkpoints
