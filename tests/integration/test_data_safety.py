@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -19,6 +20,7 @@ from replay_service import (
     CheckpointError,
     ConfigError,
     ReplayBufferManager,
+    TableConfig,
     copy_buffer,
 )
 
@@ -122,6 +124,34 @@ def test_a_looping_own_directory_is_refused_by_a_new_buffer(make_manager, backen
         manager.close()
     assert digest_except(root, link) == before
     assert os.readlink(link) == str(link)
+
+
+# ------------------------------------------------- the local backend's memory-mapped storage
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_table_name_that_is_a_directory_is_refused_and_the_checkpoints_stay(
+    make_manager, backend, tmp_path, name
+):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, backend, root)
+    before = without_lock(tree_digest(root))
+    options = {"backend": backend, "checkpoint_dir": str(root), "capacity": 100}
+    if backend == "local":
+        options["storage"] = "memmap"
+    for start in ("load", "create"):
+        with pytest.raises(ConfigError, match=rf"table name must not be '{re.escape(name)}'"):
+            manager = make_manager(table_name=name, **options)
+            if start == "load":
+                manager.load_replay_buffer()
+            else:
+                manager.create_replay_buffer(overwrite=True)
+    with pytest.raises(ConfigError, match=rf"table name must not be '{re.escape(name)}'"):
+        make_manager(extra_tables=[TableConfig(name=name, capacity=100)], **options)
+    assert without_lock(tree_digest(root)) == before
+    loaded = make_manager(**options)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == frames
 
 
 # ------------------------------------------------------------ the other backend's checkpoints
