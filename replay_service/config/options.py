@@ -134,8 +134,17 @@ def validate_manager_options(
     require_int("keep_checkpoints", keep_checkpoints, 1)
 
 
+MAX_TABLE_NAME_BYTES = 255
+"""Longest table name, in UTF-8 bytes: a file name's limit (the local backend's memory-mapped
+storage keeps each table in a directory of that name)."""
+
+
 def validate_table_name(name: object) -> str:
-    """Checks a table name: a non-empty string of letters, digits, '_', '-' or '.'.
+    """Checks a table name: a plain file name of letters, digits, '_', '-' or '.'.
+
+    The local backend's memory-mapped storage keeps each table's files in
+    `<checkpoint_dir>/.memmap/<name>`, so a name must be a file name of its own: "." and ".."
+    (this directory, its parent) are refused, and so is a name longer than a file name may be.
 
     Args:
       name: The candidate name.
@@ -144,10 +153,23 @@ def validate_table_name(name: object) -> str:
       The name, unchanged.
 
     Raises:
-      ConfigError: If the name is empty, not a string or has other characters.
+      ConfigError: If the name is empty, not a string, has other characters, is "." or "..",
+        or is longer than `MAX_TABLE_NAME_BYTES` bytes; the message names it.
     """
     ok = isinstance(name, str) and name != "" and all(c.isalnum() or c in "_-." for c in name)
     _require(ok, f"table name must be a non-empty string of [A-Za-z0-9_.-], got {name!r}")
+    _require(
+        name not in (".", ".."),
+        f"table name must not be {name!r}: a table name must be a plain file name, and "
+        f"{name!r} names a directory (the local backend keeps each table's memory-mapped "
+        "files in a directory of its name)",
+    )
+    size = len(name.encode())  # type: ignore[union-attr]
+    _require(
+        size <= MAX_TABLE_NAME_BYTES,
+        f"table name must be at most {MAX_TABLE_NAME_BYTES} bytes long (a file name's limit), "
+        f"got {size} bytes: {name[:40]!r}...",  # type: ignore[index]
+    )
     return name  # type: ignore[return-value]
 
 

@@ -38,7 +38,12 @@ from typing import Any
 
 from replay_service.backends.reverb.connection import pick_free_port
 from replay_service.config.files import load_config
-from replay_service.config.options import DEFAULT_TABLE_NAME, Timeouts
+from replay_service.config.options import (
+    DEFAULT_TABLE_NAME,
+    MAX_TIMEOUT_S,
+    Timeouts,
+    require_number,
+)
 from replay_service.distributed.sharding import ShardedConfig
 from replay_service.errors import ConfigError, ReplayServiceError, ServerUnavailableError
 
@@ -214,6 +219,16 @@ def _check_num_cpus(num_cpus: object) -> float:
     return float(num_cpus)
 
 
+def _check_timeout(name: str, value: object) -> float:
+    """Returns the timeout `value` (seconds), unchanged.
+
+    Raises:
+      ConfigError: If it is not a finite number > 0 and <= `MAX_TIMEOUT_S` (None, which would
+        wait forever, NaN and negative values included), naming `name` and the value.
+    """
+    return require_number(name, value, 0, positive=True, maximum=MAX_TIMEOUT_S)
+
+
 def _wait_started(
     ray: Any,
     started: list[tuple[str, Any, Any]],
@@ -289,8 +304,10 @@ class RayShards:
 
         Raises:
           ServerUnavailableError: If it does not within `timeout` seconds.
+          ConfigError: If `timeout` is not a finite number of seconds > 0.
         """
         ray = _ray()
+        timeout = _check_timeout("timeout", timeout)
         try:
             return ray.get(self.actors[index].info.remote(), timeout=timeout)
         except Exception as e:  # GetTimeoutError, RayActorError
@@ -307,12 +324,14 @@ class RayShards:
 
         Raises:
           ServerUnavailableError: If that does not happen within `timeout` seconds.
+          ConfigError: If `timeout` is not a finite number of seconds > 0.
         """
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + _check_timeout("timeout", timeout)
         last: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                info = self.wait_ready(index, timeout=min(10.0, deadline - time.monotonic()))
+                left = max(0.01, min(10.0, deadline - time.monotonic()))
+                info = self.wait_ready(index, timeout=left)
                 if info["pid"] != old_pid:
                     return info
             except ServerUnavailableError as e:  # still restarting
@@ -328,8 +347,12 @@ class RayShards:
 
         Returns:
           Each shard's final checkpoint path (None where it failed; the actor is killed anyway).
+
+        Raises:
+          ConfigError: If `timeout` is not a finite number of seconds > 0 (nothing is stopped).
         """
         ray = _ray()
+        timeout = _check_timeout("timeout", timeout)
         paths: list[str | None] = []
         for actor in self.actors:
             try:
@@ -369,7 +392,8 @@ def start_shards(
       The actors and their `ShardedConfig`.
 
     Raises:
-      ConfigError: If Ray is missing or a value is invalid.
+      ConfigError: If Ray is missing or a value is invalid (`start_timeout_s` must be a
+        finite number of seconds > 0); no actor was started then.
       ServerUnavailableError: If a shard fails to start, or is not placed (not enough free
         resources for `num_cpus`) or not serving within `start_timeout_s`; the message names
         it, what it asked for and what the cluster has. Every shard is killed then.
@@ -379,6 +403,7 @@ def start_shards(
         raise ConfigError(f"num_shards must be a positive integer, got {num_shards!r}")
     path = None if config_path is None else os.path.abspath(os.fspath(config_path))
     cpus = _check_num_cpus(num_cpus)
+    timeout = _check_timeout("start_timeout_s", start_timeout_s)
     load_config(path)  # a bad config fails here, not in every actor
     remote_cls = ray.remote(max_restarts=max_restarts, max_task_retries=0, num_cpus=cpus)(
         ShardServer
@@ -398,7 +423,7 @@ def start_shards(
             for i, (directory, actor) in enumerate(zip(dirs, actors, strict=True))
         ],
         {"CPU": cpus},
-        start_timeout_s,
+        timeout,
         ServerUnavailableError,
     )
     return RayShards(
@@ -433,7 +458,8 @@ def start_collector(
       The actor handle; call `collector.collect.remote(steps)`.
 
     Raises:
-      ConfigError: If Ray is missing or `num_cpus` is invalid.
+      ConfigError: If Ray is missing, or `num_cpus` or `start_timeout_s` (a finite number of
+        seconds > 0) is invalid; no actor was started then.
       ReplayServiceError: If the actor fails to start (e.g. its shard does not answer), or is
         not placed (not enough free resources for `num_cpus`) or not started within
         `start_timeout_s`; the message names it, what it asked for and what the cluster has.
@@ -441,6 +467,7 @@ def start_collector(
     """
     ray = _ray()
     cpus = _check_num_cpus(num_cpus)
+    timeout = _check_timeout("start_timeout_s", start_timeout_s)
     actor = ray.remote(num_cpus=cpus)(Collector).remote(
         config, collector_id, data_spec, capacity, **kwargs
     )
@@ -449,7 +476,7 @@ def start_collector(
         ray,
         [(name, actor, actor.address.remote())],
         {"CPU": cpus},
-        start_timeout_s,
+        timeout,
         ReplayServiceError,
     )
     return actor

@@ -504,11 +504,13 @@ class CheckpointStore:
         Raises:
           CheckpointExistsError: If checkpoints exist and `overwrite` is False.
           CheckpointError: If the path is not a directory, cannot be resolved (a looping
-            symbolic link) or holds foreign files.
+            symbolic link), holds foreign files, or one of its own directories (`OWN_DIRS`) is
+            a symbolic link or cannot be listed.
         """
         self.check_root()
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise CheckpointError(f"checkpoint_dir {self.root!r} exists and is not a directory")
+        self.check_own_dirs()  # before listing them: a looping link must not fail the listing
         entries = [e for e in _listdir(self.root) if e != LOCK_FILE]
         if entries and not self.is_store():
             raise CheckpointError(_foreign_message(self.root, entries))
@@ -995,10 +997,18 @@ def _parse_sequence(name: str) -> int | None:
 
 
 def _listdir(path: str) -> list[str]:
+    """The entries of directory `path`; none if it does not exist or is not a directory.
+
+    Raises:
+      CheckpointError: If it exists but cannot be listed (a looping symbolic link, no
+        permission), naming the path.
+    """
     try:
         return os.listdir(path)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    except OSError as e:
+        raise CheckpointError(f"cannot list {path!r}: {e.strerror or e}") from e
 
 
 def _write_json_atomic(path: str, data: dict[str, Any]) -> None:

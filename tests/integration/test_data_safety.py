@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -19,11 +20,13 @@ from replay_service import (
     CheckpointError,
     ConfigError,
     ReplayBufferManager,
+    TableConfig,
     copy_buffer,
 )
 
 BACKENDS = ("reverb", "local")
 CHECKPOINT_META = "replay_service_checkpoint.json"
+CHECKPOINTS = "checkpoints"
 
 
 @pytest.fixture(params=BACKENDS)
@@ -51,6 +54,15 @@ def filled(make_manager: Any, backend: str, root: Path, checkpoints: int = 2) ->
     frames = manager.num_frames()
     manager.close()
     return frames
+
+
+def digest_except(root: Path, skipped: Path) -> dict[str, Any]:
+    """A `tree_digest` of each entry of `root` but `skipped` (a link that loops) and the lock."""
+    return {
+        entry.name: tree_digest(entry) if entry.is_dir() else entry.read_bytes()
+        for entry in root.iterdir()
+        if entry != skipped and entry.name != ".lock"
+    }
 
 
 def without_lock(digest: dict[str, str]) -> dict[str, str]:
@@ -94,6 +106,134 @@ def test_a_linked_own_directory_is_refused_and_nothing_outside_is_touched(
     loaded.load_replay_buffer()
     assert loaded.num_frames() == frames
     assert not (root / "corrupt").exists()
+
+
+@pytest.mark.parametrize("name", [".reverb", "checkpoints"])
+def test_a_looping_own_directory_is_refused_by_a_new_buffer(make_manager, backend, tmp_path, name):
+    root = tmp_path / "ckpt"
+    filled(make_manager, backend, root)
+    link = root / name
+    os.rename(link, tmp_path / "moved")
+    os.symlink(link, link)  # points to itself
+    before = digest_except(root, link)
+    assert before[CHECKPOINTS if name != CHECKPOINTS else "replay_service.json"]
+    for overwrite in (True, False):
+        manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+        with pytest.raises(CheckpointError, match=rf"'{link}' is a symbolic link"):
+            manager.create_replay_buffer(overwrite=overwrite)
+        manager.close()
+    assert digest_except(root, link) == before
+    assert os.readlink(link) == str(link)
+
+
+# ------------------------------------------------- the local backend's memory-mapped storage
+
+
+def memmap_manager(make_manager: Any, root: Path, **kwargs: Any) -> ReplayBufferManager:
+    return make_manager(
+        backend="local", storage="memmap", checkpoint_dir=str(root), capacity=100, **kwargs
+    )
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_table_name_that_is_a_directory_is_refused_and_the_checkpoints_stay(
+    make_manager, backend, tmp_path, name
+):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, backend, root)
+    before = without_lock(tree_digest(root))
+    options = {"backend": backend, "checkpoint_dir": str(root), "capacity": 100}
+    if backend == "local":
+        options["storage"] = "memmap"
+    for start in ("load", "create"):
+        with pytest.raises(ConfigError, match=rf"table name must not be '{re.escape(name)}'"):
+            manager = make_manager(table_name=name, **options)
+            if start == "load":
+                manager.load_replay_buffer()
+            else:
+                manager.create_replay_buffer(overwrite=True)
+    with pytest.raises(ConfigError, match=rf"table name must not be '{re.escape(name)}'"):
+        make_manager(extra_tables=[TableConfig(name=name, capacity=100)], **options)
+    assert without_lock(tree_digest(root)) == before
+    loaded = make_manager(**options)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == frames
+
+
+@pytest.mark.parametrize("kind", ["outside", "loop"])
+@pytest.mark.parametrize("start", ["create", "load"])
+def test_a_linked_memmap_table_directory_is_refused_and_nothing_is_touched(
+    make_manager, tmp_path, kind, start
+):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, "local", root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "field0.memmap").write_text("not replay_service's")
+    (outside / "notes.txt").write_text("not replay_service's")
+    table = make_manager(backend="local", checkpoint_dir=str(root)).table_name
+    link = root / ".memmap" / table
+    link.parent.mkdir()
+    os.symlink(outside if kind == "outside" else link, link)
+    outside_before, root_before = tree_digest(outside), digest_except(root, root / ".memmap")
+
+    manager = memmap_manager(make_manager, root)
+    with pytest.raises(CheckpointError, match=rf"'{link}' is a symbolic link"):
+        if start == "load":
+            manager.load_replay_buffer()
+        else:
+            manager.create_replay_buffer(overwrite=True)
+    manager.close()
+    assert tree_digest(outside) == outside_before
+    assert digest_except(root, root / ".memmap") == root_before  # no checkpoint moved
+    assert not (root / "corrupt").exists()
+    assert os.path.islink(link)
+
+    os.remove(link)
+    loaded = memmap_manager(make_manager, root)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == frames
+
+
+def test_a_memmap_table_directory_keeps_what_it_did_not_create(make_manager, tmp_path):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, "local", root)
+    table = make_manager(backend="local", checkpoint_dir=str(root)).table_name
+    scratch = root / ".memmap" / table
+    scratch.mkdir(parents=True)
+    (scratch / "field0.memmap").write_bytes(b"an earlier buffer's file")
+    (scratch / "notes.txt").write_text("not replay_service's")
+    before = without_lock(tree_digest(root))
+    manager = memmap_manager(make_manager, root)
+    with pytest.raises(CheckpointError, match=rf"'{scratch}' holds entries .*'notes.txt'"):
+        manager.load_replay_buffer()
+    manager.close()
+    assert without_lock(tree_digest(root)) == before
+
+    os.remove(scratch / "notes.txt")  # an earlier buffer's files alone are replaced
+    loaded = memmap_manager(make_manager, root)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == frames
+    assert (scratch / "field0.memmap").stat().st_size > len(b"an earlier buffer's file")
+
+
+def test_memmap_directories_get_explicit_modes_under_umask_000(make_manager, tmp_path):
+    root = tmp_path / "ckpt"
+    old = os.umask(0)
+    try:
+        manager = memmap_manager(make_manager, root)
+        manager.create_replay_buffer()
+        write_items(manager, 0, 3)
+    finally:
+        os.umask(old)
+    scratch = root / ".memmap" / manager.table_name
+    modes = {
+        os.path.relpath(path, root): stat.S_IMODE(os.lstat(path).st_mode)
+        for path in [root / ".memmap", scratch, *scratch.iterdir()]
+    }
+    assert len(modes) > 2
+    assert {p: oct(m) for p, m in modes.items() if m & 0o027} == {}
+    assert modes[".memmap"] == modes[os.path.relpath(scratch, root)] == 0o750
 
 
 # ------------------------------------------------------------ the other backend's checkpoints

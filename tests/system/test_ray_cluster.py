@@ -4,6 +4,7 @@ docs/operations.md, a shard killed and restarted, actors that Ray cannot place."
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from typing import Any
@@ -17,7 +18,7 @@ from readme_blocks import DOCS, doc_block, shrink
 from replay_service import ReplayBufferManager
 from replay_service.distributed.ray_cluster import start_collector, start_shards
 from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
-from replay_service.errors import ReplayServiceError, ServerUnavailableError
+from replay_service.errors import ConfigError, ReplayServiceError, ServerUnavailableError
 
 CAPACITY = 100_000  # configs/cartpole.toml
 INTERVAL_S = 1.0
@@ -130,6 +131,18 @@ def test_shard_that_ray_cannot_place_fails_within_its_bound(local_ray, tmp_path)
     assert not (tmp_path / "shards").exists() or not any((tmp_path / "shards").iterdir())
     # The pending actors were killed: the CPUs are free for shards that fit.
     assert ray.available_resources().get("CPU") == 2.0
+
+
+def test_a_bad_start_timeout_is_refused_before_any_actor_starts(local_ray, tmp_path, data_spec):
+    config = ShardedConfig(addresses=("localhost:1", "localhost:2"))
+    for timeout in (float("nan"), -1, 0, None, float("inf"), True, "5"):
+        expected = rf"start_timeout_s must be a finite number > 0 .*got {re.escape(repr(timeout))}"
+        with pytest.raises(ConfigError, match=expected):
+            start_shards(CARTPOLE_CONFIG, 2, tmp_path / "shards", start_timeout_s=timeout)
+        with pytest.raises(ConfigError, match=expected):
+            start_collector(config, 0, data_spec, CAPACITY, start_timeout_s=timeout)
+    assert not (tmp_path / "shards").exists()
+    assert ray.available_resources().get("CPU") == 2.0  # no actor holds a reservation
 
 
 def test_collector_that_ray_cannot_place_fails_within_its_bound(local_ray, data_spec):

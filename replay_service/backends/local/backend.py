@@ -26,7 +26,7 @@ import tree
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
-from replay_service.backends.local.table import LocalTable, check_local_table
+from replay_service.backends.local.table import LocalTable, check_local_table, check_scratch_dir
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
 from replay_service.specs.nests import describe_spec
@@ -357,6 +357,7 @@ class LocalBackend(Backend):
         self._reopen()
         store.lock()
         try:
+            self._check_scratch()  # before prepare_new deletes anything
             store.prepare_new(self.metadata, overwrite=overwrite)
             self._start()
         except BaseException:
@@ -379,6 +380,9 @@ class LocalBackend(Backend):
         self._reopen()
         store.lock()
         try:
+            # A refused scratch directory must fail the load, not each restore: a restore
+            # that fails is taken for a damaged checkpoint and moved aside.
+            self._check_scratch()
             store.ensure_dirs()
             store.clean_staging(self.metadata)
             self.restored_from = store.restore_newest(self._restore, self._discard, backend="local")
@@ -480,6 +484,16 @@ class LocalBackend(Backend):
         for table in self._tables.values():
             if table.nbytes:
                 self._scratch_made.add(self._scratch_dir(table.name))
+
+    def _check_scratch(self) -> None:
+        """Checks every table's memory-mapped directory ("memmap"; `check_scratch_dir`).
+
+        Raises:
+          CheckpointError: If one cannot be used; nothing is changed.
+        """
+        if self._storage == "memmap":
+            for config in self._configs:
+                check_scratch_dir(self._scratch_dir(config.name))
 
     def _scratch_dir(self, name: str) -> str:
         return os.path.join(self._store.root, MEMMAP_DIR, name)

@@ -31,7 +31,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import shutil
+import re
+import stat
 import tempfile
 import threading
 import time
@@ -45,10 +46,12 @@ from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
 from replay_service.errors import (
     BufferStateError,
+    CheckpointError,
     ConfigError,
     ManagerClosedError,
     SpecMismatchError,
 )
+from replay_service.storage.file_modes import DIR_MODE, make_dirs
 
 LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
 LOCAL_REMOVERS = ("fifo",)
@@ -56,6 +59,8 @@ STORAGES = ("memory", "memmap")
 # A checkpoint writes the storage in place when the items, oldest first, occupy fewer than this
 # many runs of consecutive slots (a ring buffer: at most two), else it copies them in order.
 MAX_VIEW_RUNS = 16
+# The files of a table's memory-mapped storage (`_allocate`): the only ones it ever deletes.
+_SCRATCH_FILE = re.compile(r"field[0-9]+\.memmap")
 
 # Reverb's item keys are uint64; these start above 0 so that a key is never 0.
 _FIRST_KEY = 1
@@ -507,16 +512,16 @@ class LocalTable:
 
         Raises:
           ConfigError: If the disk of `scratch_dir` cannot hold the memory-mapped files.
+          CheckpointError: If `scratch_dir` cannot be used (`prepare_scratch_dir`).
         """
         capacity = self.config.capacity
         directory = None
         if self._storage_kind == "memmap":
-            directory = self._scratch_dir or tempfile.mkdtemp(prefix="replay_memmap_")
-            if os.path.isdir(directory):
-                # Files of an earlier buffer of this directory (closed, or a failed restore):
-                # their items live in the checkpoints.
-                shutil.rmtree(directory)
-            os.makedirs(directory)
+            if self._scratch_dir is None:
+                directory = tempfile.mkdtemp(prefix="replay_memmap_")
+            else:
+                directory = self._scratch_dir
+                prepare_scratch_dir(directory)
             _reserve_files(
                 [
                     (
@@ -546,6 +551,93 @@ class LocalTable:
                 tensor = torch.empty((capacity, *shape), dtype=torch_dtype)
             columns.append(tensor.numpy())
         return columns
+
+
+def check_scratch_dir(directory: str) -> None:
+    """Checks, without changing anything, that `directory` can hold a table's memory-mapped
+    files (see `prepare_scratch_dir`): run it before anything is deleted or restored.
+
+    Args:
+      directory: The table's scratch directory, `<checkpoint_dir>/.memmap/<table name>`.
+
+    Raises:
+      CheckpointError: If the directory's name is not a plain file name, if it or its parent
+        is a symbolic link or not a directory, or if it holds anything but the files of an
+        earlier buffer (`field<N>.memmap` regular files); the message names the path.
+    """
+    name, parent = os.path.basename(directory), os.path.dirname(directory)
+    if name in ("", ".", ".."):
+        raise CheckpointError(
+            f"{directory!r} is not a directory of its own for memory-mapped files: its last "
+            f"component {name!r} is not a plain file name"
+        )
+    try:
+        for path in (parent, directory):
+            if os.path.islink(path):
+                raise CheckpointError(
+                    f"{path!r} is a symbolic link (to {_link_target(path)!r}); the memory-mapped "
+                    "storage writes and deletes there and never follows links. Nothing was "
+                    "changed: remove the link"
+                )
+            if os.path.lexists(path) and not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise CheckpointError(
+                    f"{path!r} exists and is not a directory; the memory-mapped storage needs a "
+                    "directory there. Nothing was changed: move it aside"
+                )
+        if not os.path.lexists(directory):
+            return
+        foreign = [
+            entry
+            for entry in sorted(os.listdir(directory))
+            if not _SCRATCH_FILE.fullmatch(entry)
+            or not stat.S_ISREG(os.lstat(os.path.join(directory, entry)).st_mode)
+        ]
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot use {directory!r} for memory-mapped files: {e.strerror or e}"
+        ) from e
+    if foreign:
+        raise CheckpointError(
+            f"{directory!r} holds entries the memory-mapped storage did not create "
+            f"({', '.join(repr(e) for e in foreign[:5])}); nothing was deleted: move them aside"
+        )
+
+
+def prepare_scratch_dir(directory: str) -> None:
+    """Makes `directory` an empty, real directory (mode `DIR_MODE`) for memory-mapped files.
+
+    Its parent (`<checkpoint_dir>/.memmap`) is created (mode `DIR_MODE`) if missing. Files that
+    an earlier buffer of this directory left there (`field<N>.memmap` regular files: a closed
+    buffer, a failed restore, a crash; their items live in the checkpoints) are deleted;
+    nothing else is ever deleted, and no symbolic link is followed.
+
+    Args:
+      directory: The table's scratch directory, `<checkpoint_dir>/.memmap/<table name>`.
+
+    Raises:
+      CheckpointError: If `check_scratch_dir` refuses it (nothing was deleted then), or it
+        cannot be created or emptied; the message names the path.
+    """
+    check_scratch_dir(directory)
+    try:
+        make_dirs(os.path.dirname(directory))
+        with contextlib.suppress(FileExistsError):  # checked above: a real directory
+            os.mkdir(directory, DIR_MODE)
+        os.chmod(directory, DIR_MODE)
+        for entry in os.listdir(directory):  # an earlier buffer's files (checked above)
+            if _SCRATCH_FILE.fullmatch(entry):
+                os.unlink(os.path.join(directory, entry))
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot use {directory!r} for memory-mapped files: {e.strerror or e}"
+        ) from e
+
+
+def _link_target(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 def _reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
