@@ -45,12 +45,14 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
         (["--config=/nonexistent/replay.toml"], "/nonexistent/replay.toml"),
         (["frobnicate"], "frobnicate"),
         (["status"], "--address"),
+        (["--verbosity=abc"], "abc"),
     ],
     "replay-populate": [
         (["--buffer-name=b", "--capacity=0"], "capacity"),
         (["--buffer-name=b", "--env=NoSuchEnv-v0"], "NoSuchEnv-v0"),
         (["--buffer-name=b", "--nosuchflag"], "nosuchflag"),
         (["--capacity=10"], "--buffer-name"),
+        (["--buffer-name=b", "--verbosity", "abc"], "abc"),
     ],
 }
 
