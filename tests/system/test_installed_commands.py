@@ -46,6 +46,9 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
         (["frobnicate"], "frobnicate"),
         (["status"], "--address"),
         (["--verbosity=abc"], "abc"),
+        (["--metrics_port=70000"], "70000"),
+        (["--summary_interval_s=0"], "--summary_interval_s"),
+        (["--tensorboard_dir=/proc/version/tb"], "/proc/version"),
     ],
     "replay-populate": [
         (["--buffer-name=b", "--capacity=0"], "capacity"),
