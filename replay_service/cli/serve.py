@@ -180,18 +180,38 @@ def _serve() -> int:
             "/metrics",
             flush=True,
         )
-    while not stop.signals:
-        time.sleep(_POLL_S)
-    for close in reversed(exporters):
-        close()
-    print("replay-server: stopping: no more writes are confirmed; final checkpoint", flush=True)
     try:
-        final = server.stop(final_checkpoint=True)
-    except ReplayServiceError as e:
-        print(f"replay-server: error: final checkpoint failed: {e}", file=sys.stderr, flush=True)
-        return 1
-    print(f"replay-server stopped; final checkpoint {final.path if final else 'none'}", flush=True)
-    return 0
+        while not stop.signals:
+            time.sleep(_POLL_S)
+        for close in reversed(exporters):
+            close()
+        print("replay-server: stopping: no more writes are confirmed; final checkpoint", flush=True)
+        try:
+            final = server.stop(final_checkpoint=True)
+        except ReplayServiceError as e:
+            print(
+                f"replay-server: error: final checkpoint failed: {e}", file=sys.stderr, flush=True
+            )
+            return 1
+        print(
+            f"replay-server stopped; final checkpoint {final.path if final else 'none'}",
+            flush=True,
+        )
+        return 0
+    finally:
+        _ignore_stop_signals()
+
+
+def _ignore_stop_signals() -> None:
+    """Makes the kernel drop SIGTERM and SIGINT for the rest of the process's life.
+
+    After `main` returns, the interpreter's shutdown (TensorFlow's and Reverb's teardown) takes
+    a while, and Python puts the default action back in place of a Python handler while it
+    finalizes: a signal then killed the process with 143 after its final checkpoint. An
+    ignored signal stays ignored.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _start_metrics(stats: _LateStats) -> Any:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -184,6 +186,24 @@ def test_refuses_existing_checkpoints_and_a_port_in_use(start_server):
     again, _ = start_server(wait=False)
     code, output = again.finish(sig=None)
     assert code == 2 and "--restore" in output and "--overwrite" in output
+
+
+def test_signals_repeated_until_it_exits_still_give_exit_0(start_server, tmp_path):
+    server, _ = start_server("--checkpoint_interval_s=0")
+    server.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    sent = 0
+    # Through the final checkpoint and the interpreter's shutdown after it.
+    while server.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        sent += 1
+        with contextlib.suppress(ProcessLookupError):
+            server.proc.send_signal(signal.SIGINT if sent % 3 == 0 else signal.SIGTERM)
+    code, output = server.finish(sig=None)
+    assert code == 0, output
+    assert "replay-server stopped; final checkpoint" in output, output
+    assert "already stopping" in output, output
+    assert os.listdir(tmp_path / "server_ckpt" / CHECKPOINTS_DIR)
 
 
 def test_a_bad_exporter_flag_with_overwrite_keeps_the_checkpoints(start_server, tmp_path):
