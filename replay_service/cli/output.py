@@ -95,7 +95,8 @@ def verbose_requested(
     """Whether the user asked for every library's log lines.
 
     Args:
-      argv: The command line (default `sys.argv`); `--verbosity=N` or `-v N` with N >= 0 asks.
+      argv: The command line (default `sys.argv`); `--verbosity=N` or `-v N` with N >= 0 asks;
+        a value that is not an integer does not (the tool refuses it).
       environ: The environment (default `os.environ`); `REPLAY_SERVICE_VERBOSE=1` asks.
 
     Returns:
@@ -113,12 +114,27 @@ def verbose_requested(
         if name not in _VERBOSITY_FLAGS:
             continue
         if not has_value:
-            value = args[index + 1] if index + 1 < len(args) else "0"
-        try:
-            return int(value) >= 0
-        except ValueError:
-            return True
+            if index + 1 == len(args):
+                return False  # a flag without its value: absl reports it
+            value = args[index + 1]
+        level = _parse_level(value)
+        return level is not None and level >= 0
     return False
+
+
+def _parse_level(value: str) -> int | None:
+    """`value` as absl's integer flags read it (`0x` and `0o` prefixes too), or None.
+
+    A value absl refuses asks for nothing: the tool then reports the bad flag as its one line
+    of output, which library banners printed before it would bury.
+    """
+    base = 10
+    if len(value) > 2 and value[0] == "0" and value[1] in "ox":
+        base = 8 if value[1] == "o" else 16
+    try:
+        return int(value, base)
+    except ValueError:
+        return None
 
 
 def configure(argv: Sequence[str] | None = None) -> bool:

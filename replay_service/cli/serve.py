@@ -21,13 +21,14 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from absl import app, flags, logging
 
 from replay_service.cli import flags_parser, show_flags_in_help, usage_error
 from replay_service.config.files import load_config
-from replay_service.errors import ReplayServiceError
+from replay_service.errors import ReplayServiceError, ServerUnavailableError
 
 _CONFIG = flags.DEFINE_string("config", None, "TOML config file (see configs/). Default: built-in.")
 _PORT = flags.DEFINE_integer("port", None, "Port to listen on; overrides server.port.")
@@ -100,6 +101,37 @@ class _StopFlag:
             os.write(2, b"replay-server: already stopping (final checkpoint in progress)\n")
 
 
+class _LateStats:
+    """The stats reader of the metrics endpoint, which starts before the server it reports on.
+
+    Binding the metrics port first makes a taken port or a bad address fail before the server
+    touches the checkpoint directory (with --overwrite: deletes its checkpoints). Until `read`
+    is set, a scrape reports `replay_up 0`.
+    """
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Any] | None = None
+
+    def __call__(self) -> Any:
+        if self.read is None:
+            raise ServerUnavailableError("replay-server is still starting")
+        return self.read()
+
+
+def _check_exporter_flags() -> None:
+    """Refuses bad stats-exporter flags, writing nothing.
+
+    Raises:
+      ConfigError: If --summary_interval_s is not a positive number of seconds, or
+        --tensorboard_dir is not (and cannot be created as) a writable directory.
+    """
+    from replay_service.monitoring.summaries import check_interval, check_logdir
+
+    check_interval(_SUMMARY_INTERVAL.value, "--summary_interval_s")
+    if _TENSORBOARD_DIR.value:
+        check_logdir(_TENSORBOARD_DIR.value, "--tensorboard_dir")
+
+
 def _serve() -> int:
     from replay_service.backends.reverb.server import serve_config
 
@@ -111,10 +143,20 @@ def _serve() -> int:
         server__keep_checkpoints=_KEEP.value,
     )
     restore = True if _RESTORE.value else (None if _RESTORE_IF_EXISTS.value else False)
+    # Every flag is checked, and the metrics port bound, before the checkpoint directory is
+    # touched: a bad flag must not cost the checkpoints that --overwrite deletes.
+    _check_exporter_flags()
+    stats = _LateStats()
+    metrics = _start_metrics(stats)
     stop = _StopFlag()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    server = serve_config(config, restore=restore, overwrite=_OVERWRITE.value)
+    try:
+        server = serve_config(config, restore=restore, overwrite=_OVERWRITE.value)
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
     restored = server.restored_from
     logging.warning(
         "replay-server: %s listening on port %d (all interfaces, no authentication); "
@@ -130,36 +172,91 @@ def _serve() -> int:
         config.server.checkpoint_dir,
         f"restored {restored.path}" if restored else "started empty",
     )
-    exporters = _start_exporters(server)
+    exporters = _start_exporters(server, stats, metrics)
     print(f"replay-server listening on port {server.port}", flush=True)
-    while not stop.signals:
-        time.sleep(_POLL_S)
-    for close in reversed(exporters):
-        close()
-    print("replay-server: stopping: no more writes are confirmed; final checkpoint", flush=True)
+    if metrics is not None:
+        print(
+            f"replay-server metrics on http://{_METRICS_ADDRESS.value}:{_METRICS_PORT.value}"
+            "/metrics",
+            flush=True,
+        )
     try:
-        final = server.stop(final_checkpoint=True)
-    except ReplayServiceError as e:
-        print(f"replay-server: error: final checkpoint failed: {e}", file=sys.stderr, flush=True)
-        return 1
-    print(f"replay-server stopped; final checkpoint {final.path if final else 'none'}", flush=True)
-    return 0
+        while not stop.signals:
+            time.sleep(_POLL_S)
+        for close in reversed(exporters):
+            close()
+        print("replay-server: stopping: no more writes are confirmed; final checkpoint", flush=True)
+        try:
+            final = server.stop(final_checkpoint=True)
+        except ReplayServiceError as e:
+            print(
+                f"replay-server: error: final checkpoint failed: {e}", file=sys.stderr, flush=True
+            )
+            return 1
+        print(
+            f"replay-server stopped; final checkpoint {final.path if final else 'none'}",
+            flush=True,
+        )
+        return 0
+    finally:
+        _ignore_stop_signals()
 
 
-def _start_exporters(server: Any) -> list[Any]:
-    """Starts the stats exporters the flags ask for; returns their close functions."""
+def _ignore_stop_signals() -> None:
+    """Makes the kernel drop SIGTERM and SIGINT for the rest of the process's life.
+
+    After `main` returns, the interpreter's shutdown (TensorFlow's and Reverb's teardown) takes
+    a while, and Python puts the default action back in place of a Python handler while it
+    finalizes: a signal then killed the process with 143 after its final checkpoint. An
+    ignored signal stays ignored.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start_metrics(stats: _LateStats) -> Any:
+    """Serves --metrics_port (when given) with `stats`; returns the endpoint or None.
+
+    Raises:
+      ConfigError: If the port is out of range or prometheus-client is missing.
+      PortInUseError: If the port is taken.
+      ServerError: If the address cannot be bound.
+    """
+    if _METRICS_PORT.value is None:
+        return None
+    from replay_service.monitoring.metrics import start_metrics_server
+
+    return start_metrics_server(stats, _METRICS_PORT.value, _METRICS_ADDRESS.value)
+
+
+def _start_exporters(server: Any, stats: _LateStats, metrics: Any) -> list[Any]:
+    """Points the metrics endpoint at the server and starts the TensorBoard writer.
+
+    Args:
+      server: The running server.
+      stats: The metrics endpoint's reader, pointed at the server's stats here.
+      metrics: The metrics endpoint already started (`_start_metrics`), or None.
+
+    Returns:
+      Close functions, in the order the exporters started (the metrics endpoint first).
+
+    Raises:
+      ReplayServiceError: If an exporter cannot start; the exporters and the server are
+        stopped first.
+    """
     from replay_service.monitoring.stats import StatsTracker, checkpoint_stats
 
-    tracker = StatsTracker(server.client, timeout=_TIMEOUT.value)
-    tracker.read(wait_for_rates=False)  # the start of the first rate window
-
-    def read_stats() -> Any:
-        return tracker.read(
-            checkpoint_stats(server.last_checkpoint, server.last_checkpoint_duration_s)
-        )
-
-    closers: list[Any] = []
+    closers: list[Any] = [] if metrics is None else [metrics.close]
     try:
+        tracker = StatsTracker(server.client, timeout=_TIMEOUT.value)
+        tracker.read(wait_for_rates=False)  # the start of the first rate window
+
+        def read_stats() -> Any:
+            return tracker.read(
+                checkpoint_stats(server.last_checkpoint, server.last_checkpoint_duration_s)
+            )
+
+        stats.read = read_stats
         if _TENSORBOARD_DIR.value:
             from replay_service.monitoring.summaries import StatsSummaryWriter
 
@@ -168,16 +265,6 @@ def _start_exporters(server: Any) -> list[Any]:
             )
             writer.start()
             closers.append(writer.close)
-        if _METRICS_PORT.value is not None:
-            from replay_service.monitoring.metrics import start_metrics_server
-
-            metrics = start_metrics_server(read_stats, _METRICS_PORT.value, _METRICS_ADDRESS.value)
-            closers.append(metrics.close)
-            print(
-                f"replay-server metrics on http://{_METRICS_ADDRESS.value}:{_METRICS_PORT.value}"
-                "/metrics",
-                flush=True,
-            )
     except BaseException:
         for close in reversed(closers):
             close()

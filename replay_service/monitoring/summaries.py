@@ -47,6 +47,34 @@ def check_interval(interval_s: object, name: str = "summary_interval_s") -> floa
     return float(interval_s)
 
 
+def check_logdir(logdir: str | os.PathLike[str], name: str = "summary directory") -> str:
+    """Checks, without writing, that `logdir` is (or can be created as) a writable directory.
+
+    Args:
+      logdir: The directory the event file goes to.
+      name: How the error names it (e.g. "--tensorboard_dir").
+
+    Returns:
+      `logdir` as a string.
+
+    Raises:
+      ConfigError: If it, or the nearest existing path above it, is not a directory, or that
+        directory is not writable; the message names both paths.
+    """
+    path = os.fspath(logdir)
+    if not path:
+        raise ConfigError(f"{name} must be a directory path, got {path!r}")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        blocker = "" if existing == os.path.abspath(path) else f" ({existing!r} is a file)"
+        raise ConfigError(f"{name} {path!r} is not a directory{blocker}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name} {path!r} is not writable ({existing!r})")
+    return path
+
+
 class StatsSummaryWriter:
     """Writes `read_stats()` as TensorBoard scalars into `logdir` every `interval_s` seconds.
 

@@ -50,7 +50,7 @@ from replay_service.backends.reverb.internals import (
     read_stored_tables,
     verify_files,
 )
-from replay_service.config.options import Timeouts
+from replay_service.config.options import Timeouts, require_int
 from replay_service.errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -234,8 +234,8 @@ class PopulateConfig:
         for name in ("steps_per_run", "num_runs", "num_envs"):
             _require_positive_int(name, getattr(self, name))
         for name in ("capacity", "sequence_length"):
-            if getattr(self, name) is not None:
-                _require_positive_int(name, getattr(self, name))
+            if getattr(self, name) is not None:  # checked before populate creates output_dir
+                require_int(name, getattr(self, name), 1, what="a positive integer")
         if self.seed is not None and (
             isinstance(self.seed, bool)
             or not isinstance(self.seed, int)
@@ -394,8 +394,8 @@ def load_data_spec(value: str) -> Any:
 
     Raises:
       ConfigError: If the value has neither form, the environment is unknown, the module or
-        attribute cannot be imported, the function fails, or what it returns is not a
-        `Trajectory` of specs; the message names the value.
+        attribute cannot be imported, the function fails (or calls `sys.exit`), or what it
+        returns is not a `Trajectory` of specs; the message names the value.
     """
     if not isinstance(value, str) or ":" not in value:
         raise ConfigError(
@@ -431,6 +431,10 @@ def _import_data_spec(value: str) -> Any:
         sys.path.append(os.getcwd())
     try:
         found: Any = importlib.import_module(module_name)
+    except SystemExit as e:
+        raise ConfigError(
+            f"--data-spec {value!r}: importing module {module_name!r} called sys.exit({e.code!r})"
+        ) from None
     except Exception as e:
         raise ConfigError(
             f"--data-spec {value!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}"
@@ -445,6 +449,10 @@ def _import_data_spec(value: str) -> Any:
         return found
     try:
         return found()
+    except SystemExit as e:  # the user's code must not end the command with its own status
+        raise ConfigError(
+            f"--data-spec {value!r}: {attribute}() called sys.exit({e.code!r})"
+        ) from None
     except Exception as e:
         raise ConfigError(
             f"--data-spec {value!r}: {attribute}() failed: {type(e).__name__}: {e}"

@@ -156,5 +156,10 @@ def test_only_the_tools_are_quieted_and_verbosity_is_read_from_the_command_line(
     assert cli_output.verbose_requested(["p", "-v", "1"], {})
     assert not cli_output.verbose_requested(["p", "--verbosity=-1"], {})
     assert not cli_output.verbose_requested(["p", "--", "--verbosity=1"], {})
+    # A value absl refuses asks for nothing: the tool's error stays its only line.
+    assert not cli_output.verbose_requested(["p", "--verbosity=abc"], {})
+    assert not cli_output.verbose_requested(["p", "-v", "abc"], {})
+    assert not cli_output.verbose_requested(["p", "--verbosity"], {})
+    assert cli_output.verbose_requested(["p", "--verbosity=0x1"], {})
     assert cli_output.verbose_requested(["p"], {cli_output.VERBOSE_ENV: "1"})
     assert not cli_output.verbose_requested(["p"], {cli_output.VERBOSE_ENV: "0"})

@@ -45,12 +45,18 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
         (["--config=/nonexistent/replay.toml"], "/nonexistent/replay.toml"),
         (["frobnicate"], "frobnicate"),
         (["status"], "--address"),
+        (["--verbosity=abc"], "abc"),
+        (["--metrics_port=70000"], "70000"),
+        (["--summary_interval_s=0"], "--summary_interval_s"),
+        (["--tensorboard_dir=/proc/version/tb"], "/proc/version"),
     ],
     "replay-populate": [
         (["--buffer-name=b", "--capacity=0"], "capacity"),
         (["--buffer-name=b", "--env=NoSuchEnv-v0"], "NoSuchEnv-v0"),
         (["--buffer-name=b", "--nosuchflag"], "nosuchflag"),
         (["--capacity=10"], "--buffer-name"),
+        (["--buffer-name=b", "--verbosity", "abc"], "abc"),
+        (["--buffer-name=b", "--capacity=99999999999"], "99999999999"),
     ],
 }
 
@@ -125,6 +131,27 @@ def test_a_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert named in lines[0], lines[0]
     assert not out.exists(), sorted(str(p) for p in out.rglob("*"))
     assert [p.name for p in tmp_path.iterdir()] == [], list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("source", "named"),
+    [
+        ("def spec():\n    raise SystemExit(5)\n", "spec() called sys.exit(5)"),
+        ("import sys\nsys.exit('bye')\n", "called sys.exit('bye')"),
+    ],
+)
+def test_a_data_spec_that_exits_is_one_error_line(source: str, named: str, tmp_path: Path) -> None:
+    (tmp_path / "exiting_spec.py").write_text(source)
+    result = _run(
+        "replay-populate", "--buffer-name=b", f"--output-dir={tmp_path / 'out'}",
+        f"--copy-to={tmp_path / 'run'}", "--data-spec=exiting_spec:spec", cwd=tmp_path,
+    )  # fmt: skip
+    _no_traceback(result)
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert "exiting_spec:spec" in lines[0] and named in lines[0], lines[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
 
 
 def test_replay_demo_collects_checkpoints_and_restores(tmp_path: Path) -> None:

@@ -454,6 +454,7 @@ def test_a_failing_policy_fails_the_run_and_removes_the_partial_buffer(tmp_path)
         ({"buffer_name": ".hidden"}, "buffer name '.hidden' must not start with '.'"),
         ({"capacity": 0}, "capacity must be a positive integer, got 0"),
         ({"capacity": -3}, "capacity must be a positive integer, got -3"),
+        ({"capacity": 2**31}, "capacity must be an integer in 1..2147483647"),
         ({"steps_per_run": 0}, "steps_per_run must be a positive integer, got 0"),
         ({"num_runs": -1}, "num_runs must be a positive integer, got -1"),
         ({"num_envs": 0}, "num_envs must be a positive integer, got 0"),

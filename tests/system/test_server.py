@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from conftest import (
     REPO,
     all_items,
     collect,
+    tree_digest,
     wait_for_adoption,
 )
 from replay_service import ConfigError, ReplayBufferManager
@@ -183,6 +186,49 @@ def test_refuses_existing_checkpoints_and_a_port_in_use(start_server):
     again, _ = start_server(wait=False)
     code, output = again.finish(sig=None)
     assert code == 2 and "--restore" in output and "--overwrite" in output
+
+
+def test_signals_repeated_until_it_exits_still_give_exit_0(start_server, tmp_path):
+    server, _ = start_server("--checkpoint_interval_s=0")
+    server.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    sent = 0
+    # Through the final checkpoint and the interpreter's shutdown after it.
+    while server.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        sent += 1
+        with contextlib.suppress(ProcessLookupError):
+            server.proc.send_signal(signal.SIGINT if sent % 3 == 0 else signal.SIGTERM)
+    code, output = server.finish(sig=None)
+    assert code == 0, output
+    assert "replay-server stopped; final checkpoint" in output, output
+    assert "already stopping" in output, output
+    assert os.listdir(tmp_path / "server_ckpt" / CHECKPOINTS_DIR)
+
+
+def test_a_bad_exporter_flag_with_overwrite_keeps_the_checkpoints(start_server, tmp_path):
+    server, _ = start_server("--checkpoint_interval_s=0")
+    assert server.finish(signal.SIGTERM)[0] == 0
+    root = tmp_path / "server_ckpt"
+    before = tree_digest(root)
+    assert os.listdir(root / CHECKPOINTS_DIR)
+    (tmp_path / "a_file").write_text("x")
+    cases = [
+        (["--metrics_port=70000"], "70000"),
+        (["--metrics_port=9", "--metrics_address=999.1.1.1"], "999.1.1.1"),
+        ([f"--tensorboard_dir={tmp_path / 'tb'}", "--summary_interval_s=0"], "summary_interval"),
+        ([f"--tensorboard_dir={tmp_path / 'a_file' / 'tb'}"], "a_file"),
+    ]
+    for flags, named in cases:
+        refused, _ = start_server("--overwrite", *flags, wait=False)
+        code, output = refused.finish(sig=None, timeout=120)
+        assert code == 2, output
+        # TF_CPP_MIN_LOG_LEVEL=2 (ServerProcess) lets TensorFlow's import lines through.
+        own = [line for line in output.splitlines() if "replay-server" in line]
+        assert len(own) == 1 and own[0].startswith("replay-server: error:"), output
+        assert named in own[0], output
+        assert tree_digest(root) == before, flags
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "server_ckpt"]
 
 
 @pytest.mark.parametrize(
