@@ -177,14 +177,15 @@ def all_items(client: reverb.Client, table: str, expected: int) -> dict[int, lis
 class ServerProcess:
     """The installed `replay-server` as a subprocess whose output is collected by a thread."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, command: list[str] | None = None, cwd: Any = REPO) -> None:
+        """Starts `replay-server *args`, or `command` as given (e.g. a documented command line)."""
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         self.proc = subprocess.Popen(
-            [os.path.join(os.path.dirname(sys.executable), "replay-server"), *args],
+            command or [os.path.join(os.path.dirname(sys.executable), "replay-server"), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            cwd=REPO,
+            cwd=cwd,
             env=env,
         )
         self.output: list[str] = []

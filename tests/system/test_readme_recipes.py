@@ -13,15 +13,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from conftest import REPO, START_TIMEOUT_S, wait_for_adoption
+from conftest import REPO, ServerProcess, wait_for_adoption
 from readme_blocks import DOCS, README, doc_block, readme_block, shell_commands, shrink
 from replay_service import CheckpointStore, ReplayBufferManager
 from replay_service.backends.reverb.connection import pick_free_port
@@ -68,44 +66,24 @@ def run_command(words: list[str], cwd: Path, timeout: float = 180) -> str:
     return output
 
 
-class Server:
+class Server(ServerProcess):
     """A documented `replay-server` command in the background, its output read by a thread."""
 
     def __init__(self, words: list[str], cwd: Path) -> None:
         self.words = words
-        self.proc = subprocess.Popen(
-            words,
-            cwd=cwd,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.output: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
+        super().__init__(command=words, cwd=cwd)
 
     def wait_listening(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if any(line.startswith("replay-server listening on port") for line in self.output):
-                return
-            time.sleep(0.05)
-        self.proc.kill()
-        raise AssertionError(f"{self.words} did not start:\n{''.join(self.output)}")
+        try:
+            super().wait_listening()
+        except AssertionError:
+            self.proc.kill()
+            raise
 
     def stop(self) -> str:
         """SIGTERM (the final checkpoint); fails the test unless it exits 0."""
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=120)
-        self._reader.join(timeout=10)
-        output = "".join(self.output)
-        assert self.proc.returncode == 0, f"{self.words} exited {self.proc.returncode}:\n{output}"
+        code, output = self.finish(signal.SIGTERM, timeout=120)
+        assert code == 0, f"{self.words} exited {code}:\n{output}"
         return output
 
 
