@@ -471,6 +471,38 @@ def test_server_down_gives_a_clear_error_within_the_timeout(make_manager):
     assert time.monotonic() - start < 20
 
 
+def test_pick_free_port_never_hands_out_a_port_twice_in_one_process():
+    from replay_service.backends.reverb.connection import pick_free_port
+
+    ports = [pick_free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+
+
+def test_a_client_whose_first_call_stalls_is_replaced_within_the_timeout():
+    from replay_service.backends.reverb.connection import first_answer, pick_free_port
+
+    server = reverb.Server(
+        [reverb.Table.queue("q", 10)], port=pick_free_port()
+    )  # a live server for the second client
+    addresses = [f"localhost:{pick_free_port()}", f"localhost:{server.port}"]
+    made: list[str] = []
+
+    def new_client() -> reverb.Client:
+        made.append(addresses[min(len(made), 1)])
+        return reverb.Client(made[-1])
+
+    try:
+        client = first_answer(new_client, 6.0)
+        assert client.server_address == addresses[1]
+        assert made == addresses
+        dead = addresses[0]
+        with pytest.raises(ServerUnavailableError, match=rf"{dead}.*within 3.0 s") as raised:
+            first_answer(lambda: reverb.Client(dead), 3.0)
+        assert "did not complete" in str(raised.value)
+    finally:
+        server.stop()
+
+
 def test_bad_server_address_is_refused(make_manager):
     with pytest.raises(ConfigError, match="host:port"):
         make_manager(server_address="nonsense", checkpoint_dir=None).load_replay_buffer()

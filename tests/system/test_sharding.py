@@ -38,7 +38,7 @@ from replay_service.storage.store import REVERB_DONE_FILE
 TABLE = "uniform_table"
 CAPACITY = 100_000  # configs/cartpole.toml
 NUM_SHARDS = 3
-TIMEOUTS = Timeouts(connect=3.0, write=10.0, sample=1.0, checkpoint=60.0)
+TIMEOUTS = Timeouts(connect=10.0, write=10.0, sample=1.0, checkpoint=60.0)
 ADOPT_WAIT_S = 15.0
 WRITE_LIMIT_S = 5.0  # 1000 items take well under a second
 MID = 1

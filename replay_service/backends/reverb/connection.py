@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -53,11 +54,30 @@ def check_port_free(port: int) -> None:
                     raise ServerError(f"cannot bind port {port}: {e}") from e
 
 
+# Ports `pick_free_port` has handed out in this process, never handed out again.
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+# Tries at a port this process has not handed out before settling for a used one.
+_PICK_TRIES = 64
+
+
 def pick_free_port() -> int:
-    """Returns a port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+    """Returns a port that was free a moment ago and that this process has not handed out before.
+
+    gRPC shares one connection per address among all the clients of a process: a client of a
+    new server on a port that an earlier, stopped server of this process used waits out the old
+    connection's reconnect backoff before its first call is answered. Never handing a port out
+    twice keeps a new server's first answer prompt.
+    """
+    with _HANDED_OUT_LOCK:
+        for _ in range(_PICK_TRIES):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("", 0))
+                port = int(sock.getsockname()[1])
+            if port not in _HANDED_OUT:
+                break
+        _HANDED_OUT.add(port)
+        return port
 
 
 def server_info(client: reverb.Client, timeout: float | None) -> dict[str, Any]:
@@ -80,7 +100,7 @@ def connect(address: str, timeout: float | None) -> reverb.Client:
 
     Args:
       address: "host:port" of a running Reverb server.
-      timeout: Seconds to wait for its first answer.
+      timeout: Seconds to wait for its first answer (None: wait as long as it takes).
 
     Raises:
       ConfigError: If `address` is not "host:port".
@@ -91,9 +111,42 @@ def connect(address: str, timeout: float | None) -> reverb.Client:
         raise ConfigError(f"server_address must look like 'host:port', got {address!r}")
     import reverb
 
-    client = reverb.Client(address)
-    server_info(client, timeout)
-    return client
+    return first_answer(lambda: reverb.Client(address), timeout)
+
+
+# The shortest wait for one client's first answer before a new client asks again.
+_FIRST_CALL_S = 2.0
+
+
+def first_answer(new_client: Callable[[], reverb.Client], timeout: float | None) -> reverb.Client:
+    """Returns the first client made by `new_client` whose server answers within `timeout` s.
+
+    Rarely, on a loaded machine, the first call of a new client to a server that started a
+    moment ago does not complete although the server answers other clients at once. The time is
+    therefore split: a client that has not answered within a third of it (at least
+    `_FIRST_CALL_S`) is replaced by a new one, until `timeout` has passed.
+
+    Raises:
+      ServerUnavailableError: If no client's server answers within `timeout`, naming the
+        address and the whole timeout.
+    """
+    if timeout is None:
+        client = new_client()
+        server_info(client, None)
+        return client
+    deadline = time.monotonic() + timeout
+    share = max(_FIRST_CALL_S, timeout / 3)
+    while True:
+        client = new_client()
+        try:
+            server_info(client, max(1.0, min(share, deadline - time.monotonic())))
+            return client
+        except ServerUnavailableError as e:
+            if deadline - time.monotonic() < 0.5:
+                raise ServerUnavailableError(
+                    f"no Reverb server answered at {client.server_address!r} within {timeout} s "
+                    f"({e.__cause__}); is the server running and the port reachable?"
+                ) from e.__cause__
 
 
 def call_with_timeout(fn: Callable[[], _T], timeout: float | None, what: str) -> _T:

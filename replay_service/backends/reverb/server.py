@@ -33,6 +33,7 @@ from replay_service.backends.reverb import internals as reverb_internals
 from replay_service.backends.reverb.connection import (
     call_with_timeout,
     check_port_free,
+    first_answer,
     pick_free_port,
     server_info,
 )
@@ -282,7 +283,6 @@ class CheckpointedServer:
         finally:
             if view is not None:
                 remove_path(view)
-        self._client = self._server.localhost_client()
         try:
             self._first_contact()
         except ServerUnavailableError as e:
@@ -297,20 +297,12 @@ class CheckpointedServer:
         _log.info("Reverb server listening on port %d (all interfaces)", port)
 
     def _first_contact(self) -> None:
-        """Waits for the new server's first answer to this process's client.
-
-        Seen rarely in the test suite: the in-process client's first call to a server started a
-        moment ago does not complete. A new client is then asked once more.
+        """Waits for the new server's first answer to a client in this process.
 
         Raises:
-          ServerUnavailableError: If neither answers within `INFO_TIMEOUT_S` each.
+          ServerUnavailableError: If no client gets an answer within twice `INFO_TIMEOUT_S`.
         """
-        try:
-            server_info(self.client, INFO_TIMEOUT_S)
-        except ServerUnavailableError as e:
-            _log.warning("the new server did not answer its first call (%s); asking again", e)
-            self._client = self._require_server().localhost_client()
-            server_info(self._client, INFO_TIMEOUT_S)
+        self._client = first_answer(self._require_server().localhost_client, 2 * INFO_TIMEOUT_S)
 
     def _check_stored(self, stored: StoreMetadata, where: str) -> None:
         problems = stored.differences(self.metadata)
