@@ -211,9 +211,16 @@ class ReplayBufferManager:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         sequence_length: int = 2,
         backend: str = "auto",
+        extras: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> ReplayBufferManager:
         """A manager whose data spec is built from gymnasium spaces (no spec written by hand).
+
+        Extra per-step fields (a recurrent hidden state, action log-probs, an intrinsic
+        reward...) are declared with `extras` and stored in the trajectory's `policy_info`
+        dict, as TF-Agents policies report their info: `transition_writer().add(..., hidden=h,
+        log_prob=lp)` writes them, and sampled batches carry them (`trajectory.policy_info[
+        "hidden"]`, `transition_batch.hiddens["hidden"]`).
 
         Args:
           observation_space: A gymnasium space (Box, Discrete, MultiDiscrete, MultiBinary, or
@@ -223,15 +230,20 @@ class ReplayBufferManager:
           checkpoint_dir: The checkpoint directory.
           sequence_length: Steps per item (2: transitions).
           backend: "auto", "reverb" or "local".
+          extras: Name -> one step's spec: a `(shape, dtype)` pair such as `((64,),
+            np.float32)` or `((), np.float32)`, an `ArraySpec`/`tf.TensorSpec`, or a gymnasium
+            Box/Discrete/MultiDiscrete/MultiBinary space. Names are identifiers other than the
+            trajectory's fields and the writer's arguments ("hidden" is fine). None: no extras.
           **options: Any other `ReplayBufferManager` argument.
 
         Returns:
           The manager (call `create_replay_buffer()` or `load_replay_buffer()` next).
 
         Raises:
-          ConfigError: For an unsupported space or option (see `ReplayBufferManager`).
+          ConfigError: For an unsupported space or option (see `ReplayBufferManager`), or a bad
+            extra (a reserved name, a bad shape or dtype), naming it and its value.
         """
-        data_spec = specs.data_spec_for_spaces(observation_space, action_space)
+        data_spec = specs.data_spec_for_spaces(observation_space, action_space, extras=extras)
         return cls(
             data_spec,
             capacity,

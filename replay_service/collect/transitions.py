@@ -132,6 +132,12 @@ class TransitionWriter:
         self._mask: list[Any] = [np.True_] if pad_end_of_episode else []
         self._padding = tree.flatten(padding_step(spec)) if pad_end_of_episode else None
         self._plan = _Plan(spec)
+        # The names of a policy_info dict: extra per-step fields given as keywords.
+        info = spec.policy_info
+        self._extra_names: tuple[str, ...] = (
+            tuple(info) if isinstance(info, dict) and tree.flatten(info) else ()
+        )
+        self._hidden_extra = "hidden" in self._extra_names
         self._batched: bool | None = None
         self._writers: list[Any] = []
         self._steps: list[int] = []
@@ -161,8 +167,13 @@ class TransitionWriter:
         truncated: Any = False,
         *,
         hidden: Any = None,
+        **extras: Any,
     ) -> None:
         """Writes one transition of a single environment (no batch dimension).
+
+        Extra per-step fields declared as a `policy_info` dict (`ReplayBufferManager.from_spaces(
+        extras=...)`) are given one keyword each, e.g. `add(..., hidden=h, log_prob=lp)`; every
+        declared extra is required.
 
         Args:
           state: Observation before the action (numpy, torch or Python values; a nest if the
@@ -172,15 +183,23 @@ class TransitionWriter:
           next_state: Observation after the action (the final one when the episode ended).
           done: The episode terminated.
           truncated: The episode ended without terminating (e.g. a time limit).
-          hidden: Policy info matching the spec's `policy_info`; required when that is not
-            empty.
+          hidden: Policy info matching the spec's `policy_info`, whole; or, when the spec's
+            `policy_info` is a dict with a "hidden" key, that extra's value (any value but a
+            dict).
+          **extras: The spec's `policy_info` dict's fields, one keyword each.
 
         Raises:
           SpecMismatchError: If a value does not match the spec, a reward is not finite, the
-            writer was used with `add_multi`, or `state` does not continue the episode.
+            writer was used with `add_multi`, `state` does not continue the episode, or an
+            extra is missing, unknown or of the wrong shape or dtype (named).
           WriteTimeoutError: If the server does not confirm items within the write timeout.
           ManagerClosedError: If the writer was closed.
         """
+        label = "hidden"
+        if extras or (hidden is not None and self._hidden_extra and not isinstance(hidden, dict)):
+            hidden, label = self._gather_extras(hidden, extras, "hidden"), "extras"
+        elif hidden is None and self._extra_names:
+            self._gather_extras(None, {}, "hidden")  # raises: names the missing extras
         if (
             self._batched is False
             and not self._closed
@@ -193,7 +212,7 @@ class TransitionWriter:
             {"state": state, "action": action, "reward": reward, "next_state": next_state},
             {"done": done, "truncated": truncated},
             hidden,
-            hidden_label="hidden",
+            hidden_label=label,
             batched=False,
         )
         self._require_mode(batched=False, num_envs=1)
@@ -212,6 +231,7 @@ class TransitionWriter:
         *,
         final_states: Any = None,
         hiddens: Any = None,
+        **extras: Any,
     ) -> None:
         """Writes one transition per environment of an auto-resetting vector env.
 
@@ -228,7 +248,10 @@ class TransitionWriter:
           truncated: `[num_envs]` truncated flags; None means none.
           final_states: `[num_envs, ...]` final observations of the episodes that ended (other
             rows are ignored); needed when an episode is truncated.
-          hiddens: `[num_envs, ...]` policy info; required when the spec's is not empty.
+          hiddens: `[num_envs, ...]` policy info, whole; required when the spec's is not empty
+            and not given as `extras`.
+          **extras: The spec's `policy_info` dict's fields, one keyword each, `[num_envs, ...]`
+            (e.g. `hidden=`, `log_prob=`); every declared extra is required.
 
         Raises:
           SpecMismatchError: If a value does not match the spec, batch sizes differ or are 0
@@ -237,6 +260,11 @@ class TransitionWriter:
           WriteTimeoutError: If the server does not confirm items within the write timeout.
           ManagerClosedError: If the writer was closed.
         """
+        label = "hiddens"
+        if extras:
+            hiddens, label = self._gather_extras(hiddens, extras, "hiddens"), "extras"
+        elif hiddens is None and self._extra_names:
+            self._gather_extras(None, {}, "hiddens")  # raises: names the missing extras
         if (
             self._batched
             and not self._closed
@@ -257,9 +285,7 @@ class TransitionWriter:
         }
         if final_states is not None:
             values["final_states"] = final_states
-        batch = _Batch.build(
-            self._spec, values, flags, hiddens, hidden_label="hiddens", batched=True
-        )
+        batch = _Batch.build(self._spec, values, flags, hiddens, hidden_label=label, batched=True)
         final_states = self._final_states(batch)
         self._require_mode(batched=True, num_envs=batch.size)
         self._check_state(batch.states, "states")
@@ -318,6 +344,50 @@ class TransitionWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _gather_extras(self, whole: Any, extras: dict[str, Any], whole_name: str) -> Any:
+        """The `policy_info` dict of one call from its extras given as keywords.
+
+        Args:
+          whole: The `hidden`/`hiddens` argument: the "hidden" extra's value (`add` only), or
+            None.
+          extras: The other keyword arguments.
+          whole_name: "hidden" (`add`) or "hiddens" (`add_multi`).
+
+        Returns:
+          A dict with every declared extra.
+
+        Raises:
+          SpecMismatchError: If the spec declares no extras, one is unknown, missing, or given
+            both whole and as a keyword.
+        """
+        names = self._extra_names
+        given = dict(extras)
+        if whole is not None:
+            if whole_name != "hidden" or "hidden" not in names or isinstance(whole, dict):
+                raise SpecMismatchError(
+                    f"give the policy info either whole as {whole_name}= or as one keyword per "
+                    f"extra ({list(names)}), not both: got {whole_name}= and {sorted(given)}"
+                )
+            given["hidden"] = whole
+        if not names:
+            raise SpecMismatchError(
+                f"unexpected keyword argument(s) {sorted(given)}: the data spec declares no "
+                "extras (its policy_info is not a dict; declare them with "
+                "ReplayBufferManager.from_spaces(..., extras={name: (shape, dtype)}))"
+            )
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise SpecMismatchError(
+                f"unknown extra(s) {unknown}: the data spec declares the extras {list(names)}"
+            )
+        missing = [name for name in names if name not in given]
+        if missing:
+            raise SpecMismatchError(
+                f"extra(s) {missing} required: the data spec declares the extras {list(names)}; "
+                f"pass each as a keyword, e.g. {', '.join(f'{n}=...' for n in names)}"
+            )
+        return {name: given[name] for name in names}
 
     # ------------------------------------------------------------------------- fast paths
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import sys
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -193,27 +195,125 @@ def space_spec(space: Any, name: str, is_action: bool) -> Any:
     )
 
 
-def spec_for_spaces(observation_space: Any, action_space: Any) -> Trajectory:
+def spec_for_spaces(
+    observation_space: Any, action_space: Any, *, extras: Mapping[str, Any] | None = None
+) -> Trajectory:
     """The per-step `Trajectory` of `ArraySpec` for a gymnasium env's spaces.
 
     The TF-free twin of `replay_service.specs.nests.data_spec_for_spaces`: the same fields, shapes,
-    dtypes and names (see `space_spec`), with `policy_info=()`, int32 scalar step types and
-    float32 scalar reward and discount.
+    dtypes and names (see `space_spec`), with `policy_info=()` (or the `extras`), int32 scalar
+    step types and float32 scalar reward and discount.
 
     Args:
       observation_space: A gymnasium space (a vector env's `single_observation_space`).
       action_space: A gymnasium space (`single_action_space`).
+      extras: Extra per-step fields, stored as the `policy_info` dict (see `extras_spec`);
+        None or empty for none.
 
     Returns:
       A `Trajectory` of `ArraySpec`.
 
     Raises:
-      ConfigError: For a space `space_spec` does not support, naming it.
+      ConfigError: For a space `space_spec` does not support, naming it, or a bad extra (see
+        `extras_spec`).
     """
     return trajectory_spec(
         observation=space_spec(observation_space, "observation", is_action=False),
         action=space_spec(action_space, "action", is_action=True),
+        policy_info=extras_spec(extras),
     )
+
+
+RESERVED_EXTRA_NAMES: frozenset[str] = frozenset(
+    (
+        *TRAJECTORY_FIELDS,
+        # TransitionWriter.add/add_multi's own arguments and TransitionBatch's fields.
+        *("state", "states", "next_state", "next_states", "actions", "rewards"),
+        *("done", "dones", "truncated", "final_states", "hiddens", "priority"),
+        *("mask", "self"),
+    )
+)
+"""Names an extra per-step field cannot take: a `Trajectory` field, or an argument of
+`TransitionWriter.add`/`add_multi` or a field of `TransitionBatch` ("hidden" is allowed)."""
+
+
+def extras_spec(extras: Mapping[str, Any] | None) -> Any:
+    """The `policy_info` spec of extra per-step fields (hidden states, log-probs, ...).
+
+    Each extra is one array per step, stored in the trajectory's `policy_info` as a dict keyed
+    by its name, as TF-Agents policies report their info (`policy_info["log_prob"]`). The
+    transition writer takes each as a keyword (`add(..., hidden=h, log_prob=lp)`), and sampled
+    batches carry them in `policy_info` (trajectories) or `hiddens` (transitions).
+
+    Args:
+      extras: Name -> spec of one step's value: a `(shape, dtype)` pair (e.g. `((64,),
+        np.float32)`, `((), np.float32)`), an `ArraySpec` or `tf.TensorSpec`, or a gymnasium
+        Box, Discrete, MultiDiscrete or MultiBinary space (stored like an observation of that
+        space, see `space_spec`). Names are Python identifiers and not one of
+        `RESERVED_EXTRA_NAMES`. None or empty: no extras.
+
+    Returns:
+      A dict name -> `ArraySpec` (named by its key), in the given order; `()` for no extras
+      (TF-Agents' empty policy info).
+
+    Raises:
+      ConfigError: If `extras` is not a mapping, a name is not an identifier or is reserved,
+        or a spec is not one of the above or has a bad shape or dtype (naming the extra and
+        the value).
+    """
+    if extras is None:
+        return ()
+    if not isinstance(extras, Mapping):
+        raise ConfigError(
+            f"extras must be a dict of name -> (shape, dtype) or space, got "
+            f"{type(extras).__name__}: {extras!r}"
+        )
+    specs: dict[str, ArraySpec] = {}
+    for name, value in extras.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"extra name {name!r} must be a Python identifier (a keyword)")
+        if name in RESERVED_EXTRA_NAMES:
+            raise ConfigError(
+                f"extra name {name!r} clashes with a trajectory field or a transition "
+                f"argument; reserved names are {sorted(RESERVED_EXTRA_NAMES)}"
+            )
+        specs[name] = _extra_leaf(name, value)
+    return specs or ()
+
+
+def _extra_leaf(name: str, value: Any) -> ArraySpec:
+    """One extra's `ArraySpec` (see `extras_spec`)."""
+    if _is_space(value):
+        spec = space_spec(value, name, is_action=False)
+        if not isinstance(spec, ArraySpec):
+            raise ConfigError(
+                f"extra {name!r}: a Dict or Tuple space is not one array per step; declare "
+                f"each of its members as an extra of its own, got {value!r}"
+            )
+        return spec
+    if isinstance(value, tuple) and len(value) == 2:
+        shape, dtype = value
+    elif hasattr(value, "shape") and hasattr(value, "dtype") and not hasattr(value, "__array__"):
+        shape, dtype = value.shape, value.dtype
+        if hasattr(shape, "as_list"):  # a tf.TensorShape
+            if shape.rank is None or None in shape.as_list():
+                raise ConfigError(f"extra {name!r}: the shape must be fully known, got {value!r}")
+            shape = shape.as_list()
+    else:
+        raise ConfigError(
+            f"extra {name!r}: expected a (shape, dtype) pair, an ArraySpec or TensorSpec, or a "
+            f"gymnasium Box/Discrete/MultiDiscrete/MultiBinary space, got {value!r}"
+        )
+    try:
+        return ArraySpec(shape, dtype, name)
+    except SpecMismatchError as e:
+        raise ConfigError(f"extra {name!r}: bad spec {value!r}: {e}") from e
+
+
+def _is_space(value: Any) -> bool:
+    """Whether `value` is a gymnasium space (without importing gymnasium for other values)."""
+    gymnasium = sys.modules.get("gymnasium")  # a space exists only if gymnasium is imported
+    return gymnasium is not None and isinstance(value, gymnasium.spaces.Space)
 
 
 def _role(is_action: bool) -> str:

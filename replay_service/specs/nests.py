@@ -395,7 +395,11 @@ def spec_from_description(
 
 
 def data_spec_for_spaces(
-    observation_space: Any, action_space: Any, spec_type: SpecType = "auto"
+    observation_space: Any,
+    action_space: Any,
+    spec_type: SpecType = "auto",
+    *,
+    extras: Any = None,
 ) -> Any:
     """The per-step `Trajectory` spec for a gymnasium env's spaces.
 
@@ -415,15 +419,19 @@ def data_spec_for_spaces(
       spec_type: "tf" for a TF-Agents `Trajectory` of `tf.TensorSpec`, "array" for an
         `array_specs.Trajectory` of `ArraySpec` (the same as `array_specs.spec_for_spaces`),
         "auto" (default) for "tf" when TensorFlow and TF-Agents can be imported, else "array".
+      extras: Extra per-step fields (hidden states, log-probs...), name -> `(shape, dtype)`,
+        spec or gymnasium space, stored as the `policy_info` dict (see
+        `array_specs.extras_spec`); None: `policy_info` is `()`.
 
     Returns:
       A `Trajectory` of specs.
 
     Raises:
-      ConfigError: For an unsupported space (naming it), or an unknown `spec_type`.
+      ConfigError: For an unsupported space (naming it), an unknown `spec_type`, or a bad extra
+        (naming it and its value).
     """
     use_tf = _use_tf(spec_type)
-    spec = array_specs.spec_for_spaces(observation_space, action_space)
+    spec = array_specs.spec_for_spaces(observation_space, action_space, extras=extras)
     return to_tf_spec(spec) if use_tf else spec
 
 

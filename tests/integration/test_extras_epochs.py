@@ -1,0 +1,183 @@
+"""What users of the buffers this project replaces expect, on both backends.
+
+Extra per-step fields declared with `from_spaces(extras=...)` (Velora's `hidden_dim` and
+`add(..., hidden)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from conftest import FAST_TIMEOUTS
+from replay_service import (
+    ConfigError,
+    ReplayBufferManager,
+    SpecMismatchError,
+)
+
+pytestmark = pytest.mark.heavy
+
+BACKENDS = ("reverb", "local")
+OBSERVATION = spaces.Box(-10.0, 10.0, (4,), np.float32)
+ACTION = spaces.Discrete(2)
+HIDDEN = 8
+EXTRAS = {"hidden": ((HIDDEN,), np.float32), "log_prob": ((), np.float32)}
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture()
+def make(backend: str, tmp_path: Any) -> Iterator[Callable[..., ReplayBufferManager]]:
+    """`from_spaces` managers of the parametrized backend, closed at teardown."""
+    made: list[ReplayBufferManager] = []
+
+    def factory(name: str = "ckpt", **kwargs: Any) -> ReplayBufferManager:
+        kwargs.setdefault("capacity", 500)
+        kwargs.setdefault("timeouts", FAST_TIMEOUTS)
+        manager = ReplayBufferManager.from_spaces(
+            OBSERVATION,
+            ACTION,
+            checkpoint_dir=str(tmp_path / name),
+            backend=backend,
+            **kwargs,
+        )
+        made.append(manager)
+        return manager
+
+    yield factory
+    for manager in made:
+        manager.close()
+
+
+def state(episode: int, index: int) -> np.ndarray:
+    """The observation `[episode, index, 0, 0]`, unique per step."""
+    return np.array([episode, index, 0, 0], np.float32)
+
+
+def hidden_of(episode: int, index: int) -> np.ndarray:
+    return np.full(HIDDEN, episode * 100 + index, np.float32)
+
+
+def write(writer: Any, episodes: int, length: int, *, extras: bool = True) -> None:
+    """`episodes` episodes of `length` transitions; each carries extras derived from its state."""
+    for episode in range(episodes):
+        for i in range(length):
+            kwargs = {"hidden": hidden_of(episode, i), "log_prob": -float(i)} if extras else {}
+            writer.add(
+                state(episode, i), i % 2, 1.0, state(episode, i + 1), i == length - 1, **kwargs
+            )
+    writer.flush()
+
+
+# ------------------------------------------------------------------------------------ extras
+
+
+def test_extras_declared_from_spaces_are_written_and_sampled_everywhere(make):
+    manager = make(extras=EXTRAS)
+    assert set(manager.data_spec.policy_info) == {"hidden", "log_prob"}
+    manager.create_replay_buffer()
+    write(manager.transition_writer(), episodes=2, length=4)
+
+    batch = next(iter(manager.torch_batches(16, transitions=True)))
+    assert set(batch.hiddens) == {"hidden", "log_prob"}
+    assert batch.hiddens["hidden"].shape == (16, HIDDEN)
+    assert batch.hiddens["hidden"].dtype == torch.float32
+    for row, hidden, log_prob in zip(
+        batch.states.numpy(),
+        batch.hiddens["hidden"].numpy(),
+        batch.hiddens["log_prob"].numpy(),
+        strict=True,
+    ):
+        episode, index = int(row[0]), int(row[1])
+        np.testing.assert_array_equal(hidden, hidden_of(episode, index))
+        assert log_prob == -index
+
+    trajectory = next(iter(manager.torch_dataset(8)))
+    assert trajectory.policy_info["hidden"].shape == (8, 2, HIDDEN)
+
+    trajectories, _ = next(iter(manager.get_dataset(8)))
+    first = trajectories.observation.numpy()[:, 0]
+    hidden = trajectories.policy_info["hidden"].numpy()[:, 0]
+    for row, values in zip(first, hidden, strict=True):
+        np.testing.assert_array_equal(values, hidden_of(int(row[0]), int(row[1])))
+
+
+def test_extras_take_gymnasium_spaces_and_add_multi_takes_them_as_keywords(make):
+    manager = make(extras={"hidden": spaces.Box(-1, 1, (3,), np.float32), "option": ACTION})
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    states = np.stack([state(0, 0), state(1, 0)])
+    nexts = np.stack([state(0, 1), state(1, 1)])
+    writer.add_multi(
+        states,
+        np.array([0, 1]),
+        np.array([1.0, 1.0]),
+        nexts,
+        np.array([False, True]),
+        final_states=nexts,
+        hidden=np.ones((2, 3), np.float32),
+        option=np.array([[1], [0]]),
+    )
+    writer.flush()
+    batch = next(iter(manager.torch_batches(4, transitions=True)))
+    assert batch.hiddens["option"].dtype == torch.int64
+    assert batch.hiddens["option"].shape == (4, 1)
+    np.testing.assert_array_equal(batch.hiddens["hidden"].numpy(), np.ones((4, 3)))
+
+
+@pytest.mark.parametrize(
+    "extras, match",
+    [
+        ({"reward": ((), np.float32)}, "'reward' clashes"),
+        ({"state": ((), np.float32)}, "'state' clashes"),
+        ({"policy_info": ((), np.float32)}, "'policy_info' clashes"),
+        ({"log prob": ((), np.float32)}, "'log prob' must be a Python identifier"),
+        ({"hidden": ((-1,), np.float32)}, r"extra 'hidden': bad spec \(\(-1,\)"),
+        ({"hidden": ((4,), "str")}, "extra 'hidden': bad spec"),
+        ({"hidden": (4, np.float32, 1)}, "extra 'hidden': expected a"),
+        ({"hidden": np.zeros(4)}, "extra 'hidden': expected a"),
+        ({"obs": spaces.Dict({"a": ACTION})}, "extra 'obs': a Dict or Tuple space"),
+        ([("hidden", ((4,), np.float32))], "extras must be a dict"),
+    ],
+)
+def test_bad_extras_are_refused_naming_the_field(make, extras, match):
+    with pytest.raises(ConfigError, match=match):
+        make(extras=extras)
+
+
+def test_add_refuses_missing_unknown_and_misshapen_extras(make):
+    manager = make(extras=EXTRAS)
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    args = (state(0, 0), 0, 1.0, state(0, 1), False)
+    hidden = hidden_of(0, 0)
+    with pytest.raises(SpecMismatchError, match=r"extra\(s\) \['hidden', 'log_prob'\] required"):
+        writer.add(*args)
+    with pytest.raises(SpecMismatchError, match=r"extra\(s\) \['log_prob'\] required"):
+        writer.add(*args, hidden=hidden)
+    with pytest.raises(SpecMismatchError, match=r"unknown extra\(s\) \['value'\]"):
+        writer.add(*args, hidden=hidden, log_prob=0.0, value=1.0)
+    with pytest.raises(SpecMismatchError, match=r"'extras/hidden': expected float32\[8\], got"):
+        writer.add(*args, hidden=np.zeros(3, np.float32), log_prob=0.0)
+    with pytest.raises(SpecMismatchError, match=r"'extras/log_prob': expected float32\[\]"):
+        writer.add(*args, hidden=hidden, log_prob=np.zeros(2, np.float32))
+    with pytest.raises(SpecMismatchError, match=r"extra\(s\) \['log_prob'\] required"):
+        writer.add_multi(*(np.stack([a]) for a in args), hidden=np.stack([hidden]))
+    writer.flush()
+    assert manager.num_frames() == 0  # nothing refused was written
+    write(writer, episodes=1, length=2)
+    assert manager.num_frames() == 2
+
+    plain = make("plain")
+    plain.create_replay_buffer()
+    with pytest.raises(SpecMismatchError, match="the data spec declares no extras"):
+        plain.transition_writer().add(*args, log_prob=0.0)
