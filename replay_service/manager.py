@@ -376,6 +376,24 @@ class ReplayBufferManager:
             self._client = self._replay_buffer = None
             self._observers = []
 
+    def __len__(self) -> int:
+        """The number of items in the primary table now: `len(manager) == num_frames()`.
+
+        The primary table is the one the replay buffer and the sampling calls address by
+        default; `num_frames(table=name)` counts another one.
+
+        Raises:
+          BufferStateError: Before `create_replay_buffer()` or `load_replay_buffer()` (the size
+            is not known until then: a load or a remote server may hold items).
+          ManagerClosedError: After `close()`.
+        """
+        return self.num_frames()
+
+    def __bool__(self) -> bool:
+        """Always True: a manager is truthy whatever its size (`if manager:` tests that there
+        is one, not that its buffer holds items; use `len(manager)` for that)."""
+        return True
+
     def __enter__(self) -> ReplayBufferManager:
         return self
 

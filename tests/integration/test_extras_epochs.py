@@ -1,7 +1,7 @@
 """What users of the buffers this project replaces expect, on both backends.
 
 Extra per-step fields declared with `from_spaces(extras=...)` (Velora's `hidden_dim` and
-`add(..., hidden)`).
+`add(..., hidden)`) and `len(manager)` (Velora's `len(buffer)`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from gymnasium import spaces
 
 from conftest import FAST_TIMEOUTS
 from replay_service import (
+    BufferStateError,
     ConfigError,
+    ManagerClosedError,
     ReplayBufferManager,
     SpecMismatchError,
 )
@@ -181,3 +183,24 @@ def test_add_refuses_missing_unknown_and_misshapen_extras(make):
     plain.create_replay_buffer()
     with pytest.raises(SpecMismatchError, match="the data spec declares no extras"):
         plain.transition_writer().add(*args, log_prob=0.0)
+
+
+# --------------------------------------------------------------------------------------- len
+
+
+def test_len_is_the_primary_tables_size_and_a_manager_stays_truthy(make):
+    manager = make()
+    assert bool(manager) is True
+    with pytest.raises(BufferStateError, match="create_replay_buffer"):
+        len(manager)
+    manager.create_replay_buffer()
+    assert len(manager) == 0 and bool(manager) is True
+    write(manager.transition_writer(), episodes=2, length=3, extras=False)
+    # Each episode of 3 transitions is 4 steps: 3 windows of 2 steps.
+    assert len(manager) == 6 == manager.num_frames()
+    manager.clear()
+    assert len(manager) == 0
+    manager.close()
+    assert bool(manager) is True
+    with pytest.raises(ManagerClosedError):
+        len(manager)
