@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from replay_service.backends.reverb.datasets import ReplayBuffer
     from replay_service.backends.reverb.handles import TableHandle
     from replay_service.collect.gym_vector import GymVectorWriter
+    from replay_service.sample.epochs import EpochBatches
     from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
 
 
@@ -783,6 +784,68 @@ class ReplayBufferManager:
             batch_size,
             transitions=transitions,
             with_info=with_info,
+        )
+
+    def epoch_batches(
+        self,
+        batch_size: int,
+        num_epochs: int = 1,
+        *,
+        seed: int | None = None,
+        drop_last: bool = False,
+        transitions: bool = False,
+        device: str | Any = "cpu",
+        table: str | None = None,
+    ) -> EpochBatches:
+        """Returns shuffled batches holding every stored item exactly once per epoch.
+
+        pytorchrl's `generate_batches(num_mini_batch, mini_batch_size, num_epochs)`: each
+        epoch is a new random permutation of the items cut into batches of `batch_size`
+        (`len(manager) // batch_size` full batches and, unless `drop_last`, one shorter
+        batch of the rest). The items are the table's at this call: a snapshot read once
+        (Reverb: from a checkpoint taken now, which becomes the newest checkpoint, as with
+        `export()`, and needs the checkpoint files on this machine; local: a copy), held in
+        memory and never sampled from the table, so rate limiters and `times_sampled` are
+        untouched. Batches are torch tensors like `torch_batches` (see
+        `replay_service.sample.epochs.EpochBatches`).
+
+        Args:
+          batch_size: Items per batch.
+          num_epochs: Passes over the items.
+          seed: Seed of the permutations (the same seed gives the same batches); None draws
+            fresh ones.
+          drop_last: Leave out each epoch's last, shorter batch.
+          transitions: Yield `TransitionBatch`es (tables of 2-step items) instead of item
+            nests.
+          device: Torch device of the batches.
+          table: Table to pass over; None is the primary table.
+
+        Returns:
+          An `EpochBatches` (iterable, `len()` is the number of batches of all epochs).
+
+        Raises:
+          ConfigError: If a size, seed, flag or device is invalid, `table` is unknown,
+            `transitions` does not apply to the table's items, or `drop_last` leaves no batch.
+          BufferStateError: If no buffer was created or loaded, or the table holds no items.
+          CheckpointError: Reverb: if the snapshot's checkpoint cannot be taken or read.
+        """
+        from replay_service.sample import epochs
+
+        config = find_table(self.tables, table)
+        epochs.check_options(batch_size, num_epochs, seed, drop_last, transitions)
+        self._require_client()
+        self._flush_writers()
+        items = self._backend.read_items(config)
+        return epochs.EpochBatches(
+            items.data,
+            self._stored_spec,
+            batch_size,
+            num_epochs=num_epochs,
+            seed=seed,
+            drop_last=drop_last,
+            transitions=transitions,
+            device=device,
+            table_name=config.name,
         )
 
     def _torch_source(self, table: str | None) -> Any:

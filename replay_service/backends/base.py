@@ -213,6 +213,16 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def read_items(self, table: TableConfig) -> ExportedItems:
+        """Every item of `table` once, oldest first: a consistent snapshot, read now.
+
+        Nothing is sampled from the table (its rate limiter and `times_sampled` are untouched).
+
+        Raises:
+          CheckpointError: If the items cannot be read.
+        """
+
+    @abc.abstractmethod
     def insert_items(self, table: TableConfig, items: ExportedItems) -> None:
         """Inserts exported items, with their priorities, in order, into an empty `table`."""
 

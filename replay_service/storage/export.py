@@ -201,14 +201,30 @@ def export_buffer(
     """
     export_paths(dirpath, prefix)
     check_target(os.fspath(dirpath), overwrite)
+    items = read_items(handle, checkpoint_path)
+    return write_export(dirpath, prefix, handle.table, handle.stored_spec, items, overwrite)
+
+
+def read_items(handle: TableHandle, checkpoint_path: str) -> ExportedItems:
+    """Every item of one table, exactly once, oldest first, from a checkpoint (see module docs).
+
+    Args:
+      handle: The table.
+      checkpoint_path: A complete checkpoint of its server, readable from this machine.
+
+    Returns:
+      The items, one array per field of the stored spec (a packed table's rows unpacked).
+
+    Raises:
+      CheckpointError: If the checkpoint cannot be read or decoded.
+    """
     data, priorities, times_sampled = reverb_internals.read_checkpoint_items(
         checkpoint_path, handle.name, handle.stored_signature, handle.timeouts.sample
     )
     if handle.table.layout == PACKED:
         # One uint8 column [items, sequence_length, step_bytes]: back to one array per field.
         data = tree.flatten(layout_of(handle.stored_spec).unpack(data[0]))
-    items = ExportedItems(data=data, priorities=priorities, times_sampled=times_sampled)
-    return write_export(dirpath, prefix, handle.table, handle.stored_spec, items, overwrite)
+    return ExportedItems(data=data, priorities=priorities, times_sampled=times_sampled)
 
 
 def item_fields(stored_spec: Any, sequence_length: int) -> list[specs.FieldDescription]:

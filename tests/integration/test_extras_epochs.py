@@ -1,7 +1,8 @@
 """What users of the buffers this project replaces expect, on both backends.
 
 Extra per-step fields declared with `from_spaces(extras=...)` (Velora's `hidden_dim` and
-`add(..., hidden)`) and `len(manager)` (Velora's `len(buffer)`).
+`add(..., hidden)`), `len(manager)` (Velora's `len(buffer)`), and epoch passes over the stored
+items (pytorchrl's `generate_batches(num_mini_batch, mini_batch_size, num_epochs)`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ def write(writer: Any, episodes: int, length: int, *, extras: bool = True) -> No
                 state(episode, i), i % 2, 1.0, state(episode, i + 1), i == length - 1, **kwargs
             )
     writer.flush()
+
+
+def first_states(batch: Any) -> list[tuple[int, int]]:
+    """`(episode, index)` of each item's first step (a trajectory batch `[B, T, 4]`)."""
+    rows = batch.observation[:, 0, :2].cpu().numpy().astype(int)
+    return [(int(a), int(b)) for a, b in rows]
 
 
 # ------------------------------------------------------------------------------------ extras
@@ -204,3 +211,63 @@ def test_len_is_the_primary_tables_size_and_a_manager_stays_truthy(make):
     assert bool(manager) is True
     with pytest.raises(ManagerClosedError):
         len(manager)
+
+
+# ------------------------------------------------------------------------------------ epochs
+
+
+def test_epoch_batches_hold_every_item_once_per_epoch_shuffled(make):
+    manager = make(extras=EXTRAS)
+    manager.create_replay_buffer()
+    write(manager.transition_writer(), episodes=5, length=6)  # 30 items
+    stored = len(manager)
+    assert stored == 30
+    epochs = manager.epoch_batches(7, num_epochs=3, seed=1)
+    assert len(epochs) == 3 * 5
+    batches = list(epochs)
+    assert len(batches) == 15
+    assert [len(first_states(b)) for b in batches[:5]] == [7, 7, 7, 7, 2]
+    orders = []
+    for epoch in range(3):
+        epoch_batches = batches[epoch * 5 : (epoch + 1) * 5]
+        order = [key for batch in epoch_batches for key in first_states(batch)]
+        assert sorted(order) == sorted({(e, i) for e in range(5) for i in range(6)})
+        orders.append(order)
+    assert len({tuple(o) for o in orders}) == 3  # each epoch a new permutation
+    assert orders[0] != sorted(orders[0])  # shuffled, not insertion order
+    # Extras come along with their items.
+    batch = batches[0]
+    for row, hidden in zip(
+        batch.observation[:, 0].numpy(), batch.policy_info["hidden"][:, 0], strict=True
+    ):
+        np.testing.assert_array_equal(hidden.numpy(), hidden_of(int(row[0]), int(row[1])))
+    # The same seed gives the same batches; the pass did not consume the table.
+    again = [first_states(b) for b in manager.epoch_batches(7, num_epochs=3, seed=1)]
+    assert again == [first_states(b) for b in batches]
+    assert len(manager) == stored
+
+    dropped = list(manager.epoch_batches(7, num_epochs=2, drop_last=True, transitions=True))
+    assert len(dropped) == 8 and all(b.states.shape == (7, 4) for b in dropped)
+    assert set(dropped[0].hiddens) == {"hidden", "log_prob"}
+
+
+def test_epoch_batches_refuse_bad_options_and_an_empty_table(make):
+    manager = make(sequence_length=3)
+    with pytest.raises(BufferStateError, match="create_replay_buffer"):
+        manager.epoch_batches(4)
+    manager.create_replay_buffer()
+    with pytest.raises(BufferStateError, match="holds no items"):
+        manager.epoch_batches(4)
+    write(manager.transition_writer(), episodes=1, length=4, extras=False)
+    for kwargs, match in [
+        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+        ({"batch_size": 2, "num_epochs": 0}, "num_epochs must be a positive integer, got 0"),
+        ({"batch_size": 2, "seed": -1}, "seed must be a non-negative integer or None, got -1"),
+        ({"batch_size": 2, "drop_last": "yes"}, "drop_last must be True or False, got 'yes'"),
+        ({"batch_size": 2, "table": "nope"}, "nope"),
+        ({"batch_size": 2, "device": "gpu:x"}, "device must be a torch device"),
+        ({"batch_size": 99, "drop_last": True}, "leaves no batch"),
+        ({"batch_size": 2, "transitions": True}, "transitions=True needs sequence_length=2"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            manager.epoch_batches(**kwargs)

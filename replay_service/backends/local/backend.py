@@ -322,12 +322,16 @@ class LocalBackend(Backend):
         self, table: TableConfig, dirpath: str, prefix: str, overwrite: bool
     ) -> tuple[str, str]:
         """Writes the table's items as they are now (no checkpoint needed in this process)."""
-        data, priorities, times_sampled = self.client.table(table.name).items()
-        items = export_lib.ExportedItems(
-            data=data, priorities=priorities, times_sampled=times_sampled
-        )
+        items = self.read_items(table)
         return export_lib.write_export(
             dirpath, prefix, table, self._stored_spec, items, overwrite=overwrite
+        )
+
+    def read_items(self, table: TableConfig) -> export_lib.ExportedItems:
+        """A copy of the table's items as they are now, oldest first (under the table's lock)."""
+        data, priorities, times_sampled = self.client.table(table.name).items()
+        return export_lib.ExportedItems(
+            data=data, priorities=priorities, times_sampled=times_sampled
         )
 
     def insert_items(self, table: TableConfig, items: export_lib.ExportedItems) -> None:

@@ -219,6 +219,11 @@ class ReverbBackend(Backend):
             self.table_handle(table), self.checkpoint(), dirpath, prefix, overwrite=overwrite
         )
 
+    def read_items(self, table: TableConfig) -> export_lib.ExportedItems:
+        """The items of a checkpoint taken now (`export.read_items`): it becomes the newest
+        checkpoint, as with `export`."""
+        return export_lib.read_items(self.table_handle(table), self.checkpoint())
+
     def insert_items(self, table: TableConfig, items: export_lib.ExportedItems) -> None:
         """Writes the items through Reverb, in order (`export.insert_items`)."""
         export_lib.insert_items(
