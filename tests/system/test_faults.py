@@ -1007,22 +1007,24 @@ def test_kill_9_of_an_embedded_manager_soak(collectors, make_manager, tmp_path, 
     run_embedded_kill_point(collectors, make_manager, tmp_path, seed)
 
 
-def _unanswered_first_calls(monkeypatch: pytest.MonkeyPatch, count: int) -> list[str]:
-    """Makes the first `count` first-contact calls of new servers fail as an unanswered call
-    does; returns the addresses they were made to."""
+def _unanswered_first_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Makes every call to the first new server's address fail as an unanswered call does (a
+    first contact that stalls), with its wait shortened to 2 s; returns the addresses asked."""
+    from replay_service.backends.reverb import connection
     from replay_service.backends.reverb import server as checkpointed_server
     from replay_service.errors import ServerUnavailableError
 
-    real = checkpointed_server.server_info
+    real = connection.server_info
     asked: list[str] = []
 
     def server_info(client: Any, timeout: float | None) -> Any:
-        if len(asked) < count:
+        if not asked or client.server_address == asked[0]:
             asked.append(client.server_address)
             raise ServerUnavailableError(f"no Reverb server answered at {client.server_address!r}")
         return real(client, timeout)
 
-    monkeypatch.setattr(checkpointed_server, "server_info", server_info)
+    monkeypatch.setattr(connection, "server_info", server_info)
+    monkeypatch.setattr(checkpointed_server, "INFO_TIMEOUT_S", 1.0)
     return asked
 
 
@@ -1031,11 +1033,12 @@ def test_a_new_server_that_never_answers_is_started_again_on_another_port(
 ):
     import reverb
 
-    asked = _unanswered_first_calls(monkeypatch, 2)  # the first call and its second ask
+    asked = _unanswered_first_calls(monkeypatch)
     manager = make_manager()
     with caplog.at_level(logging.WARNING):
         manager.create_replay_buffer()
-    assert len(asked) == 2 and asked[0] == asked[1]
+    # Fresh clients asked again until the first contact's time was up, then a new port.
+    assert len(asked) >= 2 and set(asked) == {asked[0]}
     first_port = int(asked[0].rsplit(":", 1)[1])
     assert not manager.server_address.endswith(f":{first_port}")
     assert "never answered" in caplog.text and "starting it again" in caplog.text
@@ -1053,12 +1056,13 @@ def test_a_new_server_that_never_answers_is_started_again_on_another_port(
 def test_a_new_server_on_a_chosen_port_that_never_answers_is_an_error(make_manager, monkeypatch):
     from replay_service.errors import ServerUnavailableError
 
-    asked = _unanswered_first_calls(monkeypatch, 2)
+    asked = _unanswered_first_calls(monkeypatch)
     port = pick_free_port()
     manager = make_manager(port=port)
     with pytest.raises(ServerUnavailableError, match=f":{port}"):
         manager.create_replay_buffer()
-    assert asked == [f"localhost:{port}"] * 2
+    assert len(asked) >= 2 and set(asked) == {f"localhost:{port}"}
+    monkeypatch.undo()  # a new server on the port answers again
     # The server that never answered was stopped before the directory was released: its port
     # is free again, and a new manager may start in the directory at once.
     check_port_free(port)

@@ -138,15 +138,25 @@ def first_answer(new_client: Callable[[], reverb.Client], timeout: float | None)
     share = max(_FIRST_CALL_S, timeout / 3)
     while True:
         client = new_client()
+        asked = time.monotonic()
         try:
-            server_info(client, max(1.0, min(share, deadline - time.monotonic())))
+            server_info(client, max(1.0, min(share, deadline - asked)))
             return client
         except ServerUnavailableError as e:
+            # A call that failed at once (e.g. a refused connection) is not repeated at once.
+            time.sleep(
+                max(
+                    0.0,
+                    min(
+                        _FIRST_CALL_S / 4 - (time.monotonic() - asked), deadline - time.monotonic()
+                    ),
+                )
+            )
             if deadline - time.monotonic() < 0.5:
                 raise ServerUnavailableError(
                     f"no Reverb server answered at {client.server_address!r} within {timeout} s "
-                    f"({e.__cause__}); is the server running and the port reachable?"
-                ) from e.__cause__
+                    f"({e.__cause__ or e}); is the server running and the port reachable?"
+                ) from (e.__cause__ or e)
 
 
 def call_with_timeout(fn: Callable[[], _T], timeout: float | None, what: str) -> _T:
