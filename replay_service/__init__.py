@@ -31,6 +31,7 @@ KEPT_MODULE_PATHS: dict[str, str] = {
     "replay_service.sb3": "replay_service.integrations.sb3",
     "replay_service.serve": "replay_service.cli.serve",
     "replay_service.sharding": "replay_service.distributed.sharding",
+    "replay_service.starter.build": "replay_service.starter",
 }
 """Old module path -> where its code lives now; the old path re-exports its public names."""
 
@@ -79,7 +80,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "sharded_status",
     ),
     "specs.nests": ("data_spec_for_spaces",),
-    "starter.build": ("PopulateConfig", "PopulateResult", "copy_buffer", "populate"),
+    "starter": ("PopulateConfig", "PopulateResult", "copy_buffer", "populate"),
     "monitoring.stats": ("BufferStats", "CheckpointStats", "TableStats"),
     "backends.reverb.tables": ("make_replay_tables", "make_table"),
     "sample.torch_streams": (

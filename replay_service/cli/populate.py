@@ -28,7 +28,7 @@ import tqdm
 from absl import app, flags, logging
 
 from replay_service.errors import ConfigError, ReplayServiceError
-from replay_service.starter.build import (
+from replay_service.starter import (
     DATA_SPEC_ENV_PREFIX,
     DEFAULT_CAPACITY,
     DEFAULT_ENV,

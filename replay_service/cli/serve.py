@@ -274,7 +274,7 @@ def _start_exporters(server: Any, stats: _LateStats, metrics: Any) -> list[Any]:
 
 
 def _status() -> int:
-    from replay_service.monitoring.status import format_status, server_status
+    from replay_service.monitoring.report import format_status, server_status
 
     if not _ADDRESS.value:
         raise usage_error("replay-server", "status needs --address=host:port")

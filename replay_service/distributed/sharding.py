@@ -48,8 +48,8 @@ from replay_service.errors import (
     SpecMismatchError,
 )
 from replay_service.manager import ReplayBufferManager
+from replay_service.monitoring.report import TableStatus, server_status
 from replay_service.monitoring.stats import BufferStats, TableStats, total_table
-from replay_service.monitoring.status import TableStatus, server_status
 from replay_service.storage.store import Checkpoint, CheckpointStore
 
 _T = TypeVar("_T")
@@ -211,7 +211,7 @@ class ShardStatus:
 
     Attributes:
       address: The shard's "host:port".
-      tables: Every table of that server (`replay_service.monitoring.status.server_status`).
+      tables: Every table of that server (`replay_service.monitoring.report.server_status`).
     """
 
     address: str

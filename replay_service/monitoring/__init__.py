@@ -1,1 +1,1 @@
-"""What operators watch: stats, status, TensorBoard summaries, Prometheus."""
+"""What operators watch: the stats tracker, the status report, TensorBoard summaries, Prometheus."""

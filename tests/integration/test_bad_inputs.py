@@ -224,7 +224,7 @@ def test_server_cli_rejects_unknown_command_and_status_without_address():
 @pytest.mark.heavy
 def test_status_of_a_server_that_is_down():
     from replay_service.backends.reverb.connection import pick_free_port
-    from replay_service.monitoring.status import server_status
+    from replay_service.monitoring.report import server_status
 
     address = f"localhost:{pick_free_port()}"
     with pytest.raises(ServerUnavailableError, match=address):

@@ -20,11 +20,16 @@ TOOLS = {"replay_service.serve": ("run",), "replay_service.demo": ("run", "colle
 
 
 def defined_public_names(module: str) -> set[str]:
-    """Public names a module's own source defines at its top level."""
-    path = PACKAGE.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    """Public names a module's own source defines at its top level (a package: its
+    `__init__.py`, where the names it imports from its modules count as its own)."""
+    path = PACKAGE.joinpath(*module.split(".")[1:])
+    is_package = path.is_dir()
+    path = path / "__init__.py" if is_package else path.with_suffix(".py")
     names = set()
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        if is_package and isinstance(node, ast.ImportFrom):
+            names.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))

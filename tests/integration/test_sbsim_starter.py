@@ -28,7 +28,7 @@ from replay_service import (
     copy_buffer,
 )
 from replay_service.backends.reverb.internals import bare_checkpoints, read_stored_tables
-from replay_service.starter.build import load_data_spec
+from replay_service.starter import load_data_spec
 
 CAPACITY = 1000
 STEPS_PER_RUN = 30

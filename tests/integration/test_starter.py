@@ -18,7 +18,7 @@ from replay_service import (
     NoCheckpointError,
     SpecMismatchError,
 )
-from replay_service.starter.build import (
+from replay_service.starter import (
     SUMMARY_PLOT_SUFFIX,
     check_capacity,
     copy_buffer,

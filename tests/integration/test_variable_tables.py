@@ -31,8 +31,8 @@ from replay_service.backends.reverb.server import CheckpointedServer
 from replay_service.config.files import load_config
 from replay_service.config.options import TableConfig, VariableTableConfig
 from replay_service.errors import ConfigError, SpecMismatchError
+from replay_service.monitoring.report import format_status, server_status
 from replay_service.monitoring.stats import server_stats
-from replay_service.monitoring.status import format_status, server_status
 from replay_service.specs.nests import describe_spec, spec_from_description, variable_container_spec
 from replay_service.storage.store import CheckpointStore, StoreMetadata
 

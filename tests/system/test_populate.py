@@ -40,7 +40,7 @@ from replay_service import (
 )
 from replay_service.cli.populate import POPULATE_FLAGS, ProgressBar, normalize_flag_spelling
 from replay_service.specs.nests import describe_spec
-from replay_service.starter.build import (
+from replay_service.starter import (
     DEFAULT_CAPACITY,
     SUMMARY_PLOT_SUFFIX,
     PopulateConfig,

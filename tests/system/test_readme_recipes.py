@@ -199,7 +199,7 @@ def test_readme_starter_buffer_commands(user_dir: Path) -> None:
     assert CheckpointStore(str(user_dir / "runs/exp1/replay")).entries()
 
     # The same copy in Python, into a new directory.
-    from replay_service.starter.build import make_envs_and_policies, starter_data_spec
+    from replay_service.starter import make_envs_and_policies, starter_data_spec
 
     envs, policies = make_envs_and_policies("building", "schedule", 1, seed=0)
     data_spec = starter_data_spec(envs[0], policies[0])

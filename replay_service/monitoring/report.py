@@ -1,4 +1,9 @@
-"""What a running server holds: per-table sizes, traffic and the last checkpoint."""
+"""The `replay-server status` report: each table's counters, read once, and the last checkpoint.
+
+What a running server holds (sizes, completed inserts and samples, sampler and remover), without
+the rates that `stats.py` measures over a window; `replay-server status` prints it and
+`sharded_status` sums it over shards.
+"""
 
 from __future__ import annotations
 
