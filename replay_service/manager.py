@@ -354,6 +354,33 @@ class ReplayBufferManager:
         assert self._replay_buffer is not None
         return self._replay_buffer, self._new_observer()
 
+    def observer(
+        self, *, pad_end_of_episodes: bool = False, tile_end_of_episodes: bool = False
+    ) -> TrajectoryObserver:
+        """Returns a new trajectory observer of this buffer, optionally padding as TF-Agents.
+
+        Without options it is the observer `create_replay_buffer()` hands out. With
+        `pad_end_of_episodes` (and `tile_end_of_episodes`) it writes exactly the items of
+        TF-Agents' `ReverbAddTrajectoryObserver(pad_end_of_episodes=...,
+        tile_end_of_episodes=...)`: zero boundary steps end each episode and the windows they
+        complete are written as plain `Trajectory` items (see
+        `replay_service.collect.episode_padding`), on both backends and layouts.
+
+        Args:
+          pad_end_of_episodes: TF-Agents' option of that name.
+          tile_end_of_episodes: TF-Agents' option of that name (needs `pad_end_of_episodes`).
+
+        Returns:
+          A `TrajectoryObserver` writing to every table; `checkpoint()` flushes it and
+          `close()` closes it.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ConfigError: If a flag is not a bool, `tile_end_of_episodes` comes without
+            `pad_end_of_episodes`, or the tables pad on their own (`pad_end_of_episode=True`).
+        """
+        return self._new_observer(pad_end_of_episodes, tile_end_of_episodes)
+
     def close(self) -> None:
         """Flushes observers, stops the embedded server and releases the directory. Idempotent.
 
@@ -615,7 +642,9 @@ class ReplayBufferManager:
     def _extra_windows(self) -> list[tuple[str, int]]:
         return [(t.name, t.sequence_length) for t in self._extra_tables]
 
-    def _new_observer(self) -> TrajectoryObserver:
+    def _new_observer(
+        self, pad_end_of_episodes: bool = False, tile_end_of_episodes: bool = False
+    ) -> TrajectoryObserver:
         observer = TrajectoryObserver(
             self._require_client(),
             self.table_name,
@@ -626,6 +655,8 @@ class ReplayBufferManager:
             extra_tables=self._extra_windows(),
             pad_end_of_episode=self._table.pad_end_of_episode,
             layout=self._table.layout,
+            pad_end_of_episodes=pad_end_of_episodes,
+            tile_end_of_episodes=tile_end_of_episodes,
         )
         self._observers.append(observer)
         return observer
