@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay_service.backends import Backend, BackendOptions, Capability, backend_class
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from replay_service.backends.reverb.datasets import ReplayBuffer
     from replay_service.backends.reverb.handles import TableHandle
     from replay_service.collect.gym_vector import GymVectorWriter
+    from replay_service.collect.hindsight import HindsightWriter
     from replay_service.sample.epochs import EpochBatches
     from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
 
@@ -909,6 +910,56 @@ class ReplayBufferManager:
         )
         self._observers.append(writer)  # type: ignore[arg-type]
         return writer
+
+    def hindsight_writer(
+        self,
+        compute_reward: Callable[[Any, Any, Any], Any],
+        *,
+        strategy: str = "future",
+        k: int | None = None,
+        seed: int | None = None,
+        priority: float = 1.0,
+    ) -> HindsightWriter:
+        """Returns a writer of goal-conditioned transitions and their hindsight relabels (HER).
+
+        Each episode's transitions are written as they come; when it ends, `k` relabelled
+        copies of each, whose `desired_goal` is a goal the episode achieved and whose reward is
+        `compute_reward(achieved_goal, desired_goal, info)` (see
+        `replay_service.collect.hindsight`). The buffer's observation must be a
+        gymnasium-robotics goal observation, e.g. `from_spaces(env.observation_space, ...)` of
+        a Dict space with `observation`, `achieved_goal` and `desired_goal`.
+
+        Args:
+          compute_reward: The environment's vectorised `compute_reward(achieved_goal,
+            desired_goal, info)` (gymnasium-robotics: `env.unwrapped.compute_reward`).
+          strategy: "future" (goals achieved later in the episode) or "final" (the episode's
+            final achieved goal).
+          k: Relabels per transition; None: 4 for "future", 1 for "final" (the only value).
+          seed: Seed of the "future" draws; None draws fresh ones.
+          priority: Initial priority of new items.
+
+        Returns:
+          A `HindsightWriter`; `checkpoint()` flushes it and `close()` closes it.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ConfigError: If the observation is not a goal observation (naming what it is), a
+            table's items are not single transitions (sequence_length 2, stride_length 1), or
+            an option is invalid (naming it and its value).
+        """
+        from replay_service.collect import hindsight
+
+        hindsight.check_options(compute_reward, strategy, k, seed)
+        hindsight.check_goal_spec(getattr(self._data_spec, "observation", None))
+        for config in self.tables:
+            if config.sequence_length != 2 or self._stride_length != 1:
+                raise ConfigError(
+                    f"hindsight_writer writes relabelled transitions as items of 2 steps; table "
+                    f"{config.name!r} has sequence_length={config.sequence_length} and "
+                    f"stride_length={self._stride_length} (it needs 2 and 1)"
+                )
+        writer = self.transition_writer(priority=priority)
+        return hindsight.HindsightWriter(writer, compute_reward, strategy=strategy, k=k, seed=seed)
 
     def gym_vector_writer(
         self, envs: Any, *, autoreset_mode: Any = None, priority: float = 1.0
