@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from replay_service.collect.gym_vector import GymVectorWriter
     from replay_service.collect.hindsight import HindsightWriter
     from replay_service.sample.epochs import EpochBatches
+    from replay_service.sample.recent import RecentBatches
     from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
 
 
@@ -878,6 +879,70 @@ class ReplayBufferManager:
             transitions=transitions,
             device=device,
             table_name=config.name,
+        )
+
+    def recent_batches(
+        self,
+        batch_size: int,
+        num_updates: int,
+        *,
+        eta: float = 0.996,
+        c_min: int = 5000,
+        seed: int | None = None,
+        transitions: bool = False,
+        device: str | Any = "cpu",
+        table: str | None = None,
+    ) -> RecentBatches:
+        """Returns one round of ERE batches: update `k` of `num_updates` samples only the newest
+        `c_k = max(N * eta ** (k * 1000 / num_updates), c_min)` items (capped at `N`).
+
+        Emphasizing recent experience (Wang & Ross 2019; pytorchrl's `EREBuffer(eta=, cmin=)`):
+        iterate it once per round of updates, e.g. after each episode with `num_updates` the
+        episode's length. `N` is the table's size when each batch is drawn. The items are read,
+        not sampled (`times_sampled` and rate limits are untouched). See
+        `replay_service.sample.recent`.
+
+        Args:
+          batch_size: Items per batch.
+          num_updates: Batches in the round (K).
+          eta: ERE's eta, in (0, 1]; 1 samples the whole table every time.
+          c_min: The smallest window, in items.
+          seed: Seed of the draws; None draws fresh ones.
+          transitions: Yield `TransitionBatch`es (tables of 2-step items) instead of item
+            nests.
+          device: Torch device of the batches.
+          table: Table to sample; None is the primary table.
+
+        Returns:
+          A `RecentBatches` (iterable, `len()` is `num_updates`; `windows` lists each batch's
+          `c_k`).
+
+        Raises:
+          ConfigError: If an option is invalid (named with its value), `table` is unknown, or
+            the backend cannot sample the newest items (Reverb: use backend='local').
+          BufferStateError: If no buffer was created or loaded; when iterating, if the table
+            is empty.
+        """
+        from replay_service.sample import recent
+
+        recent.check_options(batch_size, num_updates, eta, c_min, seed, transitions)
+        self._require_client()
+        self._require(Capability.RECENT_SAMPLING, f"recent_batches(eta={eta!r}, c_min={c_min!r})")
+        config = find_table(self.tables, table)
+        backend = self._backend
+        return recent.RecentBatches(
+            lambda size, window, rng: backend.read_newest(config, size, window, rng),
+            lambda: self.num_frames(table=config.name),
+            self._stored_spec,
+            batch_size,
+            num_updates,
+            eta=eta,
+            c_min=c_min,
+            seed=seed,
+            transitions=transitions,
+            device=device,
+            table_name=config.name,
+            sequence_length=config.sequence_length,
         )
 
     def _torch_source(self, table: str | None) -> Any:
