@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay_service.backends import Backend, BackendOptions, Capability, backend_class
@@ -53,7 +53,9 @@ if TYPE_CHECKING:
     from replay_service.backends.reverb.datasets import ReplayBuffer
     from replay_service.backends.reverb.handles import TableHandle
     from replay_service.collect.gym_vector import GymVectorWriter
+    from replay_service.collect.hindsight import HindsightWriter
     from replay_service.sample.epochs import EpochBatches
+    from replay_service.sample.recent import RecentBatches
     from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
 
 
@@ -354,6 +356,33 @@ class ReplayBufferManager:
         assert self._replay_buffer is not None
         return self._replay_buffer, self._new_observer()
 
+    def observer(
+        self, *, pad_end_of_episodes: bool = False, tile_end_of_episodes: bool = False
+    ) -> TrajectoryObserver:
+        """Returns a new trajectory observer of this buffer, optionally padding as TF-Agents.
+
+        Without options it is the observer `create_replay_buffer()` hands out. With
+        `pad_end_of_episodes` (and `tile_end_of_episodes`) it writes exactly the items of
+        TF-Agents' `ReverbAddTrajectoryObserver(pad_end_of_episodes=...,
+        tile_end_of_episodes=...)`: zero boundary steps end each episode and the windows they
+        complete are written as plain `Trajectory` items (see
+        `replay_service.collect.episode_padding`), on both backends and layouts.
+
+        Args:
+          pad_end_of_episodes: TF-Agents' option of that name.
+          tile_end_of_episodes: TF-Agents' option of that name (needs `pad_end_of_episodes`).
+
+        Returns:
+          A `TrajectoryObserver` writing to every table; `checkpoint()` flushes it and
+          `close()` closes it.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ConfigError: If a flag is not a bool, `tile_end_of_episodes` comes without
+            `pad_end_of_episodes`, or the tables pad on their own (`pad_end_of_episode=True`).
+        """
+        return self._new_observer(pad_end_of_episodes, tile_end_of_episodes)
+
     def close(self) -> None:
         """Flushes observers, stops the embedded server and releases the directory. Idempotent.
 
@@ -615,7 +644,9 @@ class ReplayBufferManager:
     def _extra_windows(self) -> list[tuple[str, int]]:
         return [(t.name, t.sequence_length) for t in self._extra_tables]
 
-    def _new_observer(self) -> TrajectoryObserver:
+    def _new_observer(
+        self, pad_end_of_episodes: bool = False, tile_end_of_episodes: bool = False
+    ) -> TrajectoryObserver:
         observer = TrajectoryObserver(
             self._require_client(),
             self.table_name,
@@ -626,6 +657,8 @@ class ReplayBufferManager:
             extra_tables=self._extra_windows(),
             pad_end_of_episode=self._table.pad_end_of_episode,
             layout=self._table.layout,
+            pad_end_of_episodes=pad_end_of_episodes,
+            tile_end_of_episodes=tile_end_of_episodes,
         )
         self._observers.append(observer)
         return observer
@@ -848,6 +881,70 @@ class ReplayBufferManager:
             table_name=config.name,
         )
 
+    def recent_batches(
+        self,
+        batch_size: int,
+        num_updates: int,
+        *,
+        eta: float = 0.996,
+        c_min: int = 5000,
+        seed: int | None = None,
+        transitions: bool = False,
+        device: str | Any = "cpu",
+        table: str | None = None,
+    ) -> RecentBatches:
+        """Returns one round of ERE batches: update `k` of `num_updates` samples only the newest
+        `c_k = max(N * eta ** (k * 1000 / num_updates), c_min)` items (capped at `N`).
+
+        Emphasizing recent experience (Wang & Ross 2019; pytorchrl's `EREBuffer(eta=, cmin=)`):
+        iterate it once per round of updates, e.g. after each episode with `num_updates` the
+        episode's length. `N` is the table's size when each batch is drawn. The items are read,
+        not sampled (`times_sampled` and rate limits are untouched). See
+        `replay_service.sample.recent`.
+
+        Args:
+          batch_size: Items per batch.
+          num_updates: Batches in the round (K).
+          eta: ERE's eta, in (0, 1]; 1 samples the whole table every time.
+          c_min: The smallest window, in items.
+          seed: Seed of the draws; None draws fresh ones.
+          transitions: Yield `TransitionBatch`es (tables of 2-step items) instead of item
+            nests.
+          device: Torch device of the batches.
+          table: Table to sample; None is the primary table.
+
+        Returns:
+          A `RecentBatches` (iterable, `len()` is `num_updates`; `windows` lists each batch's
+          `c_k`).
+
+        Raises:
+          ConfigError: If an option is invalid (named with its value), `table` is unknown, or
+            the backend cannot sample the newest items (Reverb: use backend='local').
+          BufferStateError: If no buffer was created or loaded; when iterating, if the table
+            is empty.
+        """
+        from replay_service.sample import recent
+
+        recent.check_options(batch_size, num_updates, eta, c_min, seed, transitions)
+        self._require_client()
+        self._require(Capability.RECENT_SAMPLING, f"recent_batches(eta={eta!r}, c_min={c_min!r})")
+        config = find_table(self.tables, table)
+        backend = self._backend
+        return recent.RecentBatches(
+            lambda size, window, rng: backend.read_newest(config, size, window, rng),
+            lambda: self.num_frames(table=config.name),
+            self._stored_spec,
+            batch_size,
+            num_updates,
+            eta=eta,
+            c_min=c_min,
+            seed=seed,
+            transitions=transitions,
+            device=device,
+            table_name=config.name,
+            sequence_length=config.sequence_length,
+        )
+
     def _torch_source(self, table: str | None) -> Any:
         replay_buffer = self._require_buffer()
         return self._backend.torch_source(replay_buffer, find_table(self.tables, table))
@@ -878,6 +975,56 @@ class ReplayBufferManager:
         )
         self._observers.append(writer)  # type: ignore[arg-type]
         return writer
+
+    def hindsight_writer(
+        self,
+        compute_reward: Callable[[Any, Any, Any], Any],
+        *,
+        strategy: str = "future",
+        k: int | None = None,
+        seed: int | None = None,
+        priority: float = 1.0,
+    ) -> HindsightWriter:
+        """Returns a writer of goal-conditioned transitions and their hindsight relabels (HER).
+
+        Each episode's transitions are written as they come; when it ends, `k` relabelled
+        copies of each, whose `desired_goal` is a goal the episode achieved and whose reward is
+        `compute_reward(achieved_goal, desired_goal, info)` (see
+        `replay_service.collect.hindsight`). The buffer's observation must be a
+        gymnasium-robotics goal observation, e.g. `from_spaces(env.observation_space, ...)` of
+        a Dict space with `observation`, `achieved_goal` and `desired_goal`.
+
+        Args:
+          compute_reward: The environment's vectorised `compute_reward(achieved_goal,
+            desired_goal, info)` (gymnasium-robotics: `env.unwrapped.compute_reward`).
+          strategy: "future" (goals achieved later in the episode) or "final" (the episode's
+            final achieved goal).
+          k: Relabels per transition; None: 4 for "future", 1 for "final" (the only value).
+          seed: Seed of the "future" draws; None draws fresh ones.
+          priority: Initial priority of new items.
+
+        Returns:
+          A `HindsightWriter`; `checkpoint()` flushes it and `close()` closes it.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ConfigError: If the observation is not a goal observation (naming what it is), a
+            table's items are not single transitions (sequence_length 2, stride_length 1), or
+            an option is invalid (naming it and its value).
+        """
+        from replay_service.collect import hindsight
+
+        hindsight.check_options(compute_reward, strategy, k, seed)
+        hindsight.check_goal_spec(getattr(self._data_spec, "observation", None))
+        for config in self.tables:
+            if config.sequence_length != 2 or self._stride_length != 1:
+                raise ConfigError(
+                    f"hindsight_writer writes relabelled transitions as items of 2 steps; table "
+                    f"{config.name!r} has sequence_length={config.sequence_length} and "
+                    f"stride_length={self._stride_length} (it needs 2 and 1)"
+                )
+        writer = self.transition_writer(priority=priority)
+        return hindsight.HindsightWriter(writer, compute_reward, strategy=strategy, k=k, seed=seed)
 
     def gym_vector_writer(
         self, envs: Any, *, autoreset_mode: Any = None, priority: float = 1.0

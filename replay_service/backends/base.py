@@ -39,6 +39,10 @@ class Capability(enum.Enum):
     PACKED_LAYOUT = "layout='packed' (a Reverb table storing one byte row per step)"
     PORT = "port= (a server listening for other processes)"
     MEMMAP_STORAGE = "storage='memmap' (tables in memory-mapped files)"
+    RECENT_SAMPLING = (
+        "recent_batches (sampling only the newest items, ERE: no Reverb sampler draws from "
+        "the newest c items with c changing every update)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,3 +250,8 @@ class Backend(abc.ABC):
     def table_handle(self, table: TableConfig) -> Any:
         """A picklable description of `table` (`Capability.TABLE_HANDLE`)."""
         raise NotImplementedError(Capability.TABLE_HANDLE.value)
+
+    def read_newest(self, table: TableConfig, batch_size: int, window: int, rng: Any) -> Any:
+        """`batch_size` items of `table` drawn uniformly from its newest `window` items, one
+        torch tensor per field, without counting them as sampled (`Capability.RECENT_SAMPLING`)."""
+        raise NotImplementedError(Capability.RECENT_SAMPLING.value)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from replay_service.backends.reverb.internals import abandon_writer
+from replay_service.collect.episode_padding import EpisodePadding
 from replay_service.config.options import Timeouts, require_int, require_number, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
 from replay_service.specs.nests import check_collect_spec, diff_value, normalize_spec
@@ -225,10 +226,15 @@ class TrajectoryObserver:
       pad_end_of_episode: Write `Masked(step, mask)` steps and pad each episode's end (the
         tables must be padded too, with one sequence length; see `replay_service.specs.windows`).
       layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`).
+      pad_end_of_episodes: TF-Agents' `ReverbAddTrajectoryObserver` option of that name: at
+        each episode's end append zero boundary steps and write the windows they complete
+        (plain `Trajectory` items; see `replay_service.collect.episode_padding`).
+      tile_end_of_episodes: TF-Agents' option of that name (needs `pad_end_of_episodes`).
 
     Raises:
-      ConfigError: If `sequence_length` or `stride_length` is not an integer >= 1, or
-        `priority` not a finite number >= 0.
+      ConfigError: If `sequence_length` or `stride_length` is not an integer >= 1,
+        `priority` not a finite number >= 0, or the TF-Agents padding flags are invalid
+        (`EpisodePadding.build`).
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
     """
 
@@ -245,8 +251,17 @@ class TrajectoryObserver:
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
         layout: str = "nested",
+        pad_end_of_episodes: bool = False,
+        tile_end_of_episodes: bool = False,
     ) -> None:
         check_collect_spec(data_spec, "TrajectoryObserver")
+        self._tf_agents_padding = EpisodePadding.build(
+            data_spec,
+            sequence_length,
+            pad_end_of_episodes,
+            tile_end_of_episodes,
+            masked_table=pad_end_of_episode,
+        )
         self._target = target = WriteTarget.build(
             client,
             table_name,
@@ -293,7 +308,7 @@ class TrajectoryObserver:
         except ValueError as e:
             self._raise_mismatch(trajectory, e)
         self._episode_steps += 1
-        if trajectory.step_type == LAST and self._end_episode(confirm=False):
+        if trajectory.step_type == LAST and self._end_episode(confirm=False, pad=True):
             return  # (`is_boundary()`, without its tensor check)
         since_flush = self._steps_since_flush + 1
         if since_flush >= self._flush_every:
@@ -317,12 +332,12 @@ class TrajectoryObserver:
         """Ends the current episode: its written items stay, pending steps start a new window.
 
         Args:
-          write_cached_steps: Accepted for compatibility with TF-Agents observers; steps that
-            do not fill a window are never written.
+          write_cached_steps: As TF-Agents observers: with `pad_end_of_episodes`, pad the
+            episode's end first (its windows are written); otherwise steps that do not fill a
+            window are never written.
         """
-        del write_cached_steps
         if self._writer is not None:
-            self._end_episode()
+            self._end_episode(pad=bool(write_cached_steps))
 
     def close(self) -> None:
         """Flushes pending items and releases the writer. Idempotent.
@@ -363,10 +378,11 @@ class TrajectoryObserver:
         self._writer = self._target.open_writer()
         return self._writer
 
-    def _end_episode(self, *, confirm: bool = True) -> bool:
+    def _end_episode(self, *, confirm: bool = True, pad: bool = False) -> bool:
         """Ends the episode (padding it first where the table pads).
 
         Args:
+          pad: Append TF-Agents' padding steps first (with `pad_end_of_episodes`).
           confirm: Wait until the writer's items are confirmed (reset, close). False, at a
             boundary step: a writer that can end an episode without waiting
             (`PackedWindowWriter.next_episode`) does, and its items stay counted for the
@@ -379,6 +395,12 @@ class TrajectoryObserver:
         padding = self._target.padding(self._episode_steps)
         for _ in range(padding):
             writer.append(self._padding)
+        tf_agents_padding = self._tf_agents_padding
+        if pad and tf_agents_padding is not None:
+            extra = tf_agents_padding.count(self._episode_steps)
+            for _ in range(extra):
+                writer.append(tf_agents_padding.step)
+            padding += extra
         self._episode_steps = 0
         next_episode = None if confirm else getattr(writer, "next_episode", None)
         if next_episode is not None:

@@ -226,7 +226,7 @@ class LocalBackend(Backend):
     """
 
     kind = "local"
-    capabilities = frozenset({Capability.MEMMAP_STORAGE})
+    capabilities = frozenset({Capability.MEMMAP_STORAGE, Capability.RECENT_SAMPLING})
     description = "the local backend (tables in this process)"
 
     def __init__(
@@ -337,6 +337,10 @@ class LocalBackend(Backend):
     def insert_items(self, table: TableConfig, items: export_lib.ExportedItems) -> None:
         """Inserts the items into the table, in order, with their priorities."""
         self.client.table(table.name).insert(items.data, items.priorities)
+
+    def read_newest(self, table: TableConfig, batch_size: int, window: int, rng: Any) -> Any:
+        """Items drawn from the newest `window` of the table (`LocalTable.read_newest`)."""
+        return self.client.table(table.name).read_newest(batch_size, window, rng)
 
     def _source(self, table: str) -> local_sampling.LocalSampleSource:
         return local_sampling.LocalSampleSource(

@@ -391,6 +391,35 @@ class LocalTable:
         positions = (self._rng.random(batch_size) * size).astype(np.int64)
         return self._dense[positions], np.full(batch_size, 1.0 / size)
 
+    def read_newest(
+        self, batch_size: int, window: int, rng: np.random.Generator
+    ) -> list[torch.Tensor]:
+        """Reads `batch_size` items drawn uniformly (with replacement) from the newest `window`
+        items (all of them when the table holds fewer). Read-only: neither `times_sampled`,
+        the sample count nor `max_times_sampled` removals are touched.
+
+        Args:
+          batch_size: Items to read.
+          window: How many of the newest items to draw from (>= 1).
+          rng: The generator of the draws.
+
+        Returns:
+          One tensor per field, `[batch, sequence_length, *field_shape]`.
+
+        Raises:
+          BufferStateError: If the table is empty.
+          ManagerClosedError: If the table was closed.
+        """
+        with self._changed:
+            self._require_open()
+            count = min(int(window), self._size)
+            if count <= 0:
+                raise BufferStateError(f"table {self.name!r} holds no items to read")
+            newest = np.fromiter(
+                itertools.islice(reversed(self._order.values()), count), np.int64, count
+            )
+            return self._read_slots(newest[rng.integers(0, count, batch_size)])
+
     # ------------------------------------------------------------------------ checkpoints
 
     def items(self, *, copy: bool = True) -> tuple[list[Any], np.ndarray, np.ndarray]:

@@ -73,6 +73,12 @@ class ReverbBackend(Backend):
         """What to use instead where this backend lacks `capability`."""
         if capability is Capability.MEMMAP_STORAGE:
             return "it applies only to backend='local'"
+        if capability is Capability.RECENT_SAMPLING:
+            return (
+                "use backend='local', or approximate it on Reverb with an extra table of a "
+                "small capacity (its FIFO remover keeps only the newest items) and "
+                "torch_batches(table=...)"
+            )
         return "it needs an embedded Reverb server (no server_address)"
 
     def replay_buffer_kwargs(self) -> dict[str, Any]:

@@ -1,0 +1,178 @@
+"""Emphasizing recent experience (ERE, Wang & Ross 2019): sampling only the newest items.
+
+After each episode an ERE learner makes `K` updates; update `k` (0-based) samples its batch
+uniformly from the newest `c_k` items of the buffer, where
+
+    c_k = max(N * eta ** (k * 1000 / K), c_min)
+
+(capped at `N`), `N` the number of items the table holds when the batch is drawn, `eta` in
+(0, 1] (1: plain uniform sampling over everything; the paper uses 0.994..0.999) and `c_min`
+the smallest window (pytorchrl's `EREBuffer(eta=, cmin=)`; the paper's c_min is 2500). Early
+updates of a round see most of the buffer, later ones mostly recent data.
+
+`RecentBatches` is what `ReplayBufferManager.recent_batches` returns. The items are read from
+the live table (a read, not a sample: `times_sampled`, rate limiting and `max_times_sampled`
+removals are untouched), so items written between two batches are in the next one's window.
+It needs `Capability.RECENT_SAMPLING` (the local backend): a Reverb table's samplers draw from
+the whole table, or give only its newest or oldest item, and none restricts sampling to a
+window whose size changes with every update.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from replay_service.errors import BufferStateError, ConfigError
+from replay_service.sample.torch_streams import (
+    TRANSITION_SEQUENCE_LENGTH,
+    Packer,
+    _resolve_device,
+    item_packer,
+    transition_packer,
+)
+from replay_service.specs.windows import Masked
+
+DEFAULT_ETA = 0.996
+"""The paper's initial eta."""
+DEFAULT_C_MIN = 5000
+"""pytorchrl's default `cmin`."""
+
+
+def ere_window(num_items: int, update: int, num_updates: int, eta: float, c_min: int) -> int:
+    """The number of newest items update `update` of `num_updates` samples from.
+
+    Args:
+      num_items: Items in the table (N).
+      update: The update's index k, 0-based.
+      num_updates: Updates in the round (K).
+      eta: ERE's eta, in (0, 1].
+      c_min: The smallest window.
+
+    Returns:
+      `min(N, max(int(N * eta ** (k * 1000 / K)), c_min))`.
+    """
+    window = max(int(num_items * eta ** (update * 1000 / num_updates)), c_min)
+    return min(num_items, window)
+
+
+def check_options(
+    batch_size: Any, num_updates: Any, eta: Any, c_min: Any, seed: Any, transitions: Any
+) -> None:
+    """Refuses bad `recent_batches` options.
+
+    Raises:
+      ConfigError: Naming the option and its value.
+    """
+    for name, value in (
+        ("batch_size", batch_size),
+        ("num_updates", num_updates),
+        ("c_min", c_min),
+    ):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if (
+        not isinstance(eta, numbers.Real)
+        or isinstance(eta, bool)
+        or not math.isfinite(eta)
+        or not 0 < eta <= 1
+    ):
+        raise ConfigError(f"eta must be a number in (0, 1], got {eta!r}")
+    if seed is not None and (
+        not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0
+    ):
+        raise ConfigError(f"seed must be a non-negative integer or None, got {seed!r}")
+    if not isinstance(transitions, bool):
+        raise ConfigError(f"transitions must be True or False, got {transitions!r}")
+
+
+class RecentBatches:
+    """`num_updates` batches, batch `k` drawn from the newest `ere_window(N, k, K, ...)` items.
+
+    Iterating yields `num_updates` batches, each what `torch_batches` yields without
+    `with_info`: the item nest of torch tensors `[batch, sequence_length, ...]`, or a
+    `TransitionBatch` with `transitions=True`. `windows` lists the window of every batch
+    yielded so far in the current iteration. Each `iter()` is a new round (`k` starts at 0);
+    with a `seed`, a round on the same items repeats the same batches.
+
+    Args:
+      read: `read(batch_size, window, rng)`: one torch tensor per field of `batch_size` items
+        drawn uniformly from the newest `window` items.
+      size: The number of items in the table now.
+      structure: The per-step stored spec.
+      batch_size: Items per batch.
+      num_updates: Batches per round (K).
+      eta: ERE's eta, in (0, 1].
+      c_min: The smallest window.
+      seed: Seed of the draws; None draws fresh ones.
+      transitions: Yield `TransitionBatch`es (tables of 2-step, unpadded items).
+      device: Torch device of the batches.
+      table_name: The table read (for error messages).
+      sequence_length: The table's steps per item.
+
+    Raises:
+      ConfigError: If an option is invalid or `transitions` does not apply to the items.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[int, int, np.random.Generator], list[torch.Tensor]],
+        size: Callable[[], int],
+        structure: Any,
+        batch_size: int,
+        num_updates: int,
+        *,
+        eta: float = DEFAULT_ETA,
+        c_min: int = DEFAULT_C_MIN,
+        seed: int | None = None,
+        transitions: bool = False,
+        device: str | torch.device = "cpu",
+        table_name: str = "",
+        sequence_length: int = TRANSITION_SEQUENCE_LENGTH,
+    ) -> None:
+        check_options(batch_size, num_updates, eta, c_min, seed, transitions)
+        self._device = _resolve_device(device)
+        if transitions and (
+            isinstance(structure, Masked) or sequence_length != TRANSITION_SEQUENCE_LENGTH
+        ):
+            raise ConfigError(
+                f"transitions=True needs unpadded items of {TRANSITION_SEQUENCE_LENGTH} steps; "
+                f"table {table_name!r} has sequence_length={sequence_length}"
+                f"{' and Masked (padded) items' if isinstance(structure, Masked) else ''}; "
+                "use transitions=False"
+            )
+        self._read = read
+        self._size = size
+        self.batch_size = int(batch_size)
+        self.num_updates = int(num_updates)
+        self.eta = float(eta)
+        self.c_min = int(c_min)
+        self.seed = seed
+        self.table_name = table_name
+        self.windows: list[int] = []
+        self._packer: Packer = (
+            transition_packer(structure) if transitions else item_packer(structure)
+        )
+
+    def __len__(self) -> int:
+        """Batches per round: `num_updates`."""
+        return self.num_updates
+
+    def __iter__(self) -> Iterator[Any]:
+        rng = np.random.default_rng(self.seed)
+        self.windows = []
+        for update in range(self.num_updates):
+            num_items = self._size()
+            if num_items <= 0:
+                raise BufferStateError(f"table {self.table_name!r} holds no items to sample")
+            window = ere_window(num_items, update, self.num_updates, self.eta, self.c_min)
+            flat = self._read(self.batch_size, window, rng)
+            if self._device.type != "cpu":
+                flat = [t.to(self._device) for t in flat]
+            self.windows.append(window)
+            yield self._packer(flat)
