@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay_service.backends import Backend, BackendOptions, Capability, backend_class
@@ -914,6 +914,61 @@ class ReplayBufferManager:
             )
         writers = [self.transition_writer(priority=priority) for _ in range(num_envs)]
         return GymVectorWriter(writers, autoreset_mode)
+
+    def warm_up(
+        self,
+        env: Any,
+        num_steps: int,
+        policy: Callable[[Any], Any] | None = None,
+        *,
+        seed: int | None = None,
+        progress: bool = True,
+    ) -> int:
+        """Fills the buffer with `num_steps` transitions of a gymnasium env (Velora's `warm`).
+
+        Steps `env` (a gymnasium env, or a vector env such as `gymnasium.vector.SyncVectorEnv`)
+        with `policy`, random actions by default, and writes every transition into every table,
+        as `transition_writer` (single env) or `gym_vector_writer` (vector env, either
+        auto-reset mode) does: terminations and truncations as gymnasium defines them, and the
+        episodes still running at the end written as truncated (see
+        `replay_service.collect.warm_up`). The env is reset first (`env.reset(seed=seed)`) and
+        left after its last step.
+
+        Args:
+          env: A gymnasium env or vector env whose spaces match the data spec (e.g. the spaces
+            this manager was made `from_spaces` of).
+          num_steps: Transitions to write; a vector env steps all its environments, so up to
+            `num_envs - 1` more are written.
+          policy: `policy(observation) -> action` (numpy or torch; batched for a vector env),
+            or, when the data spec declares extras, `policy(observation) -> (action, {name:
+            value})`. None: random actions, `env.action_space.sample()`.
+          seed: Seeds the env's reset and the random actions (an integer >= 0); None: unseeded.
+          progress: Show a progress bar (tqdm; without tqdm, a log line every 10 s).
+
+        Returns:
+          The number of transitions written.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ConfigError: If `env`, `num_steps`, `policy`, `seed` or `progress` is invalid, or
+            random actions are asked of a data spec with extras (naming the value).
+          SpecMismatchError: If an observation, action or extra does not fit the data spec
+            (named; the transitions before it stay written).
+          WriteTimeoutError: If the server does not confirm items within `timeouts.write`.
+        """
+        from replay_service.collect import warm_up as warm_up_lib
+
+        extras = warm_up_lib.extra_names(self._data_spec)
+        warm_up_lib.check_options(env, num_steps, policy, seed, progress, extras)
+        self._require_client()
+        writer: Any = (
+            self.gym_vector_writer(env)
+            if warm_up_lib.is_vector_env(env)
+            else self.transition_writer()
+        )
+        return warm_up_lib.warm_up(
+            env, writer, num_steps, policy, seed=seed, progress=progress, extras=extras
+        )
 
     def export(
         self,

@@ -8,6 +8,9 @@ takes the extras declared with `from_spaces(extras=...)`.
 
 from __future__ import annotations
 
+import logging
+import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,10 +19,12 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
-from gymnasium.vector import SyncVectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from conftest import FAST_TIMEOUTS
 from replay_service import (
+    BufferStateError,
+    ConfigError,
     ReplayBufferManager,
     SpecMismatchError,
 )
@@ -120,6 +125,128 @@ def cut_at_the_end(log: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """An env's log with its last transition ended as truncated (the warm-up's budget)."""
     *head, (state, action, reward, next_state, done, _) = log
     return [*head, (state, action, reward, next_state, done, not done)]
+
+
+# ----------------------------------------------------------------------------------- warm-up
+
+
+def test_warm_up_stores_every_transition_of_a_single_env_with_random_actions(make):
+    log: list[tuple[Any, ...]] = []
+    manager = make()
+    manager.create_replay_buffer()
+    assert manager.warm_up(cartpole(log), 23, seed=0, progress=False) == 23
+    assert len(log) == 23
+    # Every transition became an item, the last one too (its episode cut as truncated).
+    assert len(manager) == 23
+    assert Counter(stored(manager)) == Counter(cut_at_the_end(log))
+    assert sum(t[5] for t in log) >= 3  # time limits were met and stored as truncations
+    assert {t[1] for t in log} == {0, 1}  # random actions
+
+    again: list[tuple[Any, ...]] = []
+    other = make("again")
+    other.create_replay_buffer()
+    other.warm_up(cartpole(again), 23, seed=0, progress=False)
+    assert again == log  # the seed fixes the env's resets and the random actions
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_warm_up_of_a_vector_env_stores_its_real_transitions(make, mode):
+    logs: list[list[tuple[Any, ...]]] = [[] for _ in range(NUM_ENVS)]
+    envs = SyncVectorEnv([lambda log=log: cartpole(log) for log in logs], autoreset_mode=mode)
+    manager = make()
+    manager.create_replay_buffer()
+    written = manager.warm_up(envs, 25, seed=1, progress=False)
+    assert 25 <= written < 25 + NUM_ENVS
+    assert written == sum(len(log) for log in logs) == len(manager)
+    expected = Counter(t for log in logs for t in cut_at_the_end(log))
+    # NEXT_STEP reset steps are not stored; SAME_STEP final observations are the real ones.
+    assert Counter(stored(manager)) == expected
+    assert all(t[2] == 1.0 for t in expected)
+
+
+def test_warm_up_takes_any_policy_with_torch_actions_and_extras(make):
+    manager = make(extras={"log_prob": ((), np.float32), "hidden": ((2,), np.float32)})
+    manager.create_replay_buffer()
+    seen = []
+
+    def policy(observation: np.ndarray) -> Any:
+        seen.append(observation)
+        value = float(observation[0])
+        return torch.tensor(1), {"log_prob": -0.5, "hidden": np.array([value, 2.0], np.float32)}
+
+    assert manager.warm_up(cartpole([]), 12, policy, seed=2, progress=False) == 12
+    assert len(seen) == 12
+
+    def vector_policy(observations: np.ndarray) -> Any:
+        rows = observations.shape[0]
+        hidden = np.stack([observations[:, 0], np.full(rows, 2.0, np.float32)], axis=1)
+        return torch.zeros(rows, dtype=torch.int64), {
+            "log_prob": np.full(rows, -1.5, np.float32),
+            "hidden": hidden,
+        }
+
+    envs = SyncVectorEnv([lambda: cartpole([]) for _ in range(NUM_ENVS)])
+    written = manager.warm_up(envs, 9, vector_policy, seed=3, progress=False)
+    assert written == len(manager) - 12
+    batches = list(manager.epoch_batches(64, transitions=True))
+    actions = torch.cat([b.actions for b in batches]).reshape(-1)
+    log_probs = torch.cat([b.hiddens["log_prob"] for b in batches])
+    states = torch.cat([b.states for b in batches])
+    hiddens = torch.cat([b.hiddens["hidden"] for b in batches])
+    assert Counter(zip(actions.tolist(), log_probs.tolist(), strict=True)) == {
+        (1, -0.5): 12,
+        (0, -1.5): written,
+    }
+    # Each env's extras went with its own transition.
+    torch.testing.assert_close(hiddens[:, 0], states[:, 0])
+
+
+def test_warm_up_shows_progress_with_tqdm_or_log_lines(make, capsys, caplog, monkeypatch):
+    manager = make()
+    manager.create_replay_buffer()
+    manager.warm_up(cartpole([]), 17, seed=0)
+    err = capsys.readouterr().err
+    assert "warm-up" in err and "17/17" in err
+    manager.warm_up(cartpole([]), 5, seed=0, progress=False)
+    assert "warm-up" not in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # tqdm not installed
+    with caplog.at_level(logging.INFO, logger="replay_service.collect.warm_up"):
+        manager.warm_up(cartpole([]), 6, seed=0)
+    assert "warm-up: 6/6 transitions written" in caplog.text
+    assert "warm-up" not in capsys.readouterr().err
+
+
+def test_warm_up_refuses_bad_arguments_writing_nothing(make):
+    manager = make()
+    env = cartpole([])
+    with pytest.raises(BufferStateError, match="create_replay_buffer"):
+        manager.warm_up(env, 10)
+    manager.create_replay_buffer()
+    for args, kwargs, match in [
+        ((env, 0), {}, "num_steps must be a positive integer, got 0"),
+        ((env, 2.5), {}, "num_steps must be a positive integer, got 2.5"),
+        ((env, True), {}, "num_steps must be a positive integer, got True"),
+        ((object(), 10), {}, "env must be a gymnasium env or vector env"),
+        ((env, 10, "random"), {}, "policy must be a callable .* got 'random'"),
+        ((env, 10), {"seed": -1}, "seed must be a non-negative integer or None, got -1"),
+        ((env, 10), {"progress": "yes"}, "progress must be True or False, got 'yes'"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            manager.warm_up(*args, **kwargs)
+    # Observations of another shape than the data spec's: refused by the writer, named.
+    narrow = make("narrow", observation=spaces.Box(-1, 1, (3,), np.float32))
+    narrow.create_replay_buffer()
+    with pytest.raises(SpecMismatchError, match=r"'state': expected float32\[3\]"):
+        narrow.warm_up(env, 10, progress=False)
+    assert len(narrow) == 0
+
+    with_extras = make("extras", extras={"log_prob": ((), np.float32)})
+    with_extras.create_replay_buffer()
+    with pytest.raises(ConfigError, match=r"declares the extras \['log_prob'\]"):
+        with_extras.warm_up(env, 10)
+    with pytest.raises(SpecMismatchError, match=r"must return \(action, \{name: value\}\)"):
+        with_extras.warm_up(env, 10, lambda obs: 0, progress=False)
+    assert len(manager) == len(with_extras) == 0
 
 
 # ------------------------------------------------------------- GymVectorWriter and extras
