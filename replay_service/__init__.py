@@ -91,6 +91,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "TransitionBatch",
     ),
     "collect.transitions": ("TransitionWriter",),
+    "sample.mixing": ("MixedSampleInfo",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -121,6 +122,7 @@ __all__ = [
     "ManagerClosedError",
     "Masked",
     "MaxPriorityTracker",
+    "MixedSampleInfo",
     "NStepBatch",
     "NStepTargets",
     "NoCheckpointError",

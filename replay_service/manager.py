@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay_service.backends import Backend, BackendOptions, Capability, backend_class
-from replay_service.backends.reverb.tables import check_extra_tables, find_table
+from replay_service.backends.reverb.tables import check_extra_tables, check_mix_weights, find_table
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
 from replay_service.config.options import (
@@ -782,6 +782,73 @@ class ReplayBufferManager:
         return torch_sampling.TorchReplayDataset(
             self._torch_source(table),
             batch_size,
+            transitions=transitions,
+            with_info=with_info,
+        )
+
+    def mixed_torch_batches(
+        self,
+        batch_size: int,
+        weights: Mapping[str, float],
+        *,
+        seed: int | None = None,
+        device: str | Any = "cpu",
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        transitions: bool = False,
+        with_info: bool = False,
+    ) -> TorchBatchStream:
+        """Returns an endless iterator of torch batches mixing several tables of this buffer.
+
+        `mixed_dataset` for PyTorch, on every backend: each item of a batch comes from table
+        `name` with probability `weights[name] / sum(weights)`, drawn independently per item
+        from a generator seeded by `seed`, and is sampled by that table's own sampler. The
+        proportions hold on average (a batch holds a binomial number of each table's items),
+        and the tables' items are interleaved in a batch. With `with_info`, batches come as
+        `(batch, MixedSampleInfo)`: each item's own table's info, and `info.table`, the
+        position of its table in `weights` (see `replay_service.sample.mixing`). Batches and
+        the other options are those of `torch_batches`.
+
+        Args:
+          batch_size: Items per batch.
+          weights: Table name -> weight; finite, >= 0, with a positive sum. The tables must
+            have one sequence length.
+          seed: Seed of the choice of tables (an integer >= 0); None draws one. The items of
+            each table are drawn by its sampler, which no seed fixes.
+          device: Where the tensors are placed (see `torch_batches`).
+          pin_memory: Pin host memory before the transfer to `device`.
+          prefetch: Batches prepared ahead by a background thread; None: none.
+          transitions: Yield `TransitionBatch`es (tables of 2-step items).
+          with_info: Yield `(batch, MixedSampleInfo)` pairs.
+
+        Returns:
+          A `TorchBatchStream` (close it, or use it in `with`, to stop its thread).
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded; when iterating, if a table
+            yields nothing within `Timeouts.sample` (named).
+          ConfigError: If a weight, table name, size, seed or option is invalid, or the
+            tables' sequence lengths differ.
+          ServerUnavailableError, ManagerClosedError: When iterating, as `torch_batches`.
+        """
+        from replay_service.sample import mixing
+        from replay_service.sample import torch_streams as torch_sampling
+
+        replay_buffer = self._require_buffer()
+        probabilities = check_mix_weights(self.tables, weights)
+        sources = {
+            name: self._backend.torch_source(replay_buffer, find_table(self.tables, name))
+            for name in probabilities
+        }
+        source = mixing.MixedSampleSource(
+            sources, probabilities, {name: i for i, name in enumerate(weights)}, seed=seed
+        )
+        return torch_sampling.TorchBatchStream(
+            source,
+            batch_size,
+            device=device,
+            pin_memory=pin_memory,
+            prefetch=torch_sampling.DEFAULT_PREFETCH if prefetch is None else prefetch,
             transitions=transitions,
             with_info=with_info,
         )

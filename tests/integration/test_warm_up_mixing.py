@@ -9,6 +9,7 @@ takes the extras declared with `from_spaces(extras=...)`.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,8 +26,10 @@ from conftest import FAST_TIMEOUTS
 from replay_service import (
     BufferStateError,
     ConfigError,
+    MixedSampleInfo,
     ReplayBufferManager,
     SpecMismatchError,
+    TableConfig,
 )
 
 pytestmark = pytest.mark.heavy
@@ -277,3 +280,130 @@ def test_gym_vector_writer_splits_extras_per_env(make):
     log_probs = torch.cat([b.hiddens["log_prob"] for b in batches])
     # 4 steps per env; the 4th transition waits for its episode's next step.
     assert sorted(log_probs.tolist()) == [0.0] * 3 + [1.0] * 3 + [2.0] * 3
+
+
+# ----------------------------------------------------------------------- PyTorch mixing
+
+
+def state(episode: int, index: int) -> np.ndarray:
+    return np.array([episode, index, 0, 0], np.float32)
+
+
+def write(manager: ReplayBufferManager, episodes: range, length: int) -> None:
+    writer = manager.transition_writer()
+    for episode in episodes:
+        for i in range(length):
+            writer.add(state(episode, i), i % 2, 1.0, state(episode, i + 1), i == length - 1)
+    writer.flush()
+
+
+def two_tables(make: Callable[..., ReplayBufferManager], **kwargs: Any) -> ReplayBufferManager:
+    """The primary table with every item, and "recent" with the newest `RECENT_CAPACITY`."""
+    manager = make(
+        extra_tables=[TableConfig(name=RECENT, capacity=RECENT_CAPACITY, sequence_length=2)],
+        **kwargs,
+    )
+    manager.create_replay_buffer()
+    write(manager, range(5), 10)
+    return manager
+
+
+def keys_of(batch: Any) -> list[tuple[int, int]]:
+    return [(int(a), int(b)) for a, b in batch.states[:, :2].tolist()]
+
+
+def test_mixed_torch_batches_draw_each_table_in_proportion_to_its_weight(make):
+    manager = two_tables(make)
+    recent = {t[0][:2] for t in stored(manager, RECENT)}
+    assert len(recent) == RECENT_CAPACITY
+    weights = {RECENT: 1.0, manager.table_name: 3.0}
+    stream = manager.mixed_torch_batches(200, weights, seed=7, transitions=True, with_info=True)
+    tables: list[int] = []
+    interleaved = False
+    from_primary: set[tuple[int, int]] = set()
+    for _ in range(10):
+        batch, info = next(stream)
+        assert isinstance(info, MixedSampleInfo)
+        assert batch.states.shape == (200, 4) and info.table.shape == (200,)
+        assert info.key.dtype == torch.uint64 and info.table.dtype == torch.int64
+        table = info.table.tolist()
+        interleaved |= table != sorted(table)
+        for key, index in zip(keys_of(batch), table, strict=True):
+            if index == 0:
+                assert key in recent, key  # a "recent" item is one of its newest items
+            else:
+                assert index == 1
+                from_primary.add(key)
+        tables += table
+    stream.close()
+    fraction = tables.count(0) / len(tables)
+    sigma = math.sqrt(0.25 * 0.75 / len(tables))
+    assert abs(fraction - 0.25) <= SIGMAS * sigma, fraction
+    assert len(from_primary - recent) > 20  # the primary table's older items came too
+    assert interleaved
+
+    def tables_drawn(seed: int) -> list[list[int]]:
+        mixed = manager.mixed_torch_batches(50, weights, seed=seed, with_info=True)
+        drawn = [next(mixed)[1].table.tolist() for _ in range(3)]
+        mixed.close()
+        return drawn
+
+    assert tables_drawn(3) == tables_drawn(3) != tables_drawn(4)
+
+    # Weight 0 leaves a table out; positions stay those of `weights`.
+    only = manager.mixed_torch_batches(
+        64, {manager.table_name: 0, RECENT: 2.0}, with_info=True, transitions=True
+    )
+    batch, info = next(only)
+    assert set(info.table.tolist()) == {1}
+    assert set(keys_of(batch)) <= recent
+    # Trajectories, a device and a prefetching thread, as torch_batches.
+    with manager.mixed_torch_batches(16, weights, prefetch=2, device="cpu") as trajectories:
+        assert next(trajectories).observation.shape == (16, 2, 4)
+
+
+def test_mixed_torch_batches_drop_items_drawn_before_a_clear(make):
+    manager = two_tables(make)
+    stream = manager.mixed_torch_batches(
+        5, {manager.table_name: 1.0, RECENT: 1.0}, seed=0, transitions=True
+    )
+    next(stream)
+    manager.clear()
+    write(manager, range(90, 91), 10)
+    for _ in range(5):
+        assert {episode for episode, _ in keys_of(next(stream))} == {90}
+
+
+def test_mixed_torch_batches_refuse_bad_input(make):
+    manager = make(
+        sequence_length=2,
+        extra_tables=[
+            TableConfig(name=RECENT, capacity=10, sequence_length=2),
+            TableConfig(name="triples", capacity=10, sequence_length=3),
+        ],
+    )
+    primary = manager.table_name
+    with pytest.raises(BufferStateError, match="create_replay_buffer"):
+        manager.mixed_torch_batches(4, {primary: 1.0})
+    manager.create_replay_buffer()
+    for args, kwargs, match in [
+        ((4, {}), {}, "weights must be a non-empty mapping"),
+        ((4, [(primary, 1.0)]), {}, "weights must be a non-empty mapping"),
+        ((4, {"nope": 1.0}), {}, "nope"),
+        ((4, {primary: float("nan")}), {}, f"weight of table '{primary}' must be a finite"),
+        ((4, {primary: 1.0, RECENT: -1}), {}, "weight of table 'recent' must be a finite"),
+        ((4, {primary: 0, RECENT: 0.0}), {}, "weights must have a positive sum"),
+        ((4, {primary: 1.0, "triples": 1.0}), {}, "one sequence_length"),
+        ((0, {primary: 1.0}), {}, "batch_size must be a positive integer, got 0"),
+        ((4, {primary: 1.0}), {"seed": -2}, "seed must be a non-negative integer or None"),
+        ((4, {primary: 1.0}), {"seed": 1.5}, "got 1.5"),
+        ((4, {primary: 1.0}), {"device": "gpu:x"}, "device must be a torch device"),
+        ((4, {primary: 1.0}), {"prefetch": -1}, "prefetch must be an integer >= 0"),
+        ((4, {"triples": 1.0}), {"transitions": True}, "transitions=True needs"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            manager.mixed_torch_batches(*args, **kwargs)
+    # An empty table is named when nothing can be sampled from it within Timeouts.sample.
+    stream = manager.mixed_torch_batches(4, {RECENT: 1.0}, seed=0)
+    with pytest.raises(BufferStateError, match="'recent'"):
+        next(stream)
