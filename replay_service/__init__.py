@@ -92,6 +92,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "TransitionBatch",
     ),
     "collect.transitions": ("TransitionWriter",),
+    "sample.mixing": ("MixedSampleInfo",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -122,6 +123,7 @@ __all__ = [
     "ManagerClosedError",
     "Masked",
     "MaxPriorityTracker",
+    "MixedSampleInfo",
     "NStepBatch",
     "NStepTargets",
     "NoCheckpointError",

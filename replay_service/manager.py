@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay_service.backends import Backend, BackendOptions, Capability, backend_class
-from replay_service.backends.reverb.tables import check_extra_tables, find_table
+from replay_service.backends.reverb.tables import check_extra_tables, check_mix_weights, find_table
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
 from replay_service.config.options import (
@@ -819,6 +819,73 @@ class ReplayBufferManager:
             with_info=with_info,
         )
 
+    def mixed_torch_batches(
+        self,
+        batch_size: int,
+        weights: Mapping[str, float],
+        *,
+        seed: int | None = None,
+        device: str | Any = "cpu",
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        transitions: bool = False,
+        with_info: bool = False,
+    ) -> TorchBatchStream:
+        """Returns an endless iterator of torch batches mixing several tables of this buffer.
+
+        `mixed_dataset` for PyTorch, on every backend: each item of a batch comes from table
+        `name` with probability `weights[name] / sum(weights)`, drawn independently per item
+        from a generator seeded by `seed`, and is sampled by that table's own sampler. The
+        proportions hold on average (a batch holds a binomial number of each table's items),
+        and the tables' items are interleaved in a batch. With `with_info`, batches come as
+        `(batch, MixedSampleInfo)`: each item's own table's info, and `info.table`, the
+        position of its table in `weights` (see `replay_service.sample.mixing`). Batches and
+        the other options are those of `torch_batches`.
+
+        Args:
+          batch_size: Items per batch.
+          weights: Table name -> weight; finite, >= 0, with a positive sum. The tables must
+            have one sequence length.
+          seed: Seed of the choice of tables (an integer >= 0); None draws one. The items of
+            each table are drawn by its sampler, which no seed fixes.
+          device: Where the tensors are placed (see `torch_batches`).
+          pin_memory: Pin host memory before the transfer to `device`.
+          prefetch: Batches prepared ahead by a background thread; None: none.
+          transitions: Yield `TransitionBatch`es (tables of 2-step items).
+          with_info: Yield `(batch, MixedSampleInfo)` pairs.
+
+        Returns:
+          A `TorchBatchStream` (close it, or use it in `with`, to stop its thread).
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded; when iterating, if a table
+            yields nothing within `Timeouts.sample` (named).
+          ConfigError: If a weight, table name, size, seed or option is invalid, or the
+            tables' sequence lengths differ.
+          ServerUnavailableError, ManagerClosedError: When iterating, as `torch_batches`.
+        """
+        from replay_service.sample import mixing
+        from replay_service.sample import torch_streams as torch_sampling
+
+        replay_buffer = self._require_buffer()
+        probabilities = check_mix_weights(self.tables, weights)
+        sources = {
+            name: self._backend.torch_source(replay_buffer, find_table(self.tables, name))
+            for name in probabilities
+        }
+        source = mixing.MixedSampleSource(
+            sources, probabilities, {name: i for i, name in enumerate(weights)}, seed=seed
+        )
+        return torch_sampling.TorchBatchStream(
+            source,
+            batch_size,
+            device=device,
+            pin_memory=pin_memory,
+            prefetch=torch_sampling.DEFAULT_PREFETCH if prefetch is None else prefetch,
+            transitions=transitions,
+            with_info=with_info,
+        )
+
     def epoch_batches(
         self,
         batch_size: int,
@@ -1061,6 +1128,61 @@ class ReplayBufferManager:
             )
         writers = [self.transition_writer(priority=priority) for _ in range(num_envs)]
         return GymVectorWriter(writers, autoreset_mode)
+
+    def warm_up(
+        self,
+        env: Any,
+        num_steps: int,
+        policy: Callable[[Any], Any] | None = None,
+        *,
+        seed: int | None = None,
+        progress: bool = True,
+    ) -> int:
+        """Fills the buffer with `num_steps` transitions of a gymnasium env (Velora's `warm`).
+
+        Steps `env` (a gymnasium env, or a vector env such as `gymnasium.vector.SyncVectorEnv`)
+        with `policy`, random actions by default, and writes every transition into every table,
+        as `transition_writer` (single env) or `gym_vector_writer` (vector env, either
+        auto-reset mode) does: terminations and truncations as gymnasium defines them, and the
+        episodes still running at the end written as truncated (see
+        `replay_service.collect.warm_up`). The env is reset first (`env.reset(seed=seed)`) and
+        left after its last step.
+
+        Args:
+          env: A gymnasium env or vector env whose spaces match the data spec (e.g. the spaces
+            this manager was made `from_spaces` of).
+          num_steps: Transitions to write; a vector env steps all its environments, so up to
+            `num_envs - 1` more are written.
+          policy: `policy(observation) -> action` (numpy or torch; batched for a vector env),
+            or, when the data spec declares extras, `policy(observation) -> (action, {name:
+            value})`. None: random actions, `env.action_space.sample()`.
+          seed: Seeds the env's reset and the random actions (an integer >= 0); None: unseeded.
+          progress: Show a progress bar (tqdm; without tqdm, a log line every 10 s).
+
+        Returns:
+          The number of transitions written.
+
+        Raises:
+          BufferStateError: If no buffer was created or loaded.
+          ConfigError: If `env`, `num_steps`, `policy`, `seed` or `progress` is invalid, or
+            random actions are asked of a data spec with extras (naming the value).
+          SpecMismatchError: If an observation, action or extra does not fit the data spec
+            (named; the transitions before it stay written).
+          WriteTimeoutError: If the server does not confirm items within `timeouts.write`.
+        """
+        from replay_service.collect import warm_up as warm_up_lib
+
+        extras = warm_up_lib.extra_names(self._data_spec)
+        warm_up_lib.check_options(env, num_steps, policy, seed, progress, extras)
+        self._require_client()
+        writer: Any = (
+            self.gym_vector_writer(env)
+            if warm_up_lib.is_vector_env(env)
+            else self.transition_writer()
+        )
+        return warm_up_lib.warm_up(
+            env, writer, num_steps, policy, seed=seed, progress=progress, extras=extras
+        )
 
     def export(
         self,

@@ -131,6 +131,9 @@ class GymVectorWriter:
         terminated: Any,
         truncated: Any,
         infos: Mapping[str, Any] | None = None,
+        *,
+        end_episodes: bool = False,
+        **extras: Any,
     ) -> int:
         """Writes the transitions of one `envs.step(actions)` call.
 
@@ -141,6 +144,13 @@ class GymVectorWriter:
           terminated: `[num_envs]` terminated flags it returned.
           truncated: `[num_envs]` truncated flags it returned.
           infos: The infos dict it returned (final observations under SAME_STEP).
+          end_episodes: This is the last step collected: every episode still running ends
+            with it, written as truncated with `observations[i]` as its final observation
+            (a time limit of the collection, bootstrapped from like any truncation), so that
+            its last transition is stored too; call `reset(obs)` before writing more steps.
+          **extras: The data spec's extra per-step fields (`from_spaces(extras=...)`), one
+            keyword each, `[num_envs, ...]` (a dict of such arrays for a dict extra): row `i`
+            goes with environment `i`'s transition, like the other fields.
 
         Returns:
           The number of transitions written (`num_envs` minus the NEXT_STEP reset steps).
@@ -149,8 +159,9 @@ class GymVectorWriter:
           BufferStateError: If `reset` was not called first.
           SpecMismatchError: If a size differs from `num_envs`, or the step does not fit the
             auto-reset mode (named, with the environment); nothing of the step is written.
-            Values that do not fit the data spec are refused by the environment's
-            `TransitionWriter` (environments before it in the step are written).
+            Values that do not fit the data spec, and missing or unknown extras, are refused
+            by the environment's `TransitionWriter` (environments before it in the step are
+            written).
         """
         if self._previous is None:
             from replay_service.errors import BufferStateError
@@ -159,6 +170,7 @@ class GymVectorWriter:
         infos = infos or {}
         action_rows = self._rows("actions", actions)
         next_rows = self._rows("observations", observations)
+        extra_rows = {name: self._rows(name, value) for name, value in extras.items()}
         reward_rows = self._flags_or_values("rewards", rewards, float)
         ended_terminated = self._flags_or_values("terminated", terminated, bool)
         ended_truncated = self._flags_or_values("truncated", truncated, bool)
@@ -173,16 +185,18 @@ class GymVectorWriter:
             next_state = next_rows[i]
             if ended[i] and self._mode is AutoresetMode.SAME_STEP:
                 next_state = finals[i]
+            terminal = bool(ended_terminated[i])
             writer.add(
                 self._previous[i],
                 action_rows[i],
                 reward_rows[i],
                 next_state,
-                bool(ended_terminated[i]),
-                bool(ended_truncated[i]) and not bool(ended_terminated[i]),
+                terminal,
+                (bool(ended_truncated[i]) or end_episodes) and not terminal,
+                **{name: rows[i] for name, rows in extra_rows.items()},
             )
             written += 1
-        self._previous = next_rows
+        self._previous = None if end_episodes else next_rows
         if self._mode is AutoresetMode.NEXT_STEP:
             self._resetting = ended & ~self._resetting
         self.transitions += written

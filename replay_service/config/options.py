@@ -67,6 +67,27 @@ def require_int(
     return value  # type: ignore[return-value]
 
 
+def require_seed(name: str, value: object) -> int | None:
+    """Checks a random seed: None, or an integer >= 0 (what `numpy.random.default_rng` takes).
+
+    Args:
+      name: The option, as the user spells it (named in the error).
+      value: The candidate value.
+
+    Returns:
+      The value, unchanged.
+
+    Raises:
+      ConfigError: If the value is not None or a non-negative integer (a bool is refused).
+    """
+    _require(
+        value is None
+        or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0),
+        f"{name} must be a non-negative integer or None, got {value!r}",
+    )
+    return value  # type: ignore[return-value]
+
+
 def require_number(
     name: str, value: object, minimum: float, *, positive: bool = False, maximum: float = math.inf
 ) -> float:

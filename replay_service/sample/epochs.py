@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.config.options import require_seed
 from replay_service.errors import BufferStateError, ConfigError
 from replay_service.sample.torch_streams import (
     TRANSITION_SEQUENCE_LENGTH,
@@ -139,10 +140,7 @@ def check_options(
     for name, value in (("batch_size", batch_size), ("num_epochs", num_epochs)):
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    if seed is not None and (
-        not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0
-    ):
-        raise ConfigError(f"seed must be a non-negative integer or None, got {seed!r}")
+    require_seed("seed", seed)
     for name, value in (("drop_last", drop_last), ("transitions", transitions)):
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be True or False, got {value!r}")

@@ -119,7 +119,9 @@ class TorchSampleSource(Protocol):
 
 
     A source may also have `closed_error()`, returning the exception to raise once its manager
-    was closed (else None): `TorchBatchStream` then fails at once, before batches sampled ahead.
+    was closed (else None): `TorchBatchStream` then fails at once, before batches sampled ahead;
+    `clears()`, counting the times its table was emptied; and `info_type`, the class the info
+    tensors are yielded as (default `TorchSampleInfo`).
     A source whose `torch_samples` takes no `pack` (nor `with_info`) yields the item nest and
     its info; `iterate_batches` then turns the nest into transitions itself.
     """
@@ -401,6 +403,11 @@ class SampleSource:
 
     def _clears(self) -> int:
         return 0 if self.lifeline is None else self.lifeline.clears
+
+    def clears(self) -> int:
+        """How many times the manager emptied the table (a stream holding items sampled
+        before a change drops them)."""
+        return self._clears()
 
     def closed_error(self) -> ManagerClosedError | None:
         """The error every stream of this source raises once its manager was closed, else None."""
@@ -772,9 +779,10 @@ def iterate_batches(
         for data, _ in samples:
             yield data
         return
+    info_type = getattr(source, "info_type", TorchSampleInfo)
     for data, info in samples:
         assert info is not None
-        yield data, TorchSampleInfo(*(info if place is None else (place(t) for t in info)))
+        yield data, info_type(*(info if place is None else (place(t) for t in info)))
 
 
 def _takes_pack(source: TorchSampleSource) -> bool:

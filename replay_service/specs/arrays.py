@@ -231,6 +231,8 @@ RESERVED_EXTRA_NAMES: frozenset[str] = frozenset(
         *("state", "states", "next_state", "next_states", "actions", "rewards"),
         *("done", "dones", "truncated", "final_states", "hiddens", "priority"),
         *("mask", "self"),
+        # GymVectorWriter.add's own arguments.
+        *("observations", "terminated", "infos", "end_episodes"),
     )
 )
 """Names an extra per-step field cannot take: a `Trajectory` field, or an argument of

@@ -92,6 +92,11 @@ class LocalSampleSource:
             raise closed
         return self.table.sample(batch_size, self.sample_timeout, with_info=with_info)
 
+    def clears(self) -> int:
+        """How many times the table was emptied (a stream holding items drawn before a change
+        drops them)."""
+        return self.table.resets
+
     def closed_error(self) -> ManagerClosedError | None:
         """The error every stream of this source raises once its manager was closed, else None."""
         if self.lifeline is None or not self.lifeline.closed:

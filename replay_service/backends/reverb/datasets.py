@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import math
-import numbers
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ import reverb
 import tensorflow as tf
 from tf_agents.replay_buffers import reverb_replay_buffer
 
-from replay_service.backends.reverb.tables import find_table
+from replay_service.backends.reverb.tables import check_mix_weights, find_table
 from replay_service.config.options import TableConfig, to_ms
 from replay_service.errors import ConfigError
 from replay_service.integrations import tf_compat
@@ -614,50 +613,6 @@ def sample_dataset(
         lifeline=lifeline,
         layout=layout,
     ).map(_splitter(sequence_length))
-
-
-def check_mix_weights(
-    tables: Sequence[TableConfig], weights: Mapping[str, float]
-) -> dict[str, float]:
-    """Validates the weights of a mix of tables and returns them normalized to sum to 1.
-
-    Args:
-      tables: Every table of the buffer.
-      weights: Table name -> weight; each finite and >= 0, with a positive sum.
-
-    Returns:
-      Table name -> probability, in the order of `weights`, tables of weight 0 left out.
-
-    Raises:
-      ConfigError: If `weights` is empty or not a mapping, names an unknown table, holds a
-        weight that is not a finite number >= 0, sums to 0, or mixes tables whose
-        sequence lengths differ.
-    """
-    if not isinstance(weights, Mapping) or not weights:
-        raise ConfigError(
-            f"weights must be a non-empty mapping table name -> weight, got {weights!r}"
-        )
-    lengths = {}
-    for name, weight in weights.items():
-        lengths[name] = find_table(tables, name).sequence_length
-        if (
-            not isinstance(weight, numbers.Real)
-            or isinstance(weight, bool)
-            or not math.isfinite(weight)
-            or weight < 0
-        ):
-            raise ConfigError(
-                f"weight of table {name!r} must be a finite number >= 0, got {weight!r}"
-            )
-    total = float(sum(weights.values()))
-    if total <= 0:
-        raise ConfigError(f"weights must have a positive sum, got {dict(weights)!r}")
-    if len(set(lengths.values())) > 1:
-        raise ConfigError(
-            "a mix needs tables of one sequence_length (items are batched together), got "
-            f"{lengths!r}"
-        )
-    return {name: float(w) / total for name, w in weights.items() if w > 0}
 
 
 def mixed_dataset(
