@@ -14,7 +14,13 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay_service.backends import Backend, BackendOptions, Capability, backend_class
+from replay_service.backends import (
+    Backend,
+    BackendOptions,
+    Capability,
+    backend_class,
+    resolve_auto,
+)
 from replay_service.backends.reverb.tables import check_extra_tables, check_mix_weights, find_table
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
@@ -100,8 +106,10 @@ class ReplayBufferManager:
         created or loaded until `close()` (see `replay_service.monitoring.summaries`); None: no
         summaries.
       summary_interval_s: Seconds between summary writes.
-      backend: "reverb" (a Reverb server), "local" (in this process, no Reverb) or "auto"
-        (Reverb when dm-reverb and TensorFlow import, else local; logged once per process).
+      backend: "reverb" (a Reverb server), "local" (in this process, no Reverb) or "auto":
+        the backend that wrote `checkpoint_dir`'s newest checkpoint, if any; else Reverb when
+        dm-reverb and TensorFlow import, else local (logged once per process). `from_spaces`'
+        "auto" prefers local for a new buffer (see there).
       storage: Local backend: "memory" or "memmap" (memory-mapped files under
         `<checkpoint_dir>/.memmap`, deleted by `close()`, for buffers larger than RAM).
       layout: How Reverb tables store steps: "nested" (one column per field) or "packed"
@@ -172,7 +180,10 @@ class ReplayBufferManager:
         self._timeouts = timeouts or Timeouts()
         if storage not in ("memory", "memmap"):
             raise ConfigError(f"storage must be 'memory' or 'memmap', got {storage!r}")
-        implementation = backend_class(backend, server_address)
+        implementation = backend_class(
+            resolve_auto(backend, checkpoint_dir=checkpoint_dir, server_address=server_address),
+            server_address,
+        )
         self.backend = implementation.kind
         for capability, asked, what in (
             (Capability.MEMMAP_STORAGE, storage != "memory", f"storage={storage!r}"),
@@ -232,7 +243,10 @@ class ReplayBufferManager:
           capacity: Maximum number of items.
           checkpoint_dir: The checkpoint directory.
           sequence_length: Steps per item (2: transitions).
-          backend: "auto", "reverb" or "local".
+          backend: "auto" (the default: the local backend, in-process tables that leave the
+            cores to torch, unless `checkpoint_dir` holds a Reverb checkpoint or a Reverb-only
+            option is set: `server_address`, `port`, `layout`), "reverb" or "local". Reverb is
+            still the default of `ReplayBufferManager(data_spec, ...)`, the TF-Agents door.
           extras: Name -> one step's spec: a `(shape, dtype)` pair such as `((64,),
             np.float32)` or `((), np.float32)`, an `ArraySpec`/`tf.TensorSpec`, or a gymnasium
             Box/Discrete/MultiDiscrete/MultiBinary space. Names are identifiers other than the
@@ -247,12 +261,23 @@ class ReplayBufferManager:
             extra (a reserved name, a bad shape or dtype), naming it and its value.
         """
         data_spec = specs.data_spec_for_spaces(observation_space, action_space, extras=extras)
+        reverb_only = [
+            name
+            for name, default in (("server_address", None), ("port", None), ("layout", "nested"))
+            if options.get(name, default) != default
+        ]
         return cls(
             data_spec,
             capacity,
             checkpoint_dir,
             sequence_length,
-            backend=backend,
+            backend=resolve_auto(
+                backend,
+                checkpoint_dir=checkpoint_dir,
+                server_address=options.get("server_address"),
+                single_process=True,
+                reverb_options=reverb_only,
+            ),
             **options,
         )
 

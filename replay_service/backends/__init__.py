@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+from collections.abc import Sequence
 
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.errors import ConfigError
@@ -22,6 +24,7 @@ __all__ = [
     "Capability",
     "backend_class",
     "choose_backend",
+    "resolve_auto",
     "reverb_importable",
 ]
 
@@ -91,6 +94,61 @@ def choose_backend(backend: str, server_address: str | None = None) -> str:
                 "backend='auto': dm-reverb does not import (%s); using the local backend", why
             )
     return chosen
+
+
+def resolve_auto(
+    backend: str,
+    *,
+    checkpoint_dir: str | os.PathLike[str] | None,
+    server_address: str | None = None,
+    single_process: bool = False,
+    reverb_options: Sequence[str] = (),
+) -> str:
+    """What `backend="auto"` means for a manager, before `choose_backend` resolves the rest.
+
+    An existing buffer restores on the backend that wrote it: "auto" follows the newest
+    checkpoint in `checkpoint_dir` (a local one is read by the local backend, a Reverb one by
+    Reverb where it imports). A new buffer gets the entry point's default: `from_spaces`
+    (`single_process`, the one-process PyTorch door) the local backend, whose tables live in
+    the process with no server, gRPC or tf.data threads competing with torch's for the cores
+    (a CleanRL-style DQN runs about as fast as with a numpy ring buffer, where an embedded
+    Reverb server costs 1.5-4x on a small machine), unless an option only Reverb has is set
+    (`reverb_options`, e.g. `port`, `layout`); `ReplayBufferManager(data_spec, ...)`, the
+    TF-Agents door, Reverb where it imports.
+
+    Args:
+      backend: The `backend=` argument; anything but "auto" is returned unchanged, and so is
+        "auto" with a `server_address` (remote mode is Reverb's).
+      checkpoint_dir: The checkpoint directory, only read (its newest checkpoint's backend).
+      server_address: The remote server's address, or None.
+      single_process: Whether the entry point is the single-process door (`from_spaces`).
+      reverb_options: The Reverb-only options the caller set, by name.
+
+    Returns:
+      "local", "reverb", or "auto" (for `choose_backend`: Reverb where it imports).
+    """
+    if backend != "auto" or server_address is not None:
+        return backend
+    written_by = _newest_checkpoint_backend(checkpoint_dir)
+    if written_by == "local":
+        return "local"
+    if written_by == "reverb" or reverb_options:
+        return "auto"
+    return "local" if single_process else "auto"
+
+
+def _newest_checkpoint_backend(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
+    """The backend that wrote `checkpoint_dir`'s newest checkpoint; None when there is none or
+    it cannot be read (the load that follows names what is wrong with the directory)."""
+    if checkpoint_dir is None:
+        return None
+    from replay_service.storage.store import CheckpointStore
+
+    try:
+        latest = CheckpointStore(checkpoint_dir).latest()
+    except Exception:  # the manager's own load reports a damaged directory
+        return None
+    return None if latest is None else latest.backend
 
 
 def backend_class(backend: str, server_address: str | None = None) -> type[Backend]:
