@@ -44,6 +44,7 @@ from replay_service.sample import priorities as priorities_lib
 from replay_service.sample import rate_limit
 from replay_service.specs import nests as specs
 from replay_service.specs import windows as sequences
+from replay_service.specs.layouts import NESTED, resolve_layout
 from replay_service.storage import export as export_lib
 from replay_service.storage.store import DEFAULT_KEEP
 
@@ -157,11 +158,11 @@ class ReplayBufferManager:
             pad_end_of_episode=pad_end_of_episode,
             layout=layout,
         )
-        if layout != "nested" and isinstance(extra_tables, Sequence):
+        if layout != NESTED and isinstance(extra_tables, Sequence):
             # The manager's layout is every table's: extra tables left at the default take it.
             extra_tables = [
                 dataclasses.replace(t, layout=layout)
-                if isinstance(t, TableConfig) and t.layout == "nested"
+                if isinstance(t, TableConfig) and t.layout == NESTED
                 else t
                 for t in extra_tables
             ]
@@ -173,6 +174,9 @@ class ReplayBufferManager:
         self._data_spec = data_spec
         self._stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
         specs.describe_spec(data_spec)  # refuses a spec that is not a nest of tensor specs
+        # The one place the layout's name becomes the object that the backend, its tables'
+        # handles, the observers and the writers receive.
+        self._layout = resolve_layout(layout, self._stored_spec)
         if server_address is None and checkpoint_dir is None:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
         _check_interval(checkpoint_interval_s, server_address)
@@ -187,7 +191,7 @@ class ReplayBufferManager:
         self.backend = implementation.kind
         for capability, asked, what in (
             (Capability.MEMMAP_STORAGE, storage != "memory", f"storage={storage!r}"),
-            (Capability.PACKED_LAYOUT, layout != "nested", f"layout={layout!r}"),
+            (Capability.PACKED_LAYOUT, self._layout.reverb_only, f"layout={layout!r}"),
             (Capability.PORT, port is not None, f"port={port!r}"),
         ):
             if asked and capability not in implementation.capabilities:
@@ -198,6 +202,7 @@ class ReplayBufferManager:
                 data_spec=data_spec,
                 stored_spec=self._stored_spec,
                 timeouts=self._timeouts,
+                layout=self._layout,
                 checkpoint_dir=checkpoint_dir,
                 keep_checkpoints=keep_checkpoints,
                 checkpoint_interval_s=checkpoint_interval_s,
@@ -681,7 +686,7 @@ class ReplayBufferManager:
             timeouts=self._timeouts,
             extra_tables=self._extra_windows(),
             pad_end_of_episode=self._table.pad_end_of_episode,
-            layout=self._table.layout,
+            layout=self._layout,
             pad_end_of_episodes=pad_end_of_episodes,
             tile_end_of_episodes=tile_end_of_episodes,
         )
@@ -1063,7 +1068,7 @@ class ReplayBufferManager:
             check_continuity=check_continuity,
             extra_tables=self._extra_windows(),
             pad_end_of_episode=self._table.pad_end_of_episode,
-            layout=self._table.layout,
+            layout=self._layout,
         )
         self._observers.append(writer)  # type: ignore[arg-type]
         return writer

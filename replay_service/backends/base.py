@@ -25,6 +25,7 @@ from replay_service.errors import ConfigError
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from replay_service.specs.layouts import Layout
     from replay_service.storage.export import ExportedItems
     from replay_service.storage.store import Checkpoint
 
@@ -60,12 +61,15 @@ class BackendOptions:
       port: Port of an embedded server; None picks one.
       server_address: "host:port" of a running server (remote mode), else None.
       storage: "memory" or "memmap".
+      layout: How the tables store steps, resolved from the primary table's `layout` for
+        `stored_spec` (`specs.layouts.resolve_layout`).
     """
 
     tables: tuple[TableConfig, ...]
     data_spec: Any
     stored_spec: Any
     timeouts: Timeouts
+    layout: Layout
     checkpoint_dir: str | os.PathLike[str] | None = None
     keep_checkpoints: int = 3
     checkpoint_interval_s: float | None = None

@@ -22,8 +22,8 @@ from replay_service.backends.reverb.internals import abandon_writer
 from replay_service.collect.episode_padding import EpisodePadding
 from replay_service.config.options import Timeouts, require_int, require_number, to_ms
 from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
+from replay_service.specs.layouts import NESTED, Layout, as_layout
 from replay_service.specs.nests import check_collect_spec, diff_value, normalize_spec
-from replay_service.specs.packed import PACKED, check_layout
 from replay_service.specs.windows import (
     Masked,
     last_steps_config,
@@ -103,8 +103,8 @@ class WriteTarget:
       flush_every: Steps between waits for the server (`flush_every`).
       timeout_ms: Bound on every wait, in milliseconds (None: forever).
       pad_end_of_episode: Whether steps are `Masked` and episode ends padded.
-      layout: "nested" (a Reverb `StructuredWriter`) or "packed" (a
-        `packed.PackedWindowWriter`).
+      layout: How the tables store steps; it opens the Reverb writer (`Layout.window_writer`:
+        a `StructuredWriter` for "nested", a `packed.PackedWindowWriter` for "packed").
     """
 
     client: Any
@@ -116,7 +116,7 @@ class WriteTarget:
     flush_every: int
     timeout_ms: int | None
     pad_end_of_episode: bool
-    layout: str = "nested"
+    layout: Layout
 
     @classmethod
     def build(
@@ -131,13 +131,14 @@ class WriteTarget:
         timeouts: Timeouts | None,
         extra_tables: Sequence[tuple[str, int]],
         pad_end_of_episode: bool,
-        layout: str = "nested",
+        layout: Layout | str = NESTED,
     ) -> WriteTarget:
         """Validates the lengths and describes the windows (arguments as `TrajectoryObserver`'s).
 
         Raises:
           ConfigError: If `sequence_length` or `stride_length` is not an integer in
-            1..`INT32_MAX` (bools are refused), or `priority` is not a finite number >= 0.
+            1..`INT32_MAX` (bools are refused), `priority` is not a finite number >= 0, or
+            `layout` is not a layout name.
         """
         require_int("sequence_length", sequence_length, 1)
         require_int("stride_length", stride_length, 1)
@@ -156,7 +157,7 @@ class WriteTarget:
             flush_every=flush_every(len(windows)),
             timeout_ms=to_ms((timeouts or Timeouts()).write),
             pad_end_of_episode=pad_end_of_episode,
-            layout=check_layout(layout),
+            layout=as_layout(layout, stored_spec(data_spec, pad_end_of_episode)),
         )
 
     @functools.cached_property
@@ -179,12 +180,7 @@ class WriteTarget:
         local = getattr(self.client, "window_writer", None)
         if local is not None:
             return local(self.windows)
-        if self.layout == PACKED:
-            from replay_service.specs.packed import PackedWindowWriter, layout_of
-
-            stored = stored_spec(normalize_spec(self.data_spec), self.pad_end_of_episode)
-            return PackedWindowWriter(self.client, self.windows, layout_of(stored))
-        return self.client.structured_writer(self.configs)
+        return self.layout.window_writer(self.client, self.windows, lambda: self.configs)
 
     def padding(self, num_steps: int) -> int:
         """Padding steps that end an episode of `num_steps` steps (0 unless padded)."""
@@ -225,7 +221,8 @@ class TrajectoryObserver:
         the windows of the same steps (see `window_configs`).
       pad_end_of_episode: Write `Masked(step, mask)` steps and pad each episode's end (the
         tables must be padded too, with one sequence length; see `replay_service.specs.windows`).
-      layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`).
+      layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`), or
+        the `specs.layouts.Layout` it resolves to.
       pad_end_of_episodes: TF-Agents' `ReverbAddTrajectoryObserver` option of that name: at
         each episode's end append zero boundary steps and write the windows they complete
         (plain `Trajectory` items; see `replay_service.collect.episode_padding`).
@@ -233,8 +230,8 @@ class TrajectoryObserver:
 
     Raises:
       ConfigError: If `sequence_length` or `stride_length` is not an integer >= 1,
-        `priority` not a finite number >= 0, or the TF-Agents padding flags are invalid
-        (`EpisodePadding.build`).
+        `priority` not a finite number >= 0, the TF-Agents padding flags are invalid
+        (`EpisodePadding.build`), or `layout` is not a layout name.
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
     """
 
@@ -250,7 +247,7 @@ class TrajectoryObserver:
         timeouts: Timeouts | None = None,
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
-        layout: str = "nested",
+        layout: Layout | str = NESTED,
         pad_end_of_episodes: bool = False,
         tile_end_of_episodes: bool = False,
     ) -> None:

@@ -33,6 +33,7 @@ from replay_service.backends.reverb.internals import abandon_writer
 from replay_service.collect.observer import FLUSH_DOWN_TO, WriteTarget
 from replay_service.config.options import Timeouts
 from replay_service.errors import ManagerClosedError, SpecMismatchError
+from replay_service.specs.layouts import NESTED, Layout
 from replay_service.specs.nests import check_collect_spec, flatten_with_paths
 from replay_service.specs.windows import padding_step
 
@@ -89,12 +90,13 @@ class TransitionWriter:
         the windows of the same steps (see `observers.window_configs`).
       pad_end_of_episode: Write `Masked(step, mask)` steps and pad the end of each env's
         episodes (the tables must be padded too; see `replay_service.specs.windows`).
-      layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`).
+      layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`), or
+        the `specs.layouts.Layout` it resolves to.
 
     Raises:
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` spec.
-      ConfigError: If `sequence_length` or `stride_length` is not an integer >= 1, or
-        `priority` not a finite number >= 0.
+      ConfigError: If `sequence_length` or `stride_length` is not an integer >= 1,
+        `priority` not a finite number >= 0, or `layout` not a layout name.
     """
 
     def __init__(
@@ -110,7 +112,7 @@ class TransitionWriter:
         check_continuity: bool = True,
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
-        layout: str = "nested",
+        layout: Layout | str = NESTED,
     ) -> None:
         spec = check_collect_spec(data_spec, "TransitionWriter")
         self._target = target = WriteTarget.build(

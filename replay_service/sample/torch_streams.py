@@ -54,7 +54,8 @@ from replay_service.errors import (
     SpecMismatchError,
 )
 from replay_service.specs.arrays import StepType
-from replay_service.specs.packed import PACKED, PackedLayout, step_layout
+from replay_service.specs.layouts import NESTED, Layout, resolve_layout, steps_of
+from replay_service.specs.packed import PackedLayout, step_layout
 from replay_service.specs.windows import Masked
 
 if TYPE_CHECKING:
@@ -201,6 +202,7 @@ class SampleSource:
         `datasets.LivenessRules`); None: at most `sample_timeout`.
       lifeline: Closed by the manager's `close()`; a pickled copy keeps the state it had.
       layout: The table's layout; a packed table's rows are unpacked into `signature`'s nest.
+        A layout name given here is resolved for `signature`'s steps on construction.
       independent: Every sample is an independent draw (`SamplingConfig.independent_draws`):
         torch streams fetch `draws_per_call` batches at once and hand them out one by one
         (a batch handed out later may miss items inserted since, as any batch sampled ahead).
@@ -214,8 +216,14 @@ class SampleSource:
     ordered: bool = False
     connect_timeout: float | None = None
     lifeline: Lifeline | None = dataclasses.field(default=None, compare=False, repr=False)
-    layout: str = "nested"
+    layout: Layout | str = NESTED
     independent: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layout, str):
+            object.__setattr__(
+                self, "layout", resolve_layout(self.layout, steps_of(self.signature))
+            )
 
     @classmethod
     def from_handle(cls, handle: TableHandle, *, lifeline: Lifeline | None = None) -> SampleSource:
@@ -235,11 +243,18 @@ class SampleSource:
             ordered=handle.ordered,
             connect_timeout=handle.timeouts.connect,
             lifeline=lifeline,
-            layout=handle.table.layout,
+            layout=handle.layout,
             independent=(
                 handle.table.sampling.independent_draws and _server_draws_independently(handle)
             ),
         )
+
+    @property
+    def table_layout(self) -> Layout:
+        """`layout`, a `Layout` once constructed."""
+        layout = self.layout
+        assert isinstance(layout, Layout), layout
+        return layout
 
     def tf_dataset(
         self,
@@ -279,7 +294,7 @@ class SampleSource:
             # Every DataLoader worker holds its own window: two batches each.
             max_in_flight=IN_FLIGHT_BATCHES * batch_size,
             lifeline=self.lifeline,
-            layout=self.layout,
+            layout=self.table_layout,
             unpack=unpack,
         )
 
@@ -318,15 +333,46 @@ class SampleSource:
             sampling_timeout_message,
         )
 
+        if pack is None:
+            pack = item_packer(self.signature)
+        info_fields = len(TorchSampleInfo._fields)
+
+        def read_nest(flat: Sequence[Any]) -> list[torch.Tensor]:
+            data = [tensor_to_torch(t) for t in flat[info_fields:]]
+            if convert is not None:
+                data = [convert(t) for t in data]
+            return pack.prepare(data)
+
+        def rows_reader(layout: PackedLayout) -> Callable[[Sequence[Any]], list[torch.Tensor]]:
+            prepare_rows = pack.prepare_rows
+            if prepare_rows is not None:
+
+                def read_kept_rows(flat: Sequence[Any]) -> list[torch.Tensor]:
+                    # Reads only the bytes it keeps.
+                    rows = reverb_internals.numpy_view(flat[info_fields])
+                    prepared = prepare_rows(layout, rows)
+                    return prepared if convert is None else [convert(t) for t in prepared]
+
+                return read_kept_rows
+
+            def read_rows(flat: Sequence[Any]) -> list[torch.Tensor]:
+                rows = reverb_internals.numpy_view(flat[info_fields])
+                data = [torch.from_numpy(a) for a in layout.unpack_leaves(rows, copy=True)]
+                if convert is not None:
+                    data = [convert(t) for t in data]
+                return pack.prepare(data)
+
+            return read_rows
+
         # A packed table of small steps has its rows unpacked here, in numpy (one copy per
         # field, or only of the steps a packer keeps: `Packer.prepare_rows`), rather than by
         # TF ops in the pipeline: about 7 ops per field per batch, which cost the pipeline's
         # threads more CPU than the copies (a training loop shares the cores with them).
         # Large steps stay with TF, whose allocator reuses the batch memory that fresh numpy
         # copies would fault in page by page (image batches sampled 3x slower).
-        layout = step_layout(self.signature) if self.layout == PACKED else None
-        if layout is not None and layout.step_bytes > NUMPY_UNPACK_STEP_BYTES:
-            layout = None  # None: the pipeline yields the nest, unpacked if packed
+        read_batch, unpack = self.table_layout.batch_reader(
+            NUMPY_UNPACK_STEP_BYTES, read_nest, rows_reader
+        )
         draws = 1
         if self.independent:
             item_bytes = step_layout(self.signature).step_bytes * self.sequence_length
@@ -334,15 +380,12 @@ class SampleSource:
 
         def open_pipeline() -> Callable[[], Any]:
             dataset = self.tf_dataset(
-                batch_size, num_workers=num_workers, unpack=layout is None, draws=draws
+                batch_size, num_workers=num_workers, unpack=unpack, draws=draws
             )
             return reverb_internals.flat_getter(dataset)
 
         get_next = open_pipeline()
         clears = self._clears()
-        if pack is None:
-            pack = item_packer(self.signature)
-        info_fields = len(TorchSampleInfo._fields)
         while True:
             # Batches the pipeline already holds must not outlive close().
             closed = self.closed_error()
@@ -369,21 +412,7 @@ class SampleSource:
                 if ours is None:
                     raise
                 raise ours from e
-            if layout is not None and pack.prepare_rows is not None:
-                # Reads only the bytes it keeps.
-                rows = reverb_internals.numpy_view(flat[info_fields])
-                prepared = pack.prepare_rows(layout, rows)
-                if convert is not None:
-                    prepared = [convert(t) for t in prepared]
-            else:
-                if layout is None:
-                    data = [tensor_to_torch(t) for t in flat[info_fields:]]
-                else:
-                    rows = reverb_internals.numpy_view(flat[info_fields])
-                    data = [torch.from_numpy(a) for a in layout.unpack_leaves(rows, copy=True)]
-                if convert is not None:
-                    data = [convert(t) for t in data]
-                prepared = pack.prepare(data)
+            prepared = read_batch(flat)
             parts = split_batches(prepared, batch_size, draws)
             info_parts = None
             if with_info:

@@ -1,4 +1,4 @@
-"""What an item is: data specs, array specs, windows and the packed layout.
+"""What an item is: data specs, array specs, windows and the storage layouts.
 
 `replay_service.specs` was one module; its public names stay importable from here.
 """

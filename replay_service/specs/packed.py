@@ -16,38 +16,33 @@ Reading: `unpack(array, data_spec)` turns a `uint8[..., step_bytes]` array (nump
 the nest; `PackedLayout.unpack_tf` does the same in a tf.data pipeline (a slice, `tf.bitcast`
 and reshape per field). Every reader of this project (`get_dataset`, `as_dataset`, torch,
 export, checkpoints) unpacks, so their items are the same in both layouts.
+
+`PackedLayout` is the packed implementation of `replay_service.specs.layouts.Layout`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import tree
 
-from replay_service.errors import ConfigError
+from replay_service.specs.layouts import (  # noqa: F401 (the names' former home)
+    LAYOUTS,
+    NESTED,
+    PACKED,
+    Layout,
+    check_layout,
+    resolve_layout,
+    steps_of,
+)
 from replay_service.specs.nests import flatten_with_paths, numpy_dtype
-
-NESTED = "nested"
-PACKED = "packed"
-LAYOUTS = (NESTED, PACKED)
 
 # Constant chunk length of a packed column, bounded so that a chunk holds about
 # `CHUNK_BYTES` (a sample transfers whole chunks: long chunks of big steps cost bandwidth).
 MAX_CHUNK_LENGTH = 64
 CHUNK_BYTES = 8192
-
-
-def check_layout(layout: Any, where: str = "layout") -> str:
-    """Returns `layout` if it is a known layout name.
-
-    Raises:
-      ConfigError: Otherwise, listing the layouts.
-    """
-    if not isinstance(layout, str) or layout not in LAYOUTS:
-        raise ConfigError(f"{where} must be one of {list(LAYOUTS)}, got {layout!r}")
-    return layout
 
 
 def chunk_length(step_bytes: int) -> int:
@@ -73,8 +68,8 @@ class _Field:
         self.stop = start + self.nbytes
 
 
-class PackedLayout:
-    """How the steps of a packed table are laid out.
+class PackedLayout(Layout):
+    """How the steps of a packed table are laid out: the "packed" `Layout`.
 
     Args:
       stored_spec: The per-step spec the table stores (`data_spec`, or `Masked(data_spec,
@@ -86,8 +81,11 @@ class PackedLayout:
       step_bytes: Bytes of one packed step.
     """
 
+    name = PACKED
+    reverb_only = True
+
     def __init__(self, stored_spec: Any) -> None:
-        self.structure = stored_spec
+        super().__init__(stored_spec)
         self.fields: list[_Field] = []
         offset = 0
         for path, leaf in flatten_with_paths(stored_spec):
@@ -107,6 +105,17 @@ class PackedLayout:
           ValueError: If the number of leaves, a leaf's dtype or its shape differs from the
             spec (naming the field).
         """
+        return self.encode_step(leaves if type(leaves) is list else list(leaves))
+
+    def encode_step(self, step: Any) -> np.ndarray:
+        """One step, given as a nest shaped like the stored spec or as its flat leaves in a
+        list (`tree.flatten` order), as a `uint8` row: what a packed writer appends.
+
+        Raises:
+          ValueError: If the number of leaves, a leaf's dtype or its shape differs from the
+            spec (naming the field).
+        """
+        leaves = step if type(step) is list else tree.flatten(step)
         if len(leaves) != len(self.fields):
             raise ValueError(
                 f"a step of this table has {len(self.fields)} fields, got {len(leaves)}"
@@ -134,6 +143,33 @@ class PackedLayout:
         """`pack` of a step given as a nest shaped like the stored spec."""
         return self.pack(tree.flatten(step))
 
+    def encode_columns(self, columns: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """`[pack_items(columns)]`: the one packed column."""
+        return [self.pack_items(columns)]
+
+    def window_writer(
+        self,
+        client: Any,
+        windows: Sequence[tuple[str, int, int, float, bool]],
+        configs: Callable[[], Sequence[Any]],
+    ) -> PackedWindowWriter:
+        """A `PackedWindowWriter` of `windows` (it makes the windows itself: no `configs`)."""
+        del configs
+        return PackedWindowWriter(client, windows, self)
+
+    def writer_chunking(self, sequence_length: int) -> tuple[int, int]:
+        """Constant chunks of `chunk_length(step_bytes)` steps, as the packed writers write,
+        and at least one item's steps kept alive."""
+        chunk = chunk_length(self.step_bytes)
+        return max(chunk, sequence_length), chunk
+
+    def item_writer(self, client: Any, sequence_length: int) -> Any:
+        """`client.trajectory_writer` with the packed column in constant chunks."""
+        keep, chunk = self.writer_chunking(sequence_length)
+        writer = client.trajectory_writer(num_keep_alive_refs=keep)
+        writer.configure((0,), num_keep_alive_refs=keep, max_chunk_length=chunk)
+        return writer
+
     def _raise(self, leaves: Sequence[Any]) -> None:
         for leaf, field in zip(leaves, self.fields, strict=True):
             array = np.asarray(leaf)
@@ -149,6 +185,16 @@ class PackedLayout:
         """numpy `uint8[..., step_bytes]` rows back into the stored nest of `[..., *shape]`
         arrays (views of `rows` where the alignment allows, else copies)."""
         return tree.unflatten_as(self.structure, self.unpack_leaves(rows))
+
+    def decode_columns(self, columns: Sequence[np.ndarray], *, copy: bool = False) -> list[Any]:
+        """`unpack_leaves` of the one packed column.
+
+        Raises:
+          ValueError: If `columns` is not one `uint8[..., step_bytes]` array.
+        """
+        if len(columns) != 1:
+            raise ValueError(f"a packed table stores one column, got {len(columns)}")
+        return self.unpack_leaves(columns[0], copy=copy)
 
     def unpack_leaves(self, rows: Any, *, copy: bool = False) -> list[np.ndarray]:
         """`unpack`'s leaves, in `fields` order.
@@ -221,6 +267,37 @@ class PackedLayout:
             leaves.append(value)
         return tf.nest.pack_sequence_as(self.structure, leaves)
 
+    def unpack_samples(self, dataset: Any) -> Any:
+        """`dataset` with the data of every `ReplaySample` batch unpacked (`unpack_tf`)."""
+
+        def unpack(sample: Any) -> Any:
+            return sample._replace(data=self.unpack_tf(sample.data))
+
+        return dataset.map(unpack)
+
+    def sequence_preprocess(self, fn: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+        """Unpacks each sequence (`unpack_tf`), then applies `fn`."""
+        import tensorflow as tf
+
+        @tf.autograph.experimental.do_not_convert
+        def unpack_then(data: Any) -> Any:
+            data = self.unpack_tf(data)
+            return data if fn is None else fn(data)
+
+        return unpack_then
+
+    def batch_reader(
+        self,
+        max_step_bytes: int,
+        read_nest: Callable[[Any], Any],
+        rows_reader: Callable[[PackedLayout], Callable[[Any], Any]],
+    ) -> tuple[Callable[[Any], Any], bool]:
+        """The reader unpacks steps of up to `max_step_bytes` itself (`rows_reader(self)`, and
+        the pipeline yields the rows); larger ones are unpacked by the pipeline."""
+        if self.step_bytes > max_step_bytes:
+            return read_nest, True
+        return rows_reader(self), False
+
     # ---------------------------------------------------------------------------- signature
 
     def step_spec(self) -> Any:
@@ -235,31 +312,30 @@ class PackedLayout:
 
         return tf.TensorSpec([sequence_length, self.step_bytes], tf.uint8, "packed")
 
+    def item_signature(self, sequence_length: int) -> Any:
+        """`signature(sequence_length)`."""
+        return self.signature(sequence_length)
+
     def describe(self, sequence_length: int) -> list[dict[str, Any]]:
         """`specs.describe_spec` of the signature, without TensorFlow."""
         return [{"path": "", "dtype": "uint8", "shape": [sequence_length, self.step_bytes]}]
 
 
 def item_signature(stored_spec: Any, sequence_length: int, layout: str) -> Any:
-    """The table signature of `layout`: `specs.table_signature(stored_spec, sequence_length)`
-    (nested), or `uint8[sequence_length, step_bytes]` (packed). Imports TensorFlow."""
-    if layout == PACKED:
-        return layout_of(stored_spec).signature(sequence_length)
-    from replay_service.specs.nests import table_signature
+    """The table signature of the layout called `layout`: `specs.table_signature(stored_spec,
+    sequence_length)` (nested), or `uint8[sequence_length, step_bytes]` (packed). Imports
+    TensorFlow; see `Layout.item_signature`.
 
-    return table_signature(stored_spec, sequence_length)
+    Raises:
+      ConfigError: If `layout` is not a layout name.
+    """
+    return resolve_layout(layout, stored_spec).item_signature(sequence_length)
 
 
 def step_layout(signature: Any) -> PackedLayout:
     """The `PackedLayout` of a table's (nested) item signature: its steps without the leading
     time dimension."""
-    from replay_service.specs.arrays import ArraySpec
-
-    steps = tree.map_structure(
-        lambda s: ArraySpec(tuple(int(d) for d in s.shape[1:]), numpy_dtype(s), "step"),
-        signature,
-    )
-    return layout_of(steps)
+    return layout_of(steps_of(signature))
 
 
 _LAYOUTS: dict[str, PackedLayout] = {}
@@ -322,7 +398,7 @@ class PackedWindowWriter:
     ) -> None:
         from reverb import pybind
 
-        self._layout = layout
+        self._encode = layout.encode_step
         self._windows = [
             (name, int(length), int(stride), float(priority), bool(padded), int(length) - 1)
             for name, length, stride, priority, padded in windows
@@ -348,8 +424,7 @@ class PackedWindowWriter:
         Raises:
           ValueError: If the step does not match the stored spec.
         """
-        leaves = step if type(step) is list else tree.flatten(step)
-        row = self._layout.pack(leaves)
+        row = self._encode(step)
         refs = self._refs
         refs.append(self._cpp.Append([row])[0])
         if len(refs) > self._history:

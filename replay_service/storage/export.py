@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors
-import tree
 from safetensors.numpy import load_file
 
 from replay_service.backends.reverb import internals as reverb_internals
@@ -64,13 +63,13 @@ from replay_service.errors import (
     WriteTimeoutError,
 )
 from replay_service.specs import nests as specs
-from replay_service.specs.packed import PACKED, PackedLayout, chunk_length, layout_of
 from replay_service.storage.file_modes import make_dirs, open_private
 
 if TYPE_CHECKING:
     import reverb
 
     from replay_service.backends.reverb.handles import TableHandle
+    from replay_service.specs.layouts import Layout
 
 FORMAT = "replay_service.storage.export/1"
 DEFAULT_PREFIX = "buffer_"
@@ -221,9 +220,9 @@ def read_items(handle: TableHandle, checkpoint_path: str) -> ExportedItems:
     data, priorities, times_sampled = reverb_internals.read_checkpoint_items(
         checkpoint_path, handle.name, handle.stored_signature, handle.timeouts.sample
     )
-    if handle.table.layout == PACKED:
-        # One uint8 column [items, sequence_length, step_bytes]: back to one array per field.
-        data = tree.flatten(layout_of(handle.stored_spec).unpack(data[0]))
+    # A packed table's one uint8 column [items, sequence_length, step_bytes]: back to one
+    # array per field.
+    data = handle.layout.decode_columns(data)
     return ExportedItems(data=data, priorities=priorities, times_sampled=times_sampled)
 
 
@@ -871,7 +870,7 @@ def insert_items(
     sequence_length: int,
     items: ExportedItems,
     timeouts: Timeouts,
-    packed: PackedLayout | None = None,
+    layout: Layout,
 ) -> None:
     """Inserts items in order with their priorities, sharing steps repeated by the next item.
 
@@ -881,7 +880,8 @@ def insert_items(
       sequence_length: Steps per item.
       items: What to insert, oldest first.
       timeouts: `timeouts.write` bounds every wait for the server.
-      packed: The layout of a packed table (its items are packed first); None: nested.
+      layout: The table's layout: items are stored as it stores them (`encode_columns`), in
+        its writers' chunks (`item_writer`).
 
     Raises:
       WriteTimeoutError: If the server does not confirm the items in time.
@@ -891,17 +891,10 @@ def insert_items(
     if items.num_items == 0:
         return
     timeout_ms = to_ms(timeouts.write)
-    data = items.data if packed is None else [packed.pack_items(items.data)]
+    data = layout.encode_columns(items.data)
     continues = _continues_previous(data, sequence_length)
     priorities = items.priorities.tolist()
-    keep = (
-        sequence_length if packed is None else max(chunk_length(packed.step_bytes), sequence_length)
-    )
-    with client.trajectory_writer(num_keep_alive_refs=keep) as writer:
-        if packed is not None:  # the packed column in constant chunks, as its writers do
-            writer.configure(
-                (0,), num_keep_alive_refs=keep, max_chunk_length=chunk_length(packed.step_bytes)
-            )
+    with layout.item_writer(client, sequence_length) as writer:
         for index, priority in enumerate(priorities):
             first = sequence_length - 1 if continues[index] else 0
             for step in range(first, sequence_length):

@@ -25,7 +25,7 @@ from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
 from replay_service.integrations import tf_compat
 from replay_service.specs import nests as specs
-from replay_service.specs.packed import item_signature, layout_of
+from replay_service.specs.layouts import Layout
 from replay_service.storage import export as export_lib
 from replay_service.storage.store import Checkpoint, CheckpointStore
 
@@ -45,6 +45,7 @@ class ReverbBackend(Backend):
       data_spec: Per-step data spec.
       stored_spec: What each step stores (`data_spec`, or `Masked` for padded tables).
       timeouts: Bounds on blocking calls.
+      layout: How every table stores `stored_spec` steps (resolved from the tables' layout).
     """
 
     kind = "reverb"
@@ -60,12 +61,18 @@ class ReverbBackend(Backend):
     description = "a Reverb server"
 
     def __init__(
-        self, tables: Sequence[TableConfig], data_spec: Any, stored_spec: Any, timeouts: Timeouts
+        self,
+        tables: Sequence[TableConfig],
+        data_spec: Any,
+        stored_spec: Any,
+        timeouts: Timeouts,
+        layout: Layout,
     ) -> None:
         self._tables = tuple(tables)
         self._data_spec = data_spec
         self._stored_spec = stored_spec
         self._timeouts = timeouts
+        self._layout = layout
         self._client: reverb.Client | None = None
 
     @classmethod
@@ -102,13 +109,13 @@ class ReverbBackend(Backend):
             primary.name,
             primary.sequence_length,
             sample_timeout=self._timeouts.sample,
-            layout=primary.layout,
+            layout=self._layout,
             **self.replay_buffer_kwargs(),
         )
 
     def _check_table(self, client: Any, table: TableConfig) -> None:
         info = check_table_exists(client, table.name, self._timeouts.connect)
-        signature = item_signature(self._stored_spec, table.sequence_length, table.layout)
+        signature = self._layout.item_signature(table.sequence_length)
         if info.signature is None:
             raise SpecMismatchError(
                 f"table {table.name!r} at {client.server_address!r} has no signature; "
@@ -117,8 +124,8 @@ class ReverbBackend(Backend):
         problems = specs.diff_descriptions(
             specs.describe_spec(signature), specs.describe_spec(info.signature)
         )
-        if problems and table.layout != "nested":
-            problems.insert(0, f"this manager's layout is {table.layout!r}")
+        if problems:
+            problems[:0] = self._layout.mismatch_notes()
         if info.max_size != table.capacity:
             problems.append(f"capacity: requested {table.capacity}, found {info.max_size}")
         if problems:
@@ -156,7 +163,7 @@ class ReverbBackend(Backend):
                     sample_timeout=self._timeouts.sample,
                     server_address=self._require_client().server_address,
                     connect_timeout=self._timeouts.connect,
-                    layout=table.layout,
+                    layout=self._layout,
                 )
                 replay_buffer.lifeline = lifeline
             dataset = replay_buffer.as_dataset(
@@ -176,7 +183,7 @@ class ReverbBackend(Backend):
                 num_workers=1 if ordered else 2,
                 connect_timeout=self._timeouts.connect,
                 lifeline=replay_buffer.lifeline,
-                layout=table.layout,
+                layout=self._layout,
             )
         return dataset.prefetch(prefetch)
 
@@ -201,7 +208,7 @@ class ReverbBackend(Backend):
             seed=seed,
             connect_timeout=self._timeouts.connect,
             lifeline=replay_buffer.lifeline,
-            layout=self._tables[0].layout,
+            layout=self._layout,
         )
         return dataset.prefetch(prefetch)
 
@@ -238,7 +245,7 @@ class ReverbBackend(Backend):
             table.sequence_length,
             items,
             self._timeouts,
-            packed=layout_of(self._stored_spec) if table.layout == "packed" else None,
+            self._layout,
         )
 
     def limiter_state(self, table: str) -> Any:
@@ -257,6 +264,7 @@ class ReverbBackend(Backend):
             table=table,
             stored_spec=self._stored_spec,
             timeouts=self._timeouts,
+            layout=self._layout,
         )
 
     def _require_client(self) -> reverb.Client:
@@ -275,6 +283,7 @@ class EmbeddedBackend(ReverbBackend):
       timeouts: Bounds on blocking calls (`checkpoint` bounds each checkpoint).
       checkpoint_interval_s: Seconds between automatic checkpoints; None: only on request.
       stored_spec: What each step stores; None: `data_spec`.
+      layout: How the tables store steps.
     """
 
     capabilities = ReverbBackend.capabilities | {Capability.PORT}
@@ -289,9 +298,11 @@ class EmbeddedBackend(ReverbBackend):
         timeouts: Timeouts,
         checkpoint_interval_s: float | None = None,
         stored_spec: Any = None,
+        *,
+        layout: Layout,
     ) -> None:
         super().__init__(
-            tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts
+            tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts, layout
         )
         self._store = store
         self._port = port
@@ -310,6 +321,7 @@ class EmbeddedBackend(ReverbBackend):
             options.timeouts,
             options.checkpoint_interval_s,
             stored_spec=options.stored_spec,
+            layout=options.layout,
         )
 
     @property
@@ -390,6 +402,7 @@ class RemoteBackend(ReverbBackend):
       timeouts: Bounds on blocking calls.
       data_spec: Per-step data spec.
       stored_spec: What each step stores; None: `data_spec`.
+      layout: How the tables store steps.
     """
 
     description = "a remote Reverb server"
@@ -401,9 +414,11 @@ class RemoteBackend(ReverbBackend):
         timeouts: Timeouts,
         data_spec: Any = None,
         stored_spec: Any = None,
+        *,
+        layout: Layout,
     ) -> None:
         super().__init__(
-            tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts
+            tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts, layout
         )
         self._address = address
 
@@ -417,6 +432,7 @@ class RemoteBackend(ReverbBackend):
             options.timeouts,
             options.data_spec,
             options.stored_spec,
+            layout=options.layout,
         )
 
     @property

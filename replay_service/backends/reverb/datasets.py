@@ -34,8 +34,8 @@ from replay_service.backends.reverb.tables import check_mix_weights, find_table
 from replay_service.config.options import TableConfig, to_ms
 from replay_service.errors import ConfigError
 from replay_service.integrations import tf_compat
+from replay_service.specs.layouts import NESTED, Layout, as_layout
 from replay_service.specs.nests import table_signature
-from replay_service.specs.packed import NESTED, PACKED, PackedLayout, layout_of, step_layout
 
 tf_compat.patch_inspect()  # lets TF-Agents' PolicySaver save policies (see tf_compat)
 
@@ -492,7 +492,7 @@ def read_pipeline(
     num_workers: int = 2,
     max_in_flight: int | None = None,
     lifeline: Lifeline | None = None,
-    layout: str = NESTED,
+    layout: Layout,
     unpack: bool = True,
 ) -> tf.data.Dataset:
     """Batches of `ReplaySample(info, data)` of one table, bounded by `bound_sampling`.
@@ -511,10 +511,10 @@ def read_pipeline(
       max_in_flight: Samples requested ahead per stream; None: `default_in_flight`.
       lifeline: Closed by the manager that hands the dataset out.
       layout: The table's layout; a packed table's rows are read and unpacked into
-        `signature`'s nest once per batch.
+        `signature`'s nest once per batch (`Layout.unpack_samples`).
       unpack: Whether a packed table's rows are unpacked; False: `data` is the batch of
         packed rows, `uint8[batch_size, sequence_length, step_bytes]` (for readers that
-        unpack them outside TensorFlow, see `PackedLayout.unpack_leaves`).
+        unpack them outside TensorFlow, see `Layout.batch_reader`).
 
     Returns:
       An endless dataset of batches with leading dim `batch_size`. Iterating raises
@@ -523,8 +523,7 @@ def read_pipeline(
       (`SERVER_LOST_MESSAGE`, within `liveness_bound(sample_timeout, connect_timeout)` s) and
       when `lifeline` was closed (`MANAGER_CLOSED_MESSAGE`).
     """
-    packed = step_layout(signature) if layout == PACKED else None
-    item_signature = signature if packed is None else packed.signature(_length(signature))
+    item_signature = layout.item_signature(_length(signature))
     in_flight = max_in_flight or default_in_flight(batch_size)
 
     def stream(_: Any = None) -> tf.data.Dataset:
@@ -550,8 +549,8 @@ def read_pipeline(
             num_parallel_calls=num_workers,
             deterministic=False,
         )
-    if packed is not None and unpack:
-        batches = batches.map(_unpacker(packed))
+    if unpack:
+        batches = layout.unpack_samples(batches)
     return bound_sampling(
         batches,
         server_address,
@@ -575,7 +574,7 @@ def sample_dataset(
     max_in_flight: int | None = None,
     connect_timeout: float | None = None,
     lifeline: Lifeline | None = None,
-    layout: str = NESTED,
+    layout: Layout,
 ) -> tf.data.Dataset:
     """A tuned sampling pipeline with the element structure of TF-Agents' `as_dataset`.
 
@@ -595,7 +594,7 @@ def sample_dataset(
       max_in_flight: Samples requested ahead per worker; default `4 * batch_size` (>= 64).
       connect_timeout: `Timeouts.connect`, the limit of one liveness check.
       lifeline: Closed by the manager that hands the dataset out.
-      layout: The table's layout ("nested" or "packed").
+      layout: The table's layout.
 
     Returns:
       A dataset of `(Trajectory, SampleInfo)` with leading dims `[batch_size, sequence_length]`
@@ -626,7 +625,7 @@ def mixed_dataset(
     seed: int | None = None,
     connect_timeout: float | None = None,
     lifeline: Lifeline | None = None,
-    layout: str = NESTED,
+    layout: Layout,
 ) -> tf.data.Dataset:
     """Batches whose items each come from table `name` with probability weight / sum(weights).
 
@@ -647,7 +646,7 @@ def mixed_dataset(
       seed: Seed of the choice of tables; None draws a random one.
       connect_timeout: `Timeouts.connect`, the limit of one liveness check.
       lifeline: Closed by the manager that hands the dataset out.
-      layout: The tables' layout ("nested" or "packed": unpacked once per batch).
+      layout: The tables' layout (a packed table's rows are unpacked once per batch).
 
     Returns:
       A dataset of `(Trajectory, SampleInfo)` with leading dims `[batch_size, sequence_length]`
@@ -662,10 +661,7 @@ def mixed_dataset(
         raise ConfigError(f"seed must be an integer or None, got {seed!r}")
     probabilities = check_mix_weights(tables, weights)
     sequence_length = find_table(tables, next(iter(probabilities))).sequence_length
-    signature = table_signature(data_spec, sequence_length)
-    packed = step_layout(signature) if layout == PACKED else None
-    if packed is not None:
-        signature = packed.signature(sequence_length)
+    signature = layout.item_signature(sequence_length)
     datasets = []
     for name, probability in probabilities.items():
         config = find_table(tables, name)
@@ -692,9 +688,7 @@ def mixed_dataset(
             seed=seed,
             stop_on_empty_dataset=True,
         )
-    batches = items.batch(batch_size, drop_remainder=True)
-    if packed is not None:
-        batches = batches.map(_unpacker(packed))
+    batches = layout.unpack_samples(items.batch(batch_size, drop_remainder=True))
     return bound_sampling(
         batches,
         server_address,
@@ -736,15 +730,6 @@ def _length(signature: Any) -> int:
     return int(tf.nest.flatten(signature)[0].shape[0])
 
 
-def _unpacker(layout: PackedLayout) -> Any:
-    """Maps a batch of packed `ReplaySample`s to the same batch with its data unpacked."""
-
-    def unpack(sample: reverb.ReplaySample) -> reverb.ReplaySample:
-        return reverb.ReplaySample(info=sample.info, data=layout.unpack_tf(sample.data))
-
-    return unpack
-
-
 def _splitter(sequence_length: int) -> Any:
     """Maps a batch of `ReplaySample` to `(data, info)`, info broadcast to `[B, T]`."""
 
@@ -773,7 +758,8 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
       sample_timeout: Seconds to wait for an item before the dataset raises; None waits forever.
       connect_timeout: `Timeouts.connect`, the limit of one liveness check; None: at most
         `sample_timeout`.
-      layout: The table's layout: a packed table's items are read as `uint8` rows and
+      layout: The table's layout, or its name (resolved for `data_spec`, see
+        `specs.layouts.resolve_layout`): a packed table's items are read as `uint8` rows and
         unpacked into `data_spec`'s nest before TF-Agents' pipeline sees them.
       **kwargs: Passed to `ReverbReplayBuffer` (`server_address` or `local_server`, ...).
     """
@@ -786,7 +772,7 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
         *,
         sample_timeout: float | None,
         connect_timeout: float | None = None,
-        layout: str = NESTED,
+        layout: Layout | str = NESTED,
         **kwargs: Any,
     ) -> None:
         timeout_ms = to_ms(sample_timeout)
@@ -799,7 +785,7 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
         )
         self._sample_timeout = sample_timeout
         self._connect_timeout = connect_timeout
-        self._packed = layout_of(data_spec) if layout == PACKED else None
+        self._layout = as_layout(layout, data_spec)
         self.lifeline = Lifeline()
 
     def stop_sampling(self) -> None:
@@ -822,27 +808,21 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
         sequence_preprocess_fn: Any = None,
         num_parallel_calls: int | None = None,
     ) -> tf.data.Dataset:
-        packed = self._packed
-        if packed is None:
+        # TF-Agents reads items shaped by `_data_spec`: the stored steps (a packed table's
+        # rows) for the time it builds the pipeline; each sequence is unpacked before anything
+        # else sees it.
+        layout = self._layout
+        data_spec = self._data_spec
+        self._data_spec = layout.step_spec()
+        try:
             dataset = super()._as_dataset(
-                sample_batch_size, num_steps, sequence_preprocess_fn, num_parallel_calls
+                sample_batch_size,
+                num_steps,
+                layout.sequence_preprocess(sequence_preprocess_fn),
+                num_parallel_calls,
             )
-        else:
-            # TF-Agents reads items shaped by `_data_spec`: the packed rows for the time it
-            # builds the pipeline; each sequence is unpacked before anything else sees it.
-            @tf.autograph.experimental.do_not_convert
-            def unpack_then(data: Any) -> Any:
-                data = packed.unpack_tf(data)
-                return data if sequence_preprocess_fn is None else sequence_preprocess_fn(data)
-
-            data_spec = self._data_spec
-            self._data_spec = packed.step_spec()
-            try:
-                dataset = super()._as_dataset(
-                    sample_batch_size, num_steps, unpack_then, num_parallel_calls
-                )
-            finally:
-                self._data_spec = data_spec
+        finally:
+            self._data_spec = data_spec
         return bound_sampling(
             dataset,
             self._server_address,

@@ -10,8 +10,8 @@ import dataclasses
 from typing import Any
 
 from replay_service.config.options import TableConfig, Timeouts
+from replay_service.specs.layouts import Layout
 from replay_service.specs.nests import table_signature
-from replay_service.specs.packed import item_signature
 
 # Samplers whose order matters; one sampling worker keeps it.
 ORDERED_SAMPLERS = ("fifo", "lifo", "max_heap", "min_heap")
@@ -27,12 +27,14 @@ class TableHandle:
       stored_spec: Per-step spec of what the table stores (`data_spec`, or
         `sequences.Masked(data_spec, mask)` for padded tables).
       timeouts: Bounds on blocking calls.
+      layout: How the table stores `stored_spec` steps (resolved from `table.layout`).
     """
 
     server_address: str
     table: TableConfig
     stored_spec: Any
     timeouts: Timeouts
+    layout: Layout
 
     @property
     def name(self) -> str:
@@ -52,8 +54,8 @@ class TableHandle:
     @property
     def stored_signature(self) -> Any:
         """What Reverb stores per item: `signature` for a nested table, `uint8[sequence_length,
-        step_bytes]` for a packed one (see `replay_service.specs.packed`)."""
-        return item_signature(self.stored_spec, self.table.sequence_length, self.table.layout)
+        step_bytes]` for a packed one (`Layout.item_signature`)."""
+        return self.layout.item_signature(self.table.sequence_length)
 
     @property
     def ordered(self) -> bool:

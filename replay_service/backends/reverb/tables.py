@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from replay_service.config.options import SamplingConfig, TableConfig, VariableTableConfig
 from replay_service.errors import ConfigError
-from replay_service.specs.packed import item_signature
+from replay_service.specs.layouts import resolve_layout
 from replay_service.specs.windows import stored_spec
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
     import reverb
 
     sampling = config.sampling
+    layout = resolve_layout(config.layout, stored_spec(data_spec, config.pad_end_of_episode))
     return reverb.Table(
         name=config.name,
         sampler=make_selector(sampling.sampler, sampling.priority_exponent),
@@ -71,9 +72,7 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
         max_size=config.capacity,
         rate_limiter=make_rate_limiter(sampling),
         max_times_sampled=sampling.max_times_sampled,
-        signature=item_signature(
-            stored_spec(data_spec, config.pad_end_of_episode), config.sequence_length, config.layout
-        ),
+        signature=layout.item_signature(config.sequence_length),
     )
 
 
