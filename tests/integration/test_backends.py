@@ -447,3 +447,51 @@ def test_export_moves_between_backends_item_for_item(make_manager, tmp_path, sou
     third_tensors = exported(third, tmp_path / "third")
     for name in [*data_names(first_tensors), "priorities"]:
         np.testing.assert_array_equal(third_tensors[name], first_tensors[name], err_msg=name)
+
+
+# ------------------------------------------------------------------- what backend="auto" picks
+
+
+def test_auto_restores_on_the_backend_that_wrote_the_newest_checkpoint(make_manager, tmp_path):
+    for written_by in BACKENDS:
+        directory = str(tmp_path / written_by)
+        with make_manager(backend=written_by, checkpoint_dir=directory) as manager:
+            manager.create_replay_buffer()
+            write_episode(manager.transition_writer(), 0, 3)
+            manager.checkpoint()
+        with make_manager(checkpoint_dir=directory) as again:  # backend="auto"
+            assert again.backend == written_by
+            again.load_replay_buffer()
+            assert again.num_frames() == 3
+
+
+def test_from_spaces_auto_gives_a_new_buffer_the_local_backend_unless_reverb_is_asked(tmp_path):
+    gymnasium = pytest.importorskip("gymnasium")
+    spaces = (
+        gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32),
+        gymnasium.spaces.Discrete(2),
+    )
+    fresh = ReplayBufferManager.from_spaces(
+        *spaces, capacity=10, checkpoint_dir=str(tmp_path / "a")
+    )
+    assert fresh.backend == "local"
+    for option in ({"port": None}, {"layout": "nested"}):  # the defaults ask for nothing
+        same = ReplayBufferManager.from_spaces(
+            *spaces, capacity=10, checkpoint_dir=str(tmp_path / "b"), **option
+        )
+        assert same.backend == "local", option
+    packed = ReplayBufferManager.from_spaces(
+        *spaces, capacity=10, checkpoint_dir=str(tmp_path / "c"), layout="packed"
+    )
+    assert packed.backend == "reverb"
+    directory = str(tmp_path / "reverb")
+    with ReplayBufferManager.from_spaces(
+        *spaces, capacity=10, checkpoint_dir=directory, backend="reverb"
+    ) as manager:
+        manager.create_replay_buffer()
+        manager.transition_writer().add(STEP, 1, 1.0, STEP, True, False)
+        manager.checkpoint()
+    with ReplayBufferManager.from_spaces(*spaces, capacity=10, checkpoint_dir=directory) as again:
+        assert again.backend == "reverb"
+        again.load_replay_buffer()
+        assert again.num_frames() == 1
