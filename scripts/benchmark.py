@@ -706,9 +706,25 @@ def loop_rows(root: str) -> list[Row]:
 
     def ours(backend: str, layout: str = "nested") -> float:
         directory = tempfile.mkdtemp(prefix=f"loop_{backend}_", dir=root)
-        with ReplayBufferManager(
-            spec, LOOP_WARMUP + block, directory, SEQUENCE_LENGTH, backend=backend, layout=layout
-        ) as manager:
+        if backend == "from_spaces":  # what a user gets without naming a backend or layout
+            import gymnasium
+
+            made = ReplayBufferManager.from_spaces(
+                gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                gymnasium.spaces.Discrete(2),
+                capacity=LOOP_WARMUP + block,
+                checkpoint_dir=directory,
+            )
+        else:
+            made = ReplayBufferManager(
+                spec,
+                LOOP_WARMUP + block,
+                directory,
+                SEQUENCE_LENGTH,
+                backend=backend,
+                layout=layout,
+            )
+        with made as manager:
             manager.create_replay_buffer()
             writer = manager.transition_writer()
             for i in range(LOOP_BATCH):
@@ -728,6 +744,7 @@ def loop_rows(root: str) -> list[Row]:
 
     paths = {
         "numpy ring buffer": ring,
+        "ours from_spaces defaults": lambda: ours("from_spaces"),
         "ours reverb": lambda: ours("reverb"),
         "ours reverb, packed layout": lambda: ours("reverb", "packed"),
         "ours local": lambda: ours("local"),
