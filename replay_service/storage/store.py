@@ -74,7 +74,13 @@ from replay_service.errors import (
     SpecMismatchError,
 )
 from replay_service.specs.nests import FieldDescription, describe_spec, diff_descriptions
-from replay_service.storage.file_modes import FILE_MODE, make_dirs, open_private, restrict_tree
+from replay_service.storage.file_modes import (
+    FILE_MODE,
+    fsync_dir,
+    make_dirs,
+    restrict_tree,
+    write_json_atomic,
+)
 
 if TYPE_CHECKING:
     from replay_service.config.options import TableConfig, VariableTableConfig
@@ -552,7 +558,7 @@ class CheckpointStore:
             if os.path.isdir(self.reverb_root):
                 shutil.rmtree(self.reverb_root)
             self.ensure_dirs()
-            _write_json_atomic(self.store_file, metadata.to_json())
+            write_json_atomic(self.store_file, metadata.to_json())
         except OSError as e:
             raise CheckpointError(f"cannot write checkpoint_dir {self.root!r}: {e}") from e
 
@@ -669,7 +675,7 @@ class CheckpointStore:
         try:
             with contextlib.suppress(PermissionError):  # files of another owner keep theirs
                 restrict_tree(reverb_path)  # Reverb creates its files as the umask allows
-            _write_json_atomic(meta_path, info)
+            write_json_atomic(meta_path, info)
             make_dirs(self.checkpoints_dir)
             os.rename(reverb_path, target)
             fsync_dir(self.checkpoints_dir)
@@ -918,7 +924,7 @@ class CheckpointStore:
         self.ensure_dirs()
         if not self.is_store():
             try:
-                _write_json_atomic(self.store_file, metadata.to_json())
+                write_json_atomic(self.store_file, metadata.to_json())
             except OSError as e:
                 raise CheckpointError(f"cannot write {self.store_file!r}: {e}") from e
 
@@ -1009,30 +1015,6 @@ def _listdir(path: str) -> list[str]:
         return []
     except OSError as e:
         raise CheckpointError(f"cannot list {path!r}: {e.strerror or e}") from e
-
-
-def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    try:
-        with open_private(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    fsync_dir(os.path.dirname(path))
-
-
-def fsync_dir(path: str) -> None:
-    """Makes the entries of directory `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def verify_checkpoint_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
