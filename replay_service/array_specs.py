@@ -5,7 +5,10 @@ from replay_service.specs.arrays import (  # noqa: F401
     ArraySpec,
     StepType,
     Trajectory,
+    is_tf_tensor,
+    is_torch_tensor,
     space_spec,
     spec_for_spaces,
+    to_numpy,
     trajectory_spec,
 )
