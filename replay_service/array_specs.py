@@ -7,7 +7,10 @@ from replay_service.specs.arrays import (  # noqa: F401
     StepType,
     Trajectory,
     extras_spec,
+    is_tf_tensor,
+    is_torch_tensor,
     space_spec,
     spec_for_spaces,
+    to_numpy,
     trajectory_spec,
 )

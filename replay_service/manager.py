@@ -29,7 +29,7 @@ from replay_service.config.options import (
     SamplingConfig,
     TableConfig,
     Timeouts,
-    require_int,
+    require_positive_int,
     validate_manager_options,
 )
 from replay_service.errors import (
@@ -502,13 +502,13 @@ class ReplayBufferManager:
         replay_buffer = self._require_buffer()
         config = find_table(self.tables, table)
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
-            require_int(name, value, 1, what="a positive integer")
+            require_positive_int(name, value)
         if num_steps not in (None, config.sequence_length):
             self._require(
                 Capability.SPLIT_SEQUENCES,
                 f"get_dataset(num_steps={num_steps!r}) of items of {config.sequence_length} steps",
             )
-            require_int("num_steps", num_steps, 1, what="a positive integer")
+            require_positive_int("num_steps", num_steps)
         return self._backend.dataset(
             replay_buffer, config, batch_size, num_steps, num_parallel_calls, prefetch
         )
@@ -541,7 +541,7 @@ class ReplayBufferManager:
         """
         replay_buffer = self._require_buffer()
         self._require(Capability.MIXED_DATASET, "mixed_dataset")
-        require_int("prefetch", prefetch, 1, what="a positive integer")
+        require_positive_int("prefetch", prefetch)
         return self._backend.mixed_dataset(replay_buffer, weights, batch_size, seed, prefetch)
 
     def num_frames(self, *, table: str | None = None) -> int:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from replay_service.errors import ConfigError, SpecMismatchError
+from replay_service.specs.arrays import to_numpy
 
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 """The keys of a gymnasium-robotics goal observation."""
@@ -254,17 +255,10 @@ def _goal(observation: Any, key: str) -> np.ndarray:
         raise SpecMismatchError(
             f"a goal observation must be a dict with {key!r}, got {type(observation).__name__}"
         )
-    return np.array(_to_numpy(observation[key]))
+    return np.array(to_numpy(observation[key]))
 
 
 def _with_goal(observation: dict[str, Any], goal: np.ndarray) -> dict[str, Any]:
     relabelled = dict(observation)
     relabelled["desired_goal"] = goal
     return relabelled
-
-
-def _to_numpy(value: Any) -> Any:
-    detach = getattr(value, "detach", None)  # torch tensors
-    if detach is not None:
-        return detach().cpu().numpy()
-    return value

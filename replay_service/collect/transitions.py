@@ -33,6 +33,7 @@ from replay_service.backends.reverb.internals import abandon_writer
 from replay_service.collect.observer import FLUSH_DOWN_TO, WriteTarget
 from replay_service.config.options import Timeouts
 from replay_service.errors import ManagerClosedError, SpecMismatchError
+from replay_service.specs.arrays import to_numpy
 from replay_service.specs.layouts import NESTED, Layout
 from replay_service.specs.nests import check_collect_spec, flatten_with_paths
 from replay_service.specs.windows import padding_step
@@ -278,7 +279,7 @@ class TransitionWriter:
         self._require_open()
         flags = {"dones": dones, "truncated": truncated}
         if truncated is None:
-            flags["truncated"] = np.zeros_like(_to_numpy(dones), dtype=bool)
+            flags["truncated"] = np.zeros_like(to_numpy(dones), dtype=bool)
         values = {
             "states": states,
             "actions": actions,
@@ -709,7 +710,7 @@ class _Leaf:
         elif kind is float and self.finite_scalar and size is None:
             return [self.scalar_type(value)]
         else:
-            array = _to_numpy(value)
+            array = to_numpy(value)
         if size is None:
             if array.shape != self.shape:
                 return None
@@ -825,7 +826,7 @@ def _fast_flag(value: Any) -> bool | None:
 
 def _fast_flags(value: Any, size: int) -> np.ndarray | None:
     """A `[size]` boolean array as is; None for anything else."""
-    array = value if type(value) is np.ndarray else _to_numpy(value)
+    array = value if type(value) is np.ndarray else to_numpy(value)
     if array.dtype != bool or array.shape != (size,):
         return None
     return array
@@ -892,7 +893,7 @@ class _Batch:
             specs_of["final_states"] = spec.observation
         leaves = {name: _leaves(name, values[name], specs_of[name]) for name in specs_of}
         leaves[hidden_label] = _hidden_leaves(hidden_label, hidden, spec.policy_info)
-        flag_arrays = {name: _to_numpy(value) for name, value in flags.items()}
+        flag_arrays = {name: to_numpy(value) for name, value in flags.items()}
         size = _batch_size(leaves, flag_arrays) if batched else 1
         cast = {
             name: [
@@ -922,13 +923,13 @@ class _Batch:
 def _leaves(name: str, value: Any, spec: Any) -> list[tuple[str, np.ndarray, Any]]:
     """Pairs each leaf of `value` with its spec; a non-nested spec takes `value` whole."""
     if not tree.is_nested(spec):
-        return [(name, _to_numpy(value), spec)]
+        return [(name, to_numpy(value), spec)]
     try:
         tree.assert_same_structure(spec, value, check_types=False)
     except (ValueError, TypeError) as e:
         raise SpecMismatchError(f"{name!r}: structure differs from the data spec: {e}") from e
     return [
-        (f"{name}/{path}", _to_numpy(leaf), leaf_spec)
+        (f"{name}/{path}", to_numpy(leaf), leaf_spec)
         for (path, leaf_spec), leaf in zip(
             flatten_with_paths(spec), tree.flatten(value), strict=True
         )
@@ -1036,13 +1037,6 @@ def _rows_equal(left: Sequence[np.ndarray], right: Sequence[np.ndarray]) -> np.n
             same |= np.isnan(a) & np.isnan(b)
         equal &= same.reshape(same.shape[0], -1).all(axis=1) if same.size else True
     return equal
-
-
-def _to_numpy(value: Any) -> np.ndarray:
-    """numpy view of a numpy, torch (any device) or Python value; torch is not imported."""
-    if hasattr(value, "detach") and hasattr(value, "cpu"):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
 
 
 def _np_dtype(spec: Any) -> Any:

@@ -16,6 +16,7 @@ from replay_service.config.options import (  # noqa: F401
     VariableTableConfig,
     require_int,
     require_number,
+    require_positive_int,
     to_ms,
     validate_manager_options,
     validate_table_name,

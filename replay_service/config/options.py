@@ -30,12 +30,26 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _require_positive_int(name: str, value: object) -> None:
-    require_int(name, value, 1, what="a positive integer")
+def require_positive_int(name: str, value: object, maximum: int | None = INT32_MAX) -> int:
+    """Checks a size or count: an `int` (not a bool) >= 1 and <= `maximum`.
+
+    Args:
+      name: The option, as the user spells it (named in the error).
+      value: The candidate value.
+      maximum: Largest value allowed (by default Reverb's int32); None: no upper bound.
+
+    Returns:
+      The value, unchanged.
+
+    Raises:
+      ConfigError: "<name> must be a positive integer, got <value>", or that it is above
+        `maximum`.
+    """
+    return require_int(name, value, 1, maximum, what="a positive integer")
 
 
 def require_int(
-    name: str, value: object, minimum: int, maximum: int = INT32_MAX, *, what: str = ""
+    name: str, value: object, minimum: int, maximum: int | None = INT32_MAX, *, what: str = ""
 ) -> int:
     """Checks an integer option: an `int` (not a bool) in `minimum..maximum`.
 
@@ -43,7 +57,8 @@ def require_int(
       name: The option, as the user spells it (named in the error).
       value: The candidate value.
       minimum: Smallest value allowed.
-      maximum: Largest value allowed; by default the largest that Reverb stores (int32).
+      maximum: Largest value allowed; by default the largest that Reverb stores (int32);
+        None: no upper bound.
       what: How the error describes a valid value; default "an integer >= {minimum}".
 
     Returns:
@@ -58,6 +73,8 @@ def require_int(
         isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
         f"{name} must be {what}, got {value!r}",
     )
+    if maximum is None:
+        return value  # type: ignore[return-value]
     _require(
         value <= maximum,  # type: ignore[operator]
         f"{name} must be an integer in {minimum}..{maximum}"
@@ -227,7 +244,7 @@ class SamplingConfig:
             self.remover in REMOVERS, f"remover must be one of {REMOVERS}, got {self.remover!r}"
         )
         require_number("priority_exponent", self.priority_exponent, 0)
-        _require_positive_int("min_size_to_sample", self.min_size_to_sample)
+        require_positive_int("min_size_to_sample", self.min_size_to_sample)
         require_int("max_times_sampled", self.max_times_sampled, 0)
         spi = self.samples_per_insert
         if spi is not None:
@@ -306,8 +323,8 @@ class TableConfig:
 
     def __post_init__(self) -> None:
         validate_table_name(self.name)
-        _require_positive_int("capacity", self.capacity)
-        _require_positive_int("sequence_length", self.sequence_length)
+        require_positive_int("capacity", self.capacity)
+        require_positive_int("sequence_length", self.sequence_length)
         _require(
             isinstance(self.sampling, SamplingConfig),
             f"sampling must be a SamplingConfig, got {type(self.sampling).__name__}",

@@ -43,6 +43,7 @@ from replay_service.config.options import (
     MAX_TIMEOUT_S,
     Timeouts,
     require_number,
+    require_positive_int,
 )
 from replay_service.distributed.sharding import ShardedConfig
 from replay_service.errors import ConfigError, ReplayServiceError, ServerUnavailableError
@@ -399,8 +400,7 @@ def start_shards(
         it, what it asked for and what the cluster has. Every shard is killed then.
     """
     ray = _ray()
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-        raise ConfigError(f"num_shards must be a positive integer, got {num_shards!r}")
+    require_positive_int("num_shards", num_shards, maximum=None)
     path = None if config_path is None else os.path.abspath(os.fspath(config_path))
     cpus = _check_num_cpus(num_cpus)
     timeout = _check_timeout("start_timeout_s", start_timeout_s)

@@ -40,7 +40,7 @@ import tensorflow as tf
 from replay_service.backends.reverb.datasets import ReplayBuffer, python_calls_stopped
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.config.files import read_toml
-from replay_service.config.options import DEFAULT_TABLE_NAME, Timeouts
+from replay_service.config.options import DEFAULT_TABLE_NAME, Timeouts, require_positive_int
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
@@ -586,9 +586,9 @@ class ShardedReplayBuffer:
         """
         self._require_open()
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
-            _require_positive_int(name, value)
+            require_positive_int(name, value, maximum=None)
         if reweight_every is not None:
-            _require_positive_int("reweight_every", reweight_every)
+            require_positive_int("reweight_every", reweight_every, maximum=None)
         if self.num_shards == 1:
             return self._managers[0].get_dataset(batch_size, num_steps, prefetch=prefetch)
         if reweight_every is None:
@@ -749,11 +749,6 @@ class ShardedReplayBuffer:
         self._require_not_closed()
         if not self._buffers:
             raise BufferStateError("no shards attached yet: call load() or create() first")
-
-
-def _require_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 def block_size(batch_size: int) -> int:

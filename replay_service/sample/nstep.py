@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import tree
 
+from replay_service.config.options import require_int
 from replay_service.errors import ConfigError, SpecMismatchError
-from replay_service.specs.arrays import StepType
+from replay_service.specs.arrays import StepType, to_numpy
 
 LAST = StepType.LAST
 MID = StepType.MID
@@ -70,8 +71,7 @@ class NStepTargets:
 
 
 def _check_n_gamma(n: int, gamma: float) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"n must be an integer >= 1, got {n!r}")
+    require_int("n", n, 1, maximum=None)
     if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 <= gamma <= 1:
         raise ConfigError(f"gamma must be a number in [0, 1], got {gamma!r}")
 
@@ -179,13 +179,6 @@ class NStepBatch:
     item_index: Any
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
 def _backend(template: Any) -> tuple[Any, Any]:
     """Returns `(to_backend, index)`: converts numpy arrays to `template`'s kind, indexes it."""
     torch = sys.modules.get("torch")
@@ -224,7 +217,7 @@ def windows_to_n_step(
         replay_service).
     """
     _check_n_gamma(n, gamma)
-    reward = _to_numpy(trajectory.reward)
+    reward = to_numpy(trajectory.reward)
     if reward.ndim != 2:
         raise SpecMismatchError(
             f"windows_to_n_step needs scalar rewards shaped [batch, n + 1], got shape "
@@ -237,9 +230,9 @@ def windows_to_n_step(
         )
     targets = n_step_targets(
         reward,
-        _to_numpy(trajectory.discount),
-        _to_numpy(trajectory.step_type),
-        _to_numpy(trajectory.next_step_type),
+        to_numpy(trajectory.discount),
+        to_numpy(trajectory.step_type),
+        to_numpy(trajectory.next_step_type),
         n=n,
         gamma=gamma,
     )

@@ -27,7 +27,9 @@ import numpy as np
 import tree
 
 from replay_service.backends.reverb.connection import call_with_timeout
+from replay_service.config.options import require_positive_int
 from replay_service.errors import ConfigError, SpecMismatchError
+from replay_service.specs.arrays import is_tf_tensor, is_torch_tensor, to_numpy
 
 if TYPE_CHECKING:
     import reverb
@@ -38,16 +40,6 @@ DEFAULT_BETA_STEPS = 100_000
 DEFAULT_INITIAL_PRIORITY = 1.0
 # Offending values quoted in an error message, at most.
 MAX_REPORTED_VALUES = 5
-
-
-def _is_torch(value: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
-def _is_tf(value: Any) -> bool:
-    tf = sys.modules.get("tensorflow")
-    return tf is not None and isinstance(value, tf.Tensor | tf.Variable)
 
 
 def _check_beta(beta: float) -> float:
@@ -79,14 +71,14 @@ def importance_weights(probabilities: Any, table_size: Any, beta: float) -> Any:
       ConfigError: If `beta` is not in [0, 1].
     """
     beta = _check_beta(beta)
-    if _is_torch(probabilities):
+    if is_torch_tensor(probabilities):
         torch = sys.modules["torch"]
         dtype = probabilities.dtype if probabilities.is_floating_point() else torch.float64
         p = probabilities.to(dtype)
         n = torch.as_tensor(table_size, device=p.device).to(dtype)
         weights = (n * p) ** -beta
         return weights / weights.max() if weights.numel() else weights
-    if _is_tf(probabilities):
+    if is_tf_tensor(probabilities):
         tf = sys.modules["tensorflow"]
         dtype = probabilities.dtype if probabilities.dtype.is_floating else tf.float64
         p = tf.cast(probabilities, dtype)
@@ -123,8 +115,7 @@ class BetaSchedule:
             if not ok:
                 raise ConfigError(f"BetaSchedule.{name} must be a number in [0, 1], got {value!r}")
         steps = self.steps
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
-            raise ConfigError(f"BetaSchedule.steps must be a positive integer, got {steps!r}")
+        require_positive_int("BetaSchedule.steps", steps, maximum=None)
 
     def value(self, step: int) -> float:
         """Returns `beta` at training step `step` (constant `end` after `steps`).
@@ -194,18 +185,10 @@ class MaxPriorityTracker:
             return self._value
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    if _is_torch(value):
-        return value.detach().cpu().numpy()
-    if _is_tf(value):
-        return value.numpy()
-    return np.asarray(value)
-
-
 def _keys_to_numpy(keys: Any) -> np.ndarray:
-    """Like `_to_numpy`, but Python lists of keys above 2**63 stay exact (not float64)."""
+    """Like `to_numpy`, but Python lists of keys above 2**63 stay exact (not float64)."""
     if not isinstance(keys, list | tuple):
-        return _to_numpy(keys)
+        return to_numpy(keys)
     flat = tree.flatten(keys)
     bad = [k for k in flat if isinstance(k, bool) or not isinstance(k, int | np.integer)]
     if bad or any(k < 0 for k in flat):
@@ -253,7 +236,7 @@ def prepare_updates(keys: Any, priorities: Any) -> dict[int, float]:
       ConfigError: If a priority is NaN, infinite or negative (the value and its key are named).
     """
     key_array = _first_column("keys", _keys_to_numpy(keys))
-    priority_array = _first_column("priorities", _to_numpy(priorities)).astype(np.float64)
+    priority_array = _first_column("priorities", to_numpy(priorities)).astype(np.float64)
     if key_array.shape != priority_array.shape:
         raise SpecMismatchError(
             f"keys and priorities must have the same batch size, got {key_array.shape[0]} keys "

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replay_service.collect.observer import FLUSH_DOWN_TO, FLUSH_EVERY
+from replay_service.config.options import require_positive_int
 from replay_service.errors import ConfigError
 
 # Items of one table a writer may have in flight (unconfirmed) before it waits, plus one.
@@ -109,8 +110,7 @@ def check_single_process_loop(
       ConfigError: If the band is narrower than the rule in the module docstring, naming the
         error buffer the loop needs.
     """
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    require_positive_int("batch_size", batch_size, maximum=None)
     needed = batch_size + samples_per_insert * (IN_FLIGHT)
     if max_diff - min_diff < needed:
         table = f"table {table_name!r}: " if table_name else ""

@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from replay_service.backends.reverb import internals as reverb_internals
 from replay_service.backends.reverb.handles import TableHandle
-from replay_service.config.options import require_int
+from replay_service.config.options import require_int, require_positive_int
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
@@ -887,8 +887,7 @@ class TorchBatchStream:
         with_info: bool = False,
     ) -> None:
         _check_sizes(batch_size, transitions, source)
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
-            raise ConfigError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+        require_int("prefetch", prefetch, 0, maximum=None)
         target = _resolve_device(device)
         place = _placer(target, _resolve_pin_memory(pin_memory))
         self._source = source
@@ -1128,8 +1127,7 @@ def _put(out: queue.Queue[tuple[str, Any]], entry: tuple[str, Any], stop: thread
 
 
 def _check_sizes(batch_size: int, transitions: bool, source: TorchSampleSource) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    require_positive_int("batch_size", batch_size, maximum=None)
     sequence_length = source.sequence_length
     if transitions and isinstance(source.signature, Masked):
         raise ConfigError(

@@ -24,6 +24,36 @@ import numpy as np
 from replay_service.errors import ConfigError, SpecMismatchError
 
 
+def is_torch_tensor(value: Any) -> bool:
+    """Whether `value` is a `torch.Tensor` (torch is not imported: without it loaded, no value
+    can be one)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def is_tf_tensor(value: Any) -> bool:
+    """Whether `value` is a TensorFlow tensor or variable (TensorFlow is not imported)."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(value, tf.Tensor | tf.Variable)
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A numpy array of a numpy, torch (any device, detached), TensorFlow (eager) or Python
+    value; neither torch nor TensorFlow is imported.
+
+    Args:
+      value: An array, tensor, variable, number or nest of numbers that `np.asarray` takes.
+
+    Returns:
+      The array (numpy input is returned as it is, without a copy).
+    """
+    if is_torch_tensor(value):
+        return value.detach().cpu().numpy()
+    if is_tf_tensor(value):
+        return value.numpy()
+    return np.asarray(value)
+
+
 class StepType:
     """TF-Agents' step types, as plain ints (`tf_agents.trajectories.time_step.StepType`)."""
 

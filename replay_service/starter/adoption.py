@@ -35,12 +35,12 @@ from replay_service.specs.nests import (
 )
 from replay_service.starter.staging import (
     COPY_TAG,
-    _fsync_tree,
     check_copy_target,
     hidden_sibling,
     install,
     locked_if_store,
 )
+from replay_service.storage.file_modes import fsync_tree
 from replay_service.storage.store import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
@@ -253,4 +253,4 @@ def _write_bare_copy(
     }
     with open(os.path.join(first, CHECKPOINT_META_FILE), "w", encoding="utf-8") as f:
         json.dump(info, f, indent=2, sort_keys=True)
-    _fsync_tree(dest)
+    fsync_tree(dest)

@@ -13,13 +13,13 @@ from replay_service.specs.nests import check_collect_spec, describe_spec, diff_d
 from replay_service.starter.adoption import copy_bare_root
 from replay_service.starter.staging import (
     COPY_TAG,
-    _fsync_tree,
     check_copy_target,
     check_distinct,
     hidden_sibling,
     install,
     locked_if_store,
 )
+from replay_service.storage.file_modes import fsync_tree
 from replay_service.storage.store import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
@@ -137,4 +137,4 @@ def _write_copy(store: CheckpointStore, checkpoint: str, info: dict[str, Any], d
     copied = {**info, "sequence": 1, "copied_from": source}
     with open(os.path.join(checkpoints, first, CHECKPOINT_META_FILE), "w", encoding="utf-8") as f:
         json.dump(copied, f, indent=2, sort_keys=True)
-    _fsync_tree(dest)
+    fsync_tree(dest)

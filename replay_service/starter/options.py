@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from replay_service.config.options import require_int
+from replay_service.config.options import require_positive_int
 from replay_service.errors import ConfigError
 from replay_service.starter.envs import BUILDING_ENV_ID, STEPS_PER_WEEK
 from replay_service.starter.naming import validate_buffer_name
@@ -19,11 +19,6 @@ DEFAULT_NUM_ENVS = 1
 DEFAULT_OUTPUT_DIR = "starter_buffers"
 
 SEED_RANGE = 2**31
-
-
-def _require_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +62,10 @@ class PopulateConfig:
     def __post_init__(self) -> None:
         validate_buffer_name(self.buffer_name)
         for name in ("steps_per_run", "num_runs", "num_envs"):
-            _require_positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name), maximum=None)
         for name in ("capacity", "sequence_length"):
             if getattr(self, name) is not None:  # checked before populate creates output_dir
-                require_int(name, getattr(self, name), 1, what="a positive integer")
+                require_positive_int(name, getattr(self, name))
         if self.seed is not None and (
             isinstance(self.seed, bool)
             or not isinstance(self.seed, int)

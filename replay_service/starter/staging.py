@@ -127,14 +127,3 @@ def install(staging: str, target: str) -> None:
     except OSError as e:
         raise CheckpointError(f"cannot move {staging!r} to {target!r}: {e}") from e
     remove_path(old)
-
-
-def _fsync_tree(root: str) -> None:
-    for directory, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(directory)

@@ -63,7 +63,7 @@ from replay_service.errors import (
     WriteTimeoutError,
 )
 from replay_service.specs import nests as specs
-from replay_service.storage.file_modes import make_dirs, open_private
+from replay_service.storage.file_modes import make_dirs, open_private, sync_file
 
 if TYPE_CHECKING:
     import reverb
@@ -579,14 +579,13 @@ def _write_files(
             # The digest is that of the bytes meant (hashed while they are written and synced),
             # and the file must read back as exactly those bytes.
             digest = write_safetensors(
-                f, tensors, {"format": FORMAT}, then=lambda: _sync(f), read_back=state_tmp
+                f, tensors, {"format": FORMAT}, then=lambda: sync_file(f), read_back=state_tmp
             )
         metadata = {**metadata, CHECKSUMS: {STATE_SUFFIX: digest}}
         with open_private(metadata_tmp, "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+            sync_file(f)
         os.replace(state_tmp, state_path)
         os.replace(metadata_tmp, metadata_path)
     except OSError as e:
@@ -656,11 +655,6 @@ def _tensor_views(path: str, mapping: Any) -> dict[str, np.ndarray]:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"export state {path!r} is corrupt or truncated: {e}") from e
     return views
-
-
-def _sync(f: Any) -> None:
-    f.flush()
-    os.fsync(f.fileno())
 
 
 # Bytes compared per read when a written file is read back.

@@ -1,13 +1,19 @@
-"""Explicit permissions of the files and directories replay_service writes.
+"""Explicit permissions of the files and directories replay_service writes, and durable writes.
 
 Checkpoints, their metadata, the store file, the lock and exports are created owner read/write,
 group read (`FILE_MODE`), and the directories replay_service creates owner rwx, group rx
 (`DIR_MODE`), whatever the process umask is (under umask 000 they would otherwise be
 world-writable), as a database does with its data directory.
+
+What must survive a crash once written is synced here too: a file's contents (`sync_file`,
+`write_synced`), a JSON file replaced in one step (`write_json_atomic`), a directory's entries
+(`fsync_dir`) and a whole tree (`fsync_tree`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from typing import IO, Any
 
@@ -80,3 +86,81 @@ def restrict_tree(path: str) -> None:
             entry = os.path.join(directory, name)
             if not os.path.islink(entry):
                 os.chmod(entry, FILE_MODE)
+
+
+def sync_file(f: IO[Any]) -> None:
+    """Flushes the open file `f` and makes its contents durable (`os.fsync`).
+
+    Raises:
+      OSError: If it cannot be flushed or synced (e.g. the disk is full).
+    """
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def write_synced(path: str, text: str) -> None:
+    """Writes `text` to `path` (created or truncated, `FILE_MODE`) and syncs it.
+
+    Raises:
+      OSError: If it cannot be written or synced.
+    """
+    with open_private(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        sync_file(f)
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    """Replaces `path` with `data` as JSON in one step that survives a crash.
+
+    The JSON goes into the synced sibling `<path>.tmp` (`FILE_MODE`), which is renamed over
+    `path`; then the directory is synced. A reader sees the old file or the new one, never a
+    part of either.
+
+    Args:
+      path: The file to write.
+      data: What it holds (written with sorted keys, indented by 2).
+
+    Raises:
+      OSError: If a step fails; `<path>.tmp` is removed and `path` is left as it was (or, if
+        only the directory sync failed, already replaced).
+    """
+    tmp = f"{path}.tmp"
+    try:
+        with open_private(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            sync_file(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    fsync_dir(os.path.dirname(path))
+
+
+def fsync_dir(path: str) -> None:
+    """Makes the entries of directory `path` durable (a rename or a new file in it).
+
+    Raises:
+      OSError: If it cannot be opened or synced.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str) -> None:
+    """Makes every file under the directory `root` and every directory's entries durable.
+
+    Raises:
+      OSError: If a file or directory cannot be opened or synced.
+    """
+    for directory, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(directory)

@@ -74,7 +74,13 @@ from replay_service.errors import (
     SpecMismatchError,
 )
 from replay_service.specs.nests import FieldDescription, describe_spec, diff_descriptions
-from replay_service.storage.file_modes import FILE_MODE, make_dirs, open_private, restrict_tree
+from replay_service.storage.file_modes import (
+    FILE_MODE,
+    fsync_dir,
+    make_dirs,
+    restrict_tree,
+    write_json_atomic,
+)
 
 if TYPE_CHECKING:
     from replay_service.config.options import TableConfig, VariableTableConfig
@@ -96,6 +102,11 @@ CHECKPOINT_PREFIX = "ckpt-"
 DEFAULT_KEEP = 3
 
 _log = logging.getLogger(__name__)
+
+# What a checkpoint's writer returns: the directory it wrote, and `(num_items, files)` if it
+# already read the files back (see `CheckpointStore.commit`).
+Verified = tuple[int, dict[str, dict[str, Any]]]
+WriteCheckpoint = Callable[[str], tuple[str, Verified | None]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +274,23 @@ class StoreMetadata:
         ]
         problems += _variable_table_differences(requested.variable_tables, self.variable_tables)
         return problems
+
+    def check_matches(self, requested: StoreMetadata, where: str) -> None:
+        """Refuses to load this (stored) metadata into a buffer configured as `requested`.
+
+        Args:
+          requested: The metadata of the configured tables and data spec.
+          where: The file or checkpoint this metadata was read from (named in the error).
+
+        Raises:
+          SpecMismatchError: If any field differs (`differences`), naming `where` and each
+            difference.
+        """
+        problems = self.differences(requested)
+        if problems:
+            raise SpecMismatchError(
+                f"{where} does not match the configured table: " + "; ".join(problems)
+            )
 
 
 def _by_name(
@@ -552,7 +580,7 @@ class CheckpointStore:
             if os.path.isdir(self.reverb_root):
                 shutil.rmtree(self.reverb_root)
             self.ensure_dirs()
-            _write_json_atomic(self.store_file, metadata.to_json())
+            write_json_atomic(self.store_file, metadata.to_json())
         except OSError as e:
             raise CheckpointError(f"cannot write checkpoint_dir {self.root!r}: {e}") from e
 
@@ -629,7 +657,7 @@ class CheckpointStore:
         self,
         reverb_path: str,
         metadata: StoreMetadata,
-        verified: tuple[int, dict[str, dict[str, Any]]] | None = None,
+        verified: Verified | None = None,
     ) -> Checkpoint:
         """Verifies a finished Reverb checkpoint, moves it into `checkpoints/`, applies retention.
 
@@ -669,7 +697,7 @@ class CheckpointStore:
         try:
             with contextlib.suppress(PermissionError):  # files of another owner keep theirs
                 restrict_tree(reverb_path)  # Reverb creates its files as the umask allows
-            _write_json_atomic(meta_path, info)
+            write_json_atomic(meta_path, info)
             make_dirs(self.checkpoints_dir)
             os.rename(reverb_path, target)
             fsync_dir(self.checkpoints_dir)
@@ -681,6 +709,74 @@ class CheckpointStore:
             ) from e
         self.prune()
         return Checkpoint(path=target, sequence=sequence, info=info)
+
+    def commit(self, metadata: StoreMetadata, write: WriteCheckpoint) -> Checkpoint:
+        """Takes one checkpoint: writes it into the staging root, verifies and adopts it.
+
+        The steps every backend shares, in order: `ensure_intact`; `clean_staging` (so the
+        staging root holds only what `write` writes); `write(staging_root)`; `adopt`. The
+        caller holds its own checkpoint lock (writes into the buffer wait as it decides) and
+        keeps the buffer's items whatever fails here.
+
+        Args:
+          metadata: Store metadata recorded with the checkpoint.
+          write: Writes the checkpoint under the staging root it is given (`reverb_root`) and
+            returns `(path, verified)`: the directory written, and `(num_items, files)` if the
+            writer already read it back (None: `adopt` reads it back).
+
+        Returns:
+          The adopted checkpoint.
+
+        Raises:
+          CheckpointError: If the directory was replaced by another buffer's; if `write`
+            raises (anything it raises is wrapped; the staging root is emptied, so nothing
+            partial is left); or if adopting fails (the written checkpoint is deleted and the
+            message says the buffer still holds its items). Each message names the path.
+        """
+        self.ensure_intact(metadata)
+        self.clean_staging(metadata)
+        try:
+            path, verified = write(self.reverb_root)
+        except Exception as e:  # Reverb raises RuntimeError; anything else is wrapped too
+            self.discard_staging()
+            raise CheckpointError(
+                f"checkpoint into {self.reverb_root!r} failed: {type(e).__name__}: {e}"
+            ) from e
+        try:
+            return self.adopt(path, metadata, verified)
+        except CheckpointError as e:
+            remove_path(path)
+            raise CheckpointError(
+                f"{e}; the checkpoint was discarded and the buffer still holds its items"
+            ) from e
+
+    def restore_latest(
+        self,
+        metadata: StoreMetadata,
+        load: Callable[[Checkpoint], None],
+        discard: Callable[[], None],
+        *,
+        backend: str,
+    ) -> Checkpoint:
+        """Restores a buffer from the locked directory: the steps every backend shares.
+
+        Creates `checkpoints/` and `.reverb/` if missing, adopts or clears what the staging
+        root holds (`clean_staging`), then loads the newest checkpoint that `load` accepts
+        (`restore_newest`).
+
+        Args:
+          metadata: The configured buffer's metadata (recorded with adopted staged ones).
+          load, discard, backend: As `restore_newest`.
+
+        Returns:
+          The checkpoint `restore_newest` loaded.
+
+        Raises:
+          As `ensure_dirs`, `clean_staging` and `restore_newest`.
+        """
+        self.ensure_dirs()
+        self.clean_staging(metadata)
+        return self.restore_newest(load, discard, backend=backend)
 
     def restore_newest(
         self, load: Callable[[Checkpoint], None], discard: Callable[[], None], *, backend: str
@@ -791,6 +887,29 @@ class CheckpointStore:
             yield
         finally:
             self.unlock()
+
+    @contextlib.contextmanager
+    def serving(self, on_error: Callable[[], None] | None = None) -> Iterator[None]:
+        """Takes the directory's lock (see `lock`) for a buffer that starts in the block.
+
+        The lock stays held when the block succeeds (the buffer's `unlock` releases it). If the
+        block raises, `on_error()` (if given) runs first, to stop what started, then the lock is
+        released and the error propagates.
+
+        Args:
+          on_error: Called while the lock is still held when the block fails.
+
+        Raises:
+          CheckpointError: If the directory cannot be locked (see `lock`).
+        """
+        self.lock()
+        try:
+            yield
+        except BaseException:
+            if on_error is not None:
+                on_error()
+            self.unlock()
+            raise
 
     def lock(self) -> None:
         """Takes an exclusive, process-wide lock on the directory (a `filelock.FileLock` on
@@ -918,7 +1037,7 @@ class CheckpointStore:
         self.ensure_dirs()
         if not self.is_store():
             try:
-                _write_json_atomic(self.store_file, metadata.to_json())
+                write_json_atomic(self.store_file, metadata.to_json())
             except OSError as e:
                 raise CheckpointError(f"cannot write {self.store_file!r}: {e}") from e
 
@@ -1009,30 +1128,6 @@ def _listdir(path: str) -> list[str]:
         return []
     except OSError as e:
         raise CheckpointError(f"cannot list {path!r}: {e.strerror or e}") from e
-
-
-def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    try:
-        with open_private(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    fsync_dir(os.path.dirname(path))
-
-
-def fsync_dir(path: str) -> None:
-    """Makes the entries of directory `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def verify_checkpoint_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 import types
 import uuid
@@ -31,11 +30,13 @@ from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
 from replay_service.specs.nests import describe_spec
 from replay_service.storage import export as export_lib
+from replay_service.storage.schedule import CheckpointSchedule
 from replay_service.storage.store import (
     MEMMAP_DIR,
     Checkpoint,
     CheckpointStore,
     StoreMetadata,
+    Verified,
     remove_path,
 )
 
@@ -251,16 +252,14 @@ class LocalBackend(Backend):
         self._fields = describe_spec(stored_spec)
         self._tables: dict[str, LocalTable] = {}
         self._client: LocalClient | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._checkpoints = CheckpointSchedule(
+            store, self.metadata, log=_log, thread_name="local-checkpoints"
+        )
         self._closed = False
         # Memory-mapped table directories this backend's tables created (`storage="memmap"`):
         # the only scratch files its `close()` deletes.
         self._scratch_made: set[str] = set()
         self.restored_from: Checkpoint | None = None
-        self._last: Checkpoint | None = None
-        self._last_duration_s: float | None = None
         for config in self._configs:  # refuse Reverb-only options before touching the disk
             check_local_table(config)
 
@@ -362,16 +361,12 @@ class LocalBackend(Backend):
         """
         store = self._store
         store.check_new(overwrite)
-        self._reopen()
-        store.lock()
-        try:
+        self._closed = False  # close() releases the directory again (a manager may retry)
+        with store.serving():
             self._check_scratch()  # before prepare_new deletes anything
             store.prepare_new(self.metadata, overwrite=overwrite)
             self._start()
-        except BaseException:
-            store.unlock()
-            raise
-        self._start_schedule()
+        self._checkpoints.start(self.checkpoint, self._interval)
         _log.info("Created an empty local buffer in %s", store.root)
         return self.client
 
@@ -384,20 +379,16 @@ class LocalBackend(Backend):
           CheckpointError: If the directory is foreign, in use or unreadable.
         """
         store = self._store
-        self._check_stored(store.read_metadata(), store.store_file)
-        self._reopen()
-        store.lock()
-        try:
+        store.read_metadata().check_matches(self.metadata, store.store_file)
+        self._closed = False  # close() releases the directory again (a manager may retry)
+        with store.serving():
             # A refused scratch directory must fail the load, not each restore: a restore
             # that fails is taken for a damaged checkpoint and moved aside.
             self._check_scratch()
-            store.ensure_dirs()
-            store.clean_staging(self.metadata)
-            self.restored_from = store.restore_newest(self._restore, self._discard, backend="local")
-        except BaseException:
-            store.unlock()
-            raise
-        self._start_schedule()
+            self.restored_from = store.restore_latest(
+                self.metadata, self._restore, self._discard, backend="local"
+            )
+        self._checkpoints.start(self.checkpoint, self._interval)
         _log.info("Loaded %s items from %s", self.restored_from.num_items, self.restored_from.path)
         return self.client
 
@@ -408,35 +399,17 @@ class LocalBackend(Backend):
           CheckpointError: If it fails (the directory keeps no partial checkpoint and the
             buffer keeps its items); the message names the path.
         """
-        store = self._store
-        with self._lock:
-            started = time.monotonic()
-            store.ensure_intact(self.metadata)
-            store.clean_staging(self.metadata)
-            path = os.path.join(store.reverb_root, f"local-{time.time_ns()}-{uuid.uuid4().hex}")
-            try:
-                # Collectors and samplers wait while the storage is written in place (as a
-                # Reverb table is locked while it is serialized): a consistent snapshot.
-                with contextlib.ExitStack() as frozen:
-                    for table in self._tables.values():
-                        frozen.enter_context(table.frozen())
-                    verified = local_checkpoint.write(path, self._snapshot(copy=False))
-            except Exception as e:
-                store.discard_staging()
-                raise CheckpointError(
-                    f"checkpoint into {store.reverb_root!r} failed: {type(e).__name__}: {e}"
-                ) from e
-            try:
-                checkpoint = store.adopt(path, self.metadata, verified)
-            except CheckpointError as e:
-                remove_path(path)
-                raise CheckpointError(
-                    f"{e}; the checkpoint was discarded and the buffer still holds its items"
-                ) from e
-            self._last = checkpoint
-            self._last_duration_s = time.monotonic() - started
-        _log.info("checkpoint %s (%s items)", checkpoint.path, checkpoint.num_items)
-        return checkpoint.path
+
+        def write(staging_root: str) -> tuple[str, Verified]:
+            path = os.path.join(staging_root, f"local-{time.time_ns()}-{uuid.uuid4().hex}")
+            # Collectors and samplers wait while the storage is written in place (as a
+            # Reverb table is locked while it is serialized): a consistent snapshot.
+            with contextlib.ExitStack() as frozen:
+                for table in self._tables.values():
+                    frozen.enter_context(table.frozen())
+                return path, local_checkpoint.write(path, self._snapshot(copy=False))
+
+        return self._checkpoints.checkpoint(write).path
 
     def after_clear(self) -> None:
         """Checkpoints the emptied tables, so a later load does not bring old items back."""
@@ -444,7 +417,7 @@ class LocalBackend(Backend):
 
     def last_checkpoint(self) -> tuple[Checkpoint | None, float | None]:
         """The last checkpoint taken and the seconds it took."""
-        return self._last, self._last_duration_s
+        return self._checkpoints.last_checkpoint, self._checkpoints.last_checkpoint_duration_s
 
     def close(self) -> None:
         """Stops the schedule, fails waiting samplers and releases the directory (no
@@ -452,9 +425,7 @@ class LocalBackend(Backend):
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self._timeouts.checkpoint)
+        self._checkpoints.stop(self._timeouts.checkpoint)
         for table in self._tables.values():
             table.close()
         self._note_scratch()
@@ -467,12 +438,6 @@ class LocalBackend(Backend):
         self._store.unlock()
 
     # ---------------------------------------------------------------------------- helpers
-
-    def _reopen(self) -> None:
-        """Makes `close()` release the directory again (a manager may retry a failed start)."""
-        self._closed = False
-        self._stop = threading.Event()
-        self._thread = None
 
     def _new_table(self, config: TableConfig) -> LocalTable:
         scratch = None
@@ -512,7 +477,7 @@ class LocalBackend(Backend):
         self._client = None
 
     def _restore(self, checkpoint: Checkpoint) -> None:
-        self._check_stored(checkpoint.metadata, checkpoint.path)
+        checkpoint.metadata.check_matches(self.metadata, checkpoint.path)
         path = checkpoint.path
         if not local_checkpoint.is_local_checkpoint(path):
             raise CheckpointError(
@@ -551,29 +516,6 @@ class LocalBackend(Backend):
             )
             tables.append((config, self._stored_spec, items))
         return tables
-
-    def _check_stored(self, stored: StoreMetadata, where: str) -> None:
-        problems = stored.differences(self.metadata)
-        if problems:
-            raise SpecMismatchError(
-                f"{where} does not match the configured table: " + "; ".join(problems)
-            )
-
-    def _start_schedule(self) -> None:
-        if not self._interval:
-            return
-        self._thread = threading.Thread(
-            target=self._schedule, name="local-checkpoints", daemon=True
-        )
-        self._thread.start()
-
-    def _schedule(self) -> None:
-        interval = float(self._interval or 0.0)
-        while not self._stop.wait(interval):
-            try:
-                self.checkpoint()
-            except Exception as e:  # the schedule must survive any failure and retry
-                _log.error("periodic checkpoint failed (will retry): %s: %s", type(e).__name__, e)
 
 
 def _table_info(table: LocalTable) -> Any:

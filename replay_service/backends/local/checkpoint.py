@@ -24,7 +24,7 @@ from replay_service.backends.reverb.internals import DONE_FILE, file_sha256
 from replay_service.config.options import TableConfig
 from replay_service.errors import CheckpointError
 from replay_service.storage import export as export_lib
-from replay_service.storage.file_modes import DIR_MODE, open_private
+from replay_service.storage.file_modes import DIR_MODE, write_synced
 
 FORMAT = "replay_service.backends.local.checkpoint/1"
 INDEX_FILE = "local_checkpoint.json"
@@ -82,8 +82,8 @@ def write(
         num_items += items.num_items
     index_data = {"format": FORMAT, "tables": [config.name for config, _, _ in tables]}
     try:
-        _write_synced(os.path.join(path, INDEX_FILE), json.dumps(index_data, indent=2) + "\n")
-        _write_synced(os.path.join(path, DONE_FILE), "")
+        write_synced(os.path.join(path, INDEX_FILE), json.dumps(index_data, indent=2) + "\n")
+        write_synced(os.path.join(path, DONE_FILE), "")
     except OSError as e:
         raise CheckpointError(f"cannot write checkpoint {path!r}: {e}") from e
     files[INDEX_FILE] = _digest(os.path.join(path, INDEX_FILE))
@@ -196,10 +196,3 @@ def restore_table(path: str, index: int, stored_spec: Any, table: Any) -> None:
             state_path, fields, int(metadata["num_items"]), tensors
         )
         table.restore(items.data, items.priorities, items.times_sampled)
-
-
-def _write_synced(path: str, text: str) -> None:
-    with open_private(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())

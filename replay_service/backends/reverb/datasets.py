@@ -31,7 +31,7 @@ import tensorflow as tf
 from tf_agents.replay_buffers import reverb_replay_buffer
 
 from replay_service.backends.reverb.tables import check_mix_weights, find_table
-from replay_service.config.options import TableConfig, to_ms
+from replay_service.config.options import TableConfig, require_positive_int, to_ms
 from replay_service.errors import ConfigError
 from replay_service.integrations import tf_compat
 from replay_service.specs.layouts import NESTED, Layout, as_layout
@@ -655,8 +655,7 @@ def mixed_dataset(
     Raises:
       ConfigError: If the weights are invalid (see `check_mix_weights`) or `batch_size` < 1.
     """
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    require_positive_int("batch_size", batch_size, maximum=None)
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise ConfigError(f"seed must be an integer or None, got {seed!r}")
     probabilities = check_mix_weights(tables, weights)

@@ -22,8 +22,6 @@ Stop with a final checkpoint first stops the server from confirming writes (see
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,14 +47,11 @@ from replay_service.errors import (
     ReplayServiceError,
     ServerError,
     ServerUnavailableError,
-    SpecMismatchError,
 )
+from replay_service.storage.schedule import ADOPT_POLL_S, CheckpointSchedule  # noqa: F401
 from replay_service.storage.store import Checkpoint, CheckpointStore, StoreMetadata, remove_path
 
 _log = logging.getLogger(__name__)
-
-# How often the schedule thread adopts checkpoints that remote clients requested.
-ADOPT_POLL_S = 0.5
 # Seconds a server-info query may take while restoring or stopping.
 INFO_TIMEOUT_S = 10.0
 # Starts of a server on a port of its owner's choosing before giving up when none answers its
@@ -104,16 +99,12 @@ class CheckpointedServer:
         )
         self._server: reverb.Server | None = None
         self._client: reverb.Client | None = None
-        self._lock = threading.Lock()
-        self._stop_schedule = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._checkpoints = CheckpointSchedule(
+            store, self.metadata, log=_log, thread_name="replay-checkpoints"
+        )
         self._stopped = False
         self._dropped = 0
         self.restored_from: Checkpoint | None = None
-        self.last_checkpoint: Checkpoint | None = None
-        # Seconds `last_checkpoint` took (None for an adopted client checkpoint).
-        self.last_checkpoint_duration_s: float | None = None
-        self.last_error: str | None = None
 
     # ------------------------------------------------------------------------------ start
 
@@ -153,14 +144,10 @@ class CheckpointedServer:
             tables, data_spec, store, port, checkpoint_timeout, variable_tables=variable_tables
         )
         store.check_new(overwrite)
-        store.lock()
-        try:
+        # A server that started but never answered stops before the unlock.
+        with store.serving(on_error=owner._discard):
             store.prepare_new(owner.metadata, overwrite=overwrite)
             owner._start(None)
-        except BaseException:
-            owner._discard()  # a server that started but never answered stops before the unlock
-            store.unlock()
-            raise
         return owner
 
     @classmethod
@@ -193,24 +180,17 @@ class CheckpointedServer:
         owner = cls(
             tables, data_spec, store, port, checkpoint_timeout, variable_tables=variable_tables
         )
-        owner._check_stored(store.read_metadata(), store.store_file)
-        store.lock()
-        try:
-            store.ensure_dirs()
-            store.clean_staging(owner.metadata)
-            owner._start_from_latest()
-        except BaseException:
-            owner._discard()  # a server that started but never answered stops before the unlock
-            store.unlock()
-            raise
+        store.read_metadata().check_matches(owner.metadata, store.store_file)
+        # A server that started but never answered stops before the unlock.
+        with store.serving(on_error=owner._discard):
+            reverb_internals.require_supported_reverb()
+            owner.restored_from = store.restore_latest(
+                owner.metadata, owner._load, owner._discard, backend="reverb"
+            )
         return owner
 
-    def _start_from_latest(self) -> None:
-        reverb_internals.require_supported_reverb()
-        self.restored_from = self._store.restore_newest(self._load, self._discard, backend="reverb")
-
     def _load(self, checkpoint: Checkpoint) -> None:
-        self._check_stored(checkpoint.metadata, checkpoint.path)
+        checkpoint.metadata.check_matches(self.metadata, checkpoint.path)
         self._verify(checkpoint)
         self._start(checkpoint)
         self._check_restored_count(checkpoint)
@@ -304,13 +284,6 @@ class CheckpointedServer:
         """
         self._client = first_answer(self._require_server().localhost_client, 2 * INFO_TIMEOUT_S)
 
-    def _check_stored(self, stored: StoreMetadata, where: str) -> None:
-        problems = stored.differences(self.metadata)
-        if problems:
-            raise SpecMismatchError(
-                f"{where} does not match the configured table: " + "; ".join(problems)
-            )
-
     # -------------------------------------------------------------------------- running
 
     @property
@@ -335,6 +308,21 @@ class CheckpointedServer:
         """The checkpoint directory."""
         return self._store
 
+    @property
+    def last_checkpoint(self) -> Checkpoint | None:
+        """The last checkpoint taken or adopted, or None."""
+        return self._checkpoints.last_checkpoint
+
+    @property
+    def last_checkpoint_duration_s(self) -> float | None:
+        """Seconds `last_checkpoint` took (None for an adopted client checkpoint)."""
+        return self._checkpoints.last_checkpoint_duration_s
+
+    @property
+    def last_error(self) -> str | None:
+        """The last periodic checkpoint's failure, until a checkpoint succeeds."""
+        return self._checkpoints.last_error
+
     def checkpoint(self) -> Checkpoint:
         """Takes a checkpoint now, verifies it and returns it.
 
@@ -345,43 +333,20 @@ class CheckpointedServer:
           CheckpointError: If it fails or takes longer than `checkpoint_timeout`; the message
             names the path.
         """
-        client = self.client
-        store = self._store
-        with self._lock:
-            started = time.monotonic()
-            store.ensure_intact(self.metadata)
-            store.clean_staging(self.metadata)
-            try:
-                path = reverb_internals.retry_concurrent_save(
-                    lambda: call_with_timeout(client.checkpoint, self._timeout, "checkpoint")
-                )
-            except Exception as e:  # Reverb raises RuntimeError; anything else is wrapped too
-                store.discard_staging()
-                raise CheckpointError(
-                    f"checkpoint into {store.reverb_root!r} failed: {type(e).__name__}: {e}"
-                ) from e
-            try:
-                checkpoint = store.adopt(path, self.metadata)
-            except CheckpointError as e:
-                remove_path(path)
-                raise CheckpointError(
-                    f"{e}; the checkpoint was discarded and the buffer still holds its items"
-                ) from e
-            self.last_checkpoint = checkpoint
-            self.last_checkpoint_duration_s = time.monotonic() - started
-            self.last_error = None
-        _log.info("checkpoint %s (%s items)", checkpoint.path, checkpoint.num_items)
-        return checkpoint
+        client = self.client  # a stopped server fails here, before the directory is touched
+
+        def write(staging_root: str) -> tuple[str, None]:
+            del staging_root  # Reverb's checkpointer writes there
+            path = reverb_internals.retry_concurrent_save(
+                lambda: call_with_timeout(client.checkpoint, self._timeout, "checkpoint")
+            )
+            return path, None
+
+        return self._checkpoints.checkpoint(write)
 
     def adopt_staged(self) -> list[Checkpoint]:
         """Adopts complete checkpoints that clients requested (`py_client.checkpoint()`)."""
-        with self._lock:
-            adopted = self._store.adopt_staged(self.metadata)
-            for checkpoint in adopted:
-                self.last_checkpoint = checkpoint
-                self.last_checkpoint_duration_s = None
-                _log.info("adopted client checkpoint %s", checkpoint.path)
-        return adopted
+        return self._checkpoints.adopt_staged()
 
     def start_schedule(self, interval_s: float | None) -> None:
         """Starts a thread that checkpoints every `interval_s` seconds and adopts checkpoints
@@ -393,25 +358,7 @@ class CheckpointedServer:
         Args:
           interval_s: Seconds between checkpoint starts; None or 0 only adopts.
         """
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(
-            target=self._schedule, args=(interval_s or 0.0,), name="replay-checkpoints", daemon=True
-        )
-        self._thread.start()
-
-    def _schedule(self, interval_s: float) -> None:
-        due = time.monotonic() + interval_s
-        while not self._stop_schedule.wait(ADOPT_POLL_S):
-            try:
-                if interval_s and time.monotonic() >= due:
-                    due = time.monotonic() + interval_s
-                    self.checkpoint()
-                else:
-                    self.adopt_staged()
-            except Exception as e:  # the schedule must survive any failure and retry
-                self.last_error = f"{type(e).__name__}: {e}"
-                _log.error("periodic checkpoint failed (will retry): %s", self.last_error)
+        self._checkpoints.start(self.checkpoint, interval_s, adopt=True)
 
     def stop(self, final_checkpoint: bool = False) -> Checkpoint | None:
         """Stops the schedule and the server and releases the directory. Idempotent.
@@ -429,9 +376,7 @@ class CheckpointedServer:
         if self._stopped:
             return None
         self._stopped = True
-        self._stop_schedule.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self._timeout)
+        self._checkpoints.stop(self._timeout)
         try:
             if final_checkpoint and self._server is not None:
                 self._refuse_writes()
