@@ -39,6 +39,7 @@ class Capability(enum.Enum):
     PACKED_LAYOUT = "layout='packed' (a Reverb table storing one byte row per step)"
     PORT = "port= (a server listening for other processes)"
     MEMMAP_STORAGE = "storage='memmap' (tables in memory-mapped files)"
+    SEEDED_SAMPLING = "seed= (reproducible sampling; a Reverb server's samplers cannot be seeded)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,7 @@ class BackendOptions:
       port: Port of an embedded server; None picks one.
       server_address: "host:port" of a running server (remote mode), else None.
       storage: "memory" or "memmap".
+      seed: Seed of the samplers (`Capability.SEEDED_SAMPLING`); None: fresh entropy.
     """
 
     tables: tuple[TableConfig, ...]
@@ -68,6 +70,7 @@ class BackendOptions:
     port: int | None = None
     server_address: str | None = None
     storage: str = "memory"
+    seed: int | None = None
 
 
 class Backend(abc.ABC):

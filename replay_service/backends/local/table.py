@@ -11,17 +11,18 @@ Steps are written as the items that hold them are inserted: a collector's writer
 (`WindowStream`, one per writer and table) writes only the steps its previous item did not
 hold (one per item at stride 1), `insert` of whole windows (an import, a restore) writes every
 step of each item except those it shares with the item before it (the previous window shifted
-by one step, compared byte for byte). The ring starts at `capacity + sequence_length - 1` steps,
-what one writer's overlapping windows need, and grows (the storage is copied in step order)
-whenever the step it would overwrite next still belongs to an item, so `capacity` items always
-fit, whatever the writers, strides and padding; it never exceeds `capacity * sequence_length`
-steps, the size of `capacity` windows that share nothing (at that size an item whose steps are
-overwritten is evicted, which happens only when writers insert at very different rates). Its
-storage is in RAM (`torch.empty`, committed as it fills) or, with "memmap", tensordict
-`MemoryMappedTensor` files (for buffers larger than RAM) created with the table at that largest
-size, their whole size reserved on disk then (a full disk is a `ConfigError` there, never a
-SIGBUS at a later write). Samples gather the steps of the drawn items with one `np.take` per
-field.
+by one step, compared byte for byte). A writer shares steps only with its last item while that
+item is held, so no item holds steps older than every held item's. The ring starts at
+`capacity + sequence_length - 1` steps, what one writer's overlapping windows need, and grows
+(the storage is copied in step order, by an eighth of its size or more) whenever the step it would
+overwrite next still belongs to an item, so `capacity` items fit whatever the writers, strides
+and padding. Its storage is in RAM (`torch.empty`, committed as it fills), growing up to
+`capacity * sequence_length**2` steps, or, with "memmap", tensordict `MemoryMappedTensor` files
+(for buffers larger than RAM) created with the table for `capacity * sequence_length` steps
+(`capacity` windows that share nothing), their whole size reserved on disk then (a full disk
+is a `ConfigError` there, never a SIGBUS at a later write). At its largest size the ring
+evicts the items whose first step it overwrites (only writers inserting at very different
+rates get there). Samples gather the steps of the drawn items with one `np.take` per field.
 
 Items are evicted oldest first once the table is full (Reverb's FIFO remover) and removed after
 `max_times_sampled` samples when set.
@@ -76,8 +77,8 @@ LOCAL_REMOVERS = ("fifo",)
 STORAGES = ("memory", "memmap")
 # The files of a table's memory-mapped storage (`_allocate`): the only ones it ever deletes.
 _SCRATCH_FILE = re.compile(r"field[0-9]+\.memmap")
-# A growing step ring takes at least this fraction of its size more.
-_GROWTH = 0.5
+# A growing step ring takes at least this fraction of its size more (a growth copies the ring).
+_GROWTH = 0.125
 
 # Reverb's item keys are uint64. An item's key is `sequence * capacity + slot + 1`, its
 # sequence the number of items inserted before it: never 0, unique for the table's life, and
