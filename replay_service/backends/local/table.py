@@ -472,7 +472,7 @@ class LocalTable:
         removes those that reached `max_times_sampled`."""
         slots, probability = self._select(batch_size)
         # Counts every draw, a slot drawn twice in the batch too.
-        np.add.at(self._times_sampled, slots, 1)
+        _count_draws(self._times_sampled, slots)
         info = {}
         if with_info:
             info = {
@@ -664,10 +664,17 @@ class LocalTable:
         while True:
             size = self._ring_size
             cutoff = self._written + count - size  # serials below it are overwritten
-            if cutoff <= self._oldest:
+            oldest = self._oldest
+            if cutoff <= oldest:
                 return True
-            lost = np.arange(self._oldest, cutoff, dtype=np.int64)
-            used = bool(self._refs[self._positions(lost)].any()) or 0 <= keep < cutoff
+            if 0 <= keep < cutoff:
+                used = True
+            elif cutoff - oldest <= 8:  # a few steps (an item's): no arrays
+                refs, base = self._refs, self._head - self._written
+                used = any(refs[(serial + base) % size] for serial in range(oldest, cutoff))
+            else:
+                lost = np.arange(oldest, cutoff, dtype=np.int64)
+                used = bool(self._refs[self._positions(lost)].any())
             if not used:
                 return True
             if size < self._max_steps:
@@ -848,6 +855,17 @@ class LocalTable:
         self._columns = columns
         self._gap = np.zeros(steps, dtype=np.int32)
         self._refs = np.zeros(steps, dtype=np.int32)
+
+
+def _count_draws(counts: np.ndarray, slots: np.ndarray) -> None:
+    """Adds one to `counts` per occurrence of each slot (`np.add.at`, without its cost: a
+    batch drawn from a large table seldom repeats a slot)."""
+    ordered = np.sort(slots)
+    if len(ordered) < 2 or not (ordered[1:] == ordered[:-1]).any():
+        counts[slots] += 1
+        return
+    unique, times = np.unique(ordered, return_counts=True)
+    counts[unique] += times.astype(counts.dtype)
 
 
 def check_scratch_dir(directory: str) -> None:
