@@ -650,7 +650,9 @@ class LocalTable:
 
     def _positions(self, serials: np.ndarray) -> np.ndarray:
         """Ring positions of steps still in the ring, by serial number."""
-        return (serials + (self._head - self._written)) % self._ring_size
+        positions = serials + (self._head - self._written)  # in [head - ring size, head)
+        np.add(positions, self._ring_size, out=positions, where=positions < 0)
+        return positions
 
     def _claim(self, count: int, keep: int) -> bool:
         """Makes room for `count` new steps at the head of the ring: grows it while the
@@ -793,8 +795,9 @@ class LocalTable:
         count = len(slots)
         first = self._first.take(slots)
         serials = first[:, None] + self._offsets
-        scattered = np.flatnonzero(~self._consecutive.take(slots))
-        if len(scattered):  # interleaved writers: follow each step to its writer's next one
+        consecutive = self._consecutive.take(slots)
+        if not consecutive.all():  # interleaved writers: follow each step to its writer's next
+            scattered = np.flatnonzero(~consecutive)
             serial = first[scattered]
             for index in range(1, self._length):
                 serial = serial + self._gap[self._positions(serial)]
@@ -859,13 +862,13 @@ class LocalTable:
 
 def _count_draws(counts: np.ndarray, slots: np.ndarray) -> None:
     """Adds one to `counts` per occurrence of each slot (`np.add.at`, without its cost: a
-    batch drawn from a large table seldom repeats a slot)."""
-    ordered = np.sort(slots)
-    if len(ordered) < 2 or not (ordered[1:] == ordered[:-1]).any():
-        counts[slots] += 1
-        return
-    unique, times = np.unique(ordered, return_counts=True)
-    counts[unique] += times.astype(counts.dtype)
+    batch repeats few slots)."""
+    counts[slots] += 1  # once per distinct slot
+    if len(slots) > 1:
+        ordered = np.sort(slots)
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        for slot in repeated.tolist():  # the draws after a slot's first
+            counts[slot] += 1
 
 
 def check_scratch_dir(directory: str) -> None:
