@@ -792,21 +792,20 @@ class LocalTable:
     def _read_slots(self, slots: np.ndarray) -> list[torch.Tensor]:
         """The items of `slots` gathered from the ring, one tensor per field."""
         assert self._columns is not None
-        count = len(slots)
         first = self._first.take(slots)
-        serials = first[:, None] + self._offsets
         consecutive = self._consecutive.take(slots)
-        if not consecutive.all():  # interleaved writers: follow each step to its writer's next
+        if consecutive.all():  # `[items, sequence_length]` positions in one pass
+            positions = first[:, None] + (self._offsets + (self._head - self._written))
+            np.add(positions, self._ring_size, out=positions, where=positions < 0)
+        else:  # interleaved writers: follow each step to its writer's next one
+            serials = first[:, None] + self._offsets
             scattered = np.flatnonzero(~consecutive)
             serial = first[scattered]
             for index in range(1, self._length):
                 serial = serial + self._gap[self._positions(serial)]
                 serials[scattered, index] = serial
-        positions = self._positions(serials.reshape(-1))
-        out = []
-        for column, shape in zip(self._columns, self._shapes, strict=True):
-            out.append(torch.from_numpy(column.take(positions, axis=0).reshape(count, *shape)))
-        return out
+            positions = self._positions(serials)
+        return [torch.from_numpy(column.take(positions, axis=0)) for column in self._columns]
 
     def _allocate(self) -> None:
         """The step ring: one tensor per field, `[ring size, *field_shape]`, as numpy views.
