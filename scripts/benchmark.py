@@ -1,7 +1,7 @@
 """Speed and memory of replay_service against its anchors, measured side by side in one run.
 
     .venv/bin/python scripts/benchmark.py [--workloads=cartpole,image] [--json=out.json]
-    make benchmark        # installs the optional TorchRL anchor, then runs this
+    make benchmark        # installs the optional TorchRL and cpprb anchors, then runs this
 
 For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it measures:
   insert   steps/s through this project's observer and TransitionWriter (`add`, and
