@@ -186,6 +186,7 @@ class LocalTable:
         # key, priority, samples, and its neighbours in insertion order (-1: none).
         self._first = np.zeros(capacity, dtype=np.int64)
         self._consecutive = np.ones(capacity, dtype=np.bool_)
+        self._scattered = 0  # held items whose steps are not consecutive
         self._slot_key = np.zeros(capacity, dtype=np.uint64)
         self._priority = np.zeros(capacity, dtype=np.float64)
         self._times_sampled = np.zeros(capacity, dtype=np.int32)
@@ -362,7 +363,10 @@ class LocalTable:
             self._size += 1
             self._refs[(first - written + head) % size] += 1
             self._first[slot] = first
-            self._consecutive[slot] = first + length == end
+            consecutive = first + length == end
+            self._consecutive[slot] = consecutive
+            if not consecutive:
+                self._scattered += 1
             key = self._sequence * self.config.capacity + slot + _FIRST_KEY
             self._sequence += 1
             self._slot_key[slot] = key
@@ -477,7 +481,9 @@ class LocalTable:
         if with_info:
             info = {
                 "key": self._slot_key.take(slots),
-                "probability": probability,
+                "probability": (
+                    np.full(batch_size, 1.0 / self._size) if probability is None else probability
+                ),
                 "table_size": np.full(batch_size, self._size, dtype=np.int64),
                 "priority": self._priority.take(slots),
                 "times_sampled": self._times_sampled.take(slots),
@@ -489,7 +495,8 @@ class LocalTable:
             self._remove(np.unique(slots[self._times_sampled[slots] >= limit]))
         return data, info
 
-    def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """`batch_size` slots drawn by the sampler and their probabilities (None: uniform)."""
         sampler = self.config.sampling.sampler
         size = self._size
         if sampler == "fifo":
@@ -507,8 +514,7 @@ class LocalTable:
                 slots[bad] = self._dense[self._rng.integers(0, size, int(bad.sum()))]
                 weights = self._tree.get(slots)
             return slots, weights / total
-        slots = self._dense.take(self._rng.integers(0, size, batch_size))
-        return slots, np.full(batch_size, 1.0 / size)
+        return self._dense.take(self._rng.integers(0, size, batch_size)), None
 
     # ------------------------------------------------------------------------ checkpoints
 
@@ -750,6 +756,7 @@ class LocalTable:
         """Drops every item (the steps stay in the ring for the writers' next windows)."""
         capacity = self.config.capacity
         self._size = 0
+        self._scattered = 0
         self._dense = np.arange(capacity, dtype=np.int64)
         self._where = np.arange(capacity, dtype=np.int64)
         self._refs[:] = 0
@@ -763,6 +770,8 @@ class LocalTable:
         if not len(slots):
             return
         np.subtract.at(self._refs, self._positions(self._first[slots]), 1)
+        if self._scattered:
+            self._scattered -= int(np.count_nonzero(~self._consecutive[slots]))
         dense, where, newer, older = self._dense, self._where, self._newer, self._older
         for slot in slots.tolist():
             before, after = int(older[slot]), int(newer[slot])
@@ -793,8 +802,8 @@ class LocalTable:
         """The items of `slots` gathered from the ring, one tensor per field."""
         assert self._columns is not None
         first = self._first.take(slots)
-        consecutive = self._consecutive.take(slots)
-        if consecutive.all():  # `[items, sequence_length]` positions in one pass
+        consecutive = None if not self._scattered else self._consecutive.take(slots)
+        if consecutive is None or consecutive.all():  # every item: its consecutive positions
             positions = first[:, None] + (self._offsets + (self._head - self._written))
             np.add(positions, self._ring_size, out=positions, where=positions < 0)
         else:  # interleaved writers: follow each step to its writer's next one
