@@ -7,6 +7,7 @@ gymnasium spaces, items are read back through `export` and torch batches.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,34 @@ def test_reverb_refuses_a_seed_naming_the_local_backend(tmp_path):
             OBSERVATION, ACTION, capacity=10, checkpoint_dir=str(tmp_path), backend="reverb", seed=7
         )
     assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+@pytest.mark.parametrize("seed", [20, 35, 65])
+def test_a_memory_mapped_table_of_interleaved_writers_holds_its_newest_windows(tmp_path, seed):
+    """Three writers append to one table in a random order (seeded): the table holds the newest
+    `capacity` windows, oldest first, each exact."""
+    rnd = random.Random(seed)
+    length, capacity = rnd.randint(2, 4), rnd.randint(2, 5)
+    table = LocalTable(
+        TableConfig("t", capacity, length),
+        [{"path": "step", "dtype": "int64", "shape": []}],
+        storage="memmap",
+        scratch_dir=str(tmp_path / "memmap"),
+    )
+    streams = [table.stream() for _ in range(3)]
+    steps: list[list[int]] = [[], [], []]
+    since = [0, 0, 0]
+    windows = []
+    for value in range(1, 61):
+        writer = rnd.randrange(3)
+        steps[writer].append(value)
+        since[writer] += 1
+        if len(steps[writer]) >= length:
+            window = steps[writer][-length:]
+            table.insert_window(
+                [[np.int64(v)] for v in window], 1.0, streams[writer], since[writer]
+            )
+            since[writer] = 0
+            windows.append(window)
+    data, _, _ = table.items()
+    assert data[0].tolist() == windows[-capacity:]

@@ -20,9 +20,11 @@ and padding. Its storage is in RAM (`torch.empty`, committed as it fills), growi
 `capacity * sequence_length**2` steps, or, with "memmap", tensordict `MemoryMappedTensor` files
 (for buffers larger than RAM) created with the table for `capacity * sequence_length` steps
 (`capacity` windows that share nothing), their whole size reserved on disk then (a full disk
-is a `ConfigError` there, never a SIGBUS at a later write). At its largest size the ring
-evicts the items whose first step it overwrites (only writers inserting at very different
-rates get there). Samples gather the steps of the drawn items with one `np.take` per field.
+is a `ConfigError` there, never a SIGBUS at a later write); its writers do not share steps
+between windows (each window is written whole into a ring of `capacity` windows, so
+`capacity` items fit there too). Should a ring at its largest size still be short, it evicts
+the oldest items until none holds a step it overwrites. Samples gather the steps of the drawn
+items with one `np.take` per field.
 
 Items are evicted oldest first once the table is full (Reverb's FIFO remover) and removed after
 `max_times_sampled` samples when set.
@@ -173,7 +175,9 @@ class LocalTable:
         # is `p - _head + _written` (mod the ring size); `[_oldest, _written)` are in the ring.
         self._ring_size = capacity + length - 1
         self._max_steps = capacity * length * length
-        if storage == "memmap":  # files cannot grow: reserved once, for `capacity` windows
+        # Files cannot grow: reserved once, for `capacity` windows that share no step.
+        self._shares = storage == "memory"
+        if storage == "memmap":
             self._max_steps = self._ring_size = capacity * length
         self._columns: list[np.ndarray] | None = None
         self._gap = np.zeros(0, dtype=np.int32)
@@ -314,7 +318,7 @@ class LocalTable:
             new = length
             keep = -1
             serials: list[int] = []
-            if stream is not None and fresh is not None and 0 < fresh < length:
+            if self._shares and stream is not None and fresh is not None and 0 < fresh < length:
                 serials = stream.serials
                 # Shared steps only while the writer's last item is held: an item never holds
                 # steps older than every held item's (the ring's size stays bounded).
@@ -664,7 +668,8 @@ class LocalTable:
         """Makes room for `count` new steps at the head of the ring: grows it while the
         oldest steps they would overwrite are an item's (or at serial `keep` >= 0 or later).
 
-        At its largest size, items whose steps are overwritten are evicted instead.
+        At its largest size, the oldest items are evicted instead until none of them starts
+        in the overwritten steps.
 
         Returns:
           False (nothing changed) if the steps from `keep` on cannot be kept.
@@ -691,10 +696,10 @@ class LocalTable:
                 continue
             if 0 <= keep < cutoff:
                 return False
-            held = self._dense[: self._size]
-            doomed = held[self._first[held] < cutoff]
-            self._remove(doomed)
-            self.evictions += len(doomed)
+            # Oldest first, as the FIFO remover, until no held item starts in those steps.
+            lost = self._positions(np.arange(oldest, cutoff, dtype=np.int64))
+            while self._size and self._refs[lost].any():
+                self._evict_oldest(1)
             return True
 
     def _grow(self, steps: int) -> None:
