@@ -241,14 +241,21 @@ def test_windows_stay_exact_after_removals_and_a_clear(make, tmp_path):
         np.testing.assert_array_equal(o[:, 0], 2)
 
 
-def test_insert_of_independent_items_round_trips_through_a_checkpoint(make, tmp_path):
-    manager = make(capacity=50, sequence_length=4)
+@pytest.mark.parametrize(
+    "capacity, episodes",
+    [(50, {0: [20], 1: [5, 5]}), (30, {0: [20], 1: [15, 12], 2: [3, 9]})],
+    ids=["part-full", "full"],
+)
+def test_insert_of_independent_items_round_trips_through_a_checkpoint(
+    make, tmp_path, capacity, episodes
+):
+    manager = make(capacity=capacity, sequence_length=4)
     manager.create_replay_buffer()
-    interleave(manager, {0: [20], 1: [5, 5]})
+    interleave(manager, episodes)
     before = exported(manager, tmp_path / "before")
     manager.checkpoint()
     manager.close()
-    restored = make(capacity=50, sequence_length=4)
+    restored = make(capacity=capacity, sequence_length=4)
     restored.load_replay_buffer()
     after = exported(restored, tmp_path / "after")
     assert sorted(before) == sorted(after)

@@ -672,7 +672,8 @@ class LocalTable:
         in the overwritten steps.
 
         Returns:
-          False (nothing changed) if the steps from `keep` on cannot be kept.
+          False (nothing changed) if the steps from `keep` on cannot be kept. `count` steps
+          always fit (`count` is at most the largest size).
         """
         while True:
             size = self._ring_size
@@ -680,7 +681,7 @@ class LocalTable:
             oldest = self._oldest
             if cutoff <= oldest:
                 return True
-            if 0 <= keep < cutoff:
+            if 0 <= keep < cutoff or count > size:  # the new steps themselves must fit
                 used = True
             elif cutoff - oldest <= 8:  # a few steps (an item's): no arrays
                 refs, base = self._refs, self._head - self._written
