@@ -30,6 +30,7 @@ from replay_service.config.options import (
     TableConfig,
     Timeouts,
     require_positive_int,
+    require_seed,
     validate_manager_options,
 )
 from replay_service.errors import (
@@ -119,6 +120,10 @@ class ReplayBufferManager:
         `TableConfig` naming another layout is refused). Every sampling path returns the same
         items in both; TF-Agents' own `ReverbAddTrajectoryObserver` cannot write a packed
         table. The local backend has its own storage and refuses "packed".
+      seed: Local backend: seed of the tables' samplers (an integer >= 0; each table draws
+        from its own `np.random.Generator` seeded from it), so that the same seed and the same
+        inserts give the same samples; None draws fresh entropy. A Reverb server's samplers
+        cannot be seeded: backend="reverb" refuses it.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
@@ -149,6 +154,7 @@ class ReplayBufferManager:
         backend: str = "auto",
         storage: str = "memory",
         layout: str = "nested",
+        seed: int | None = None,
     ) -> None:
         self._table = TableConfig(
             name=table_name,
@@ -184,6 +190,7 @@ class ReplayBufferManager:
         self._timeouts = timeouts or Timeouts()
         if storage not in ("memory", "memmap"):
             raise ConfigError(f"storage must be 'memory' or 'memmap', got {storage!r}")
+        require_seed("seed", seed)
         implementation = backend_class(
             resolve_auto(backend, checkpoint_dir=checkpoint_dir, server_address=server_address),
             server_address,
@@ -193,6 +200,7 @@ class ReplayBufferManager:
             (Capability.MEMMAP_STORAGE, storage != "memory", f"storage={storage!r}"),
             (Capability.PACKED_LAYOUT, self._layout.reverb_only, f"layout={layout!r}"),
             (Capability.PORT, port is not None, f"port={port!r}"),
+            (Capability.SEEDED_SAMPLING, seed is not None, f"seed={seed!r}"),
         ):
             if asked and capability not in implementation.capabilities:
                 raise implementation.refusal(capability, what)
@@ -209,6 +217,7 @@ class ReplayBufferManager:
                 port=port,
                 server_address=server_address,
                 storage=storage,
+                seed=seed,
             )
         )
         self._client: Any = None

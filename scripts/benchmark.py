@@ -1,7 +1,7 @@
 """Speed and memory of replay_service against its anchors, measured side by side in one run.
 
     .venv/bin/python scripts/benchmark.py [--workloads=cartpole,image] [--json=out.json]
-    make benchmark        # installs the optional TorchRL anchor, then runs this
+    make benchmark        # installs the optional TorchRL and cpprb anchors, then runs this
 
 For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it measures:
   insert   steps/s through this project's observer and TransitionWriter (`add`, and
@@ -19,7 +19,8 @@ For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it me
            transitions, one small Adam step; ours (reverb, local) against a numpy ring buffer,
            taking turns in blocks
   local    the in-process backend (`backend="local"`): observer and `add` inserts, torch and tf
-           sampling (against TorchRL's ReplayBuffer used directly), checkpoint save/restore
+           sampling (against TorchRL's and cpprb's ReplayBuffer used directly; `add` against
+           cpprb's too), checkpoint save/restore
            (against the plain write), resident memory per stored item (against its raw bytes)
 and prints every figure with its ratio ours/anchor: the median of `--repeats` runs of every
 row, each run measuring ours and its anchors side by side. Timings are wall-clock on this
@@ -445,6 +446,44 @@ def torchrl_rate(manager: ReplayBufferManager, batches: int) -> float | None:
     return rate(iter(buffer.sample, None), batches)
 
 
+def cpprb_rates(steps: list[Any], capacity: int, batches: int) -> tuple[float, float] | None:
+    """cpprb's `ReplayBuffer` (a C++ ring in this process) with its default settings, on the
+    transitions `insert_transition_writer` adds: `add` steps/s, one transition per call, and
+    `sample` items/s at batch `BATCH` as torch tensors (as our torch batches are); None without
+    cpprb."""
+    try:
+        import cpprb
+        import torch
+    except ImportError:
+        return None
+    obs = [s.observation for s in steps]
+    shape = tuple(obs[0].shape)
+    buffer = cpprb.ReplayBuffer(
+        capacity,
+        {
+            "obs": {"shape": shape, "dtype": obs[0].dtype},
+            "act": {"shape": 1, "dtype": np.int64},
+            "rew": {},
+            "next_obs": {"shape": shape, "dtype": obs[0].dtype},
+            "done": {},
+        },
+    )
+    n = len(steps)
+
+    def add() -> None:
+        for i in range(n - 1):
+            end = i % EPISODE == EPISODE - 2
+            buffer.add(obs=obs[i], act=steps[i].action, rew=1.0, next_obs=obs[i + 1], done=end)
+
+    add_rate = (n - 1) / timed(add)
+
+    def torch_batches() -> Iterator[Any]:
+        while True:
+            yield {k: torch.from_numpy(v) for k, v in buffer.sample(BATCH).items()}
+
+    return add_rate, rate(torch_batches(), batches)
+
+
 SHARDS = 2
 SHARD_ROUNDS = 3
 
@@ -574,19 +613,21 @@ def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) ->
     rows.append(Row(name, "local", "raw item bytes", float(item_bytes), "B"))
     rows.append(Row(name, "local", "local RSS per stored item", per_item, "B", "raw item bytes"))
     manager.clear()
+    cpprb = cpprb_rates(steps, capacity, batches)
+    add_rate = len(steps) / insert_transition_writer(manager, steps)
     rows.append(
-        Row(
-            name,
-            "local",
-            "local TransitionWriter.add",
-            len(steps) / insert_transition_writer(manager, steps),
-            "steps/s",
-            "tf-agents observer",
-        )
+        Row(name, "local", "local TransitionWriter.add", add_rate, "steps/s", "tf-agents observer")
     )
+    if cpprb is not None:
+        rows.append(Row(name, "local", "cpprb ReplayBuffer.add", cpprb[0], "steps/s"))
+        rows.append(
+            Row(name, "local", "local add vs cpprb", add_rate, "steps/s", "cpprb ReplayBuffer.add")
+        )
     torchrl = torchrl_rate(manager, batches)
     if torchrl is not None:
         rows.append(Row(name, "local", "torchrl ReplayBuffer", torchrl, "items/s"))
+    if cpprb is not None:
+        rows.append(Row(name, "local", "cpprb ReplayBuffer.sample", cpprb[1], "items/s"))
     stream = manager.torch_batches(BATCH)
     rows.append(
         Row(
@@ -599,6 +640,17 @@ def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) ->
         )
     )
     stream.close()
+    if cpprb is not None:
+        rows.append(
+            Row(
+                name,
+                "local",
+                "local torch vs cpprb",
+                rows[-1].value,
+                "items/s",
+                "cpprb ReplayBuffer.sample",
+            )
+        )
     rows.append(
         Row(
             name,

@@ -44,6 +44,7 @@ class Capability(enum.Enum):
         "recent_batches (sampling only the newest items, ERE: no Reverb sampler draws from "
         "the newest c items with c changing every update)"
     )
+    SEEDED_SAMPLING = "seed= (reproducible sampling; a Reverb server's samplers cannot be seeded)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,7 @@ class BackendOptions:
       storage: "memory" or "memmap".
       layout: How the tables store steps, resolved from the primary table's `layout` for
         `stored_spec` (`specs.layouts.resolve_layout`).
+      seed: Seed of the samplers (`Capability.SEEDED_SAMPLING`); None: fresh entropy.
     """
 
     tables: tuple[TableConfig, ...]
@@ -76,6 +78,7 @@ class BackendOptions:
     port: int | None = None
     server_address: str | None = None
     storage: str = "memory"
+    seed: int | None = None
 
 
 class Backend(abc.ABC):

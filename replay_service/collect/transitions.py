@@ -713,7 +713,9 @@ class _Leaf:
             array = to_numpy(value)
         if size is None:
             if array.shape != self.shape:
-                return None
+                if array.shape != () or self.shape != (1,):
+                    return None
+                array = array.reshape(1)  # a scalar for a one-element leaf (Discrete actions)
         elif array.shape[:1] != (size,) or array.shape[1:] != self.shape:
             return None
         dtype = array.dtype

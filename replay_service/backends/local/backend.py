@@ -57,7 +57,7 @@ class Window:
       padded: The table stores `Masked` steps and windows start at multiples of the stride.
     """
 
-    __slots__ = ("padded", "priority", "sequence_length", "stride_length", "table")
+    __slots__ = ("padded", "priority", "sequence_length", "stream", "stride_length", "table")
 
     def __init__(
         self,
@@ -77,6 +77,7 @@ class Window:
         self.stride_length = stride_length
         self.priority = priority
         self.padded = padded
+        self.stream = table.stream()  # the steps this writer stored in the table
 
 
 class LocalWindowWriter:
@@ -147,8 +148,9 @@ class LocalWindowWriter:
             else:
                 due = since[position] >= window.stride_length
             if due:
+                fresh = since[position]
                 since[position] = 0
-                window.table.insert_window(history[-length:], window.priority)
+                window.table.insert_window(history[-length:], window.priority, window.stream, fresh)
 
     def flush(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to wait for: items are in the table once `append` returns."""
@@ -159,6 +161,8 @@ class LocalWindowWriter:
         self._history = []
         self._since = [0] * len(self._windows)
         self._step_index = -1
+        for window in self._windows:
+            window.stream.reset()
 
     def close(self) -> None:
         """Nothing to release."""
@@ -224,10 +228,13 @@ class LocalBackend(Backend):
       timeouts: `timeouts.checkpoint` is not enforced (checkpoints run in this thread).
       checkpoint_interval_s: Seconds between automatic checkpoints; None: only on request.
       storage: "memory" or "memmap" (see `LocalTable`).
+      seed: Seed of the tables' samplers (each table its own generator); None: fresh entropy.
     """
 
     kind = "local"
-    capabilities = frozenset({Capability.MEMMAP_STORAGE, Capability.RECENT_SAMPLING})
+    capabilities = frozenset(
+        {Capability.MEMMAP_STORAGE, Capability.RECENT_SAMPLING, Capability.SEEDED_SAMPLING}
+    )
     description = "the local backend (tables in this process)"
 
     def __init__(
@@ -239,6 +246,7 @@ class LocalBackend(Backend):
         timeouts: Timeouts,
         checkpoint_interval_s: float | None = None,
         storage: str = "memory",
+        seed: int | None = None,
     ) -> None:
         self._lifeline = local_sampling.Lifeline()
         self._store = store
@@ -248,6 +256,7 @@ class LocalBackend(Backend):
         self._timeouts = timeouts
         self._interval = checkpoint_interval_s
         self._storage = storage
+        self._seed = seed
         self.metadata = StoreMetadata.for_tables(self._configs[0], data_spec, self._configs[1:])
         self._fields = describe_spec(stored_spec)
         self._tables: dict[str, LocalTable] = {}
@@ -275,6 +284,7 @@ class LocalBackend(Backend):
             options.timeouts,
             options.checkpoint_interval_s,
             options.storage,
+            options.seed,
         )
 
     @classmethod
@@ -443,7 +453,13 @@ class LocalBackend(Backend):
         scratch = None
         if self._storage == "memmap":
             scratch = self._scratch_dir(config.name)
-        return LocalTable(config, self._fields, storage=self._storage, scratch_dir=scratch)
+        seed = None
+        if self._seed is not None:  # one generator per table, the same for every start
+            index = [c.name for c in self._configs].index(config.name)
+            seed = np.random.SeedSequence(self._seed, spawn_key=(index,))
+        return LocalTable(
+            config, self._fields, storage=self._storage, scratch_dir=scratch, seed=seed
+        )
 
     def _start(self) -> None:
         self._tables = {config.name: self._new_table(config) for config in self._configs}

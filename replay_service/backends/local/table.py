@@ -1,11 +1,31 @@
 """`LocalTable`: one table of the in-process backend.
 
-A table holds up to `capacity` items, each a window of `sequence_length` steps: per field of
-the stored spec one tensor `[capacity, sequence_length, *field_shape]`: in RAM (`torch.empty`
-at the first insert, committed as it fills) or as tensordict `MemoryMappedTensor` files
-("memmap", for buffers larger than RAM) created with the table, their whole size reserved on
-disk then (a full disk is a `ConfigError` there, never a SIGBUS at a later write). Inserts and
-samples index those tensors through numpy views: one copy per field, no per-call container.
+A table holds up to `capacity` items, each a window of `sequence_length` steps over a ring of
+steps, as Reverb's chunks and TorchRL's slice sampler keep them: every field of the stored
+spec is one tensor `[step_capacity, *field_shape]` in which each step is stored once, however
+many items it belongs to, and an item is the serial number of its first step plus, where the
+writers of a table interleave their steps, the distance from each step to its writer's next one
+(`gap`, per step). Per-item and per-step metadata are numpy arrays: no Python object per item.
+
+Steps are written as the items that hold them are inserted: a collector's writer
+(`WindowStream`, one per writer and table) writes only the steps its previous item did not
+hold (one per item at stride 1), `insert` of whole windows (an import, a restore) writes every
+step of each item except those it shares with the item before it (the previous window shifted
+by one step, compared byte for byte). A writer shares steps only with its last item while that
+item is held, so no item holds steps older than every held item's. The ring starts at
+`capacity + sequence_length - 1` steps, what one writer's overlapping windows need, and grows
+(the storage is copied in step order, by an eighth of its size or more) whenever the step it would
+overwrite next still belongs to an item, so `capacity` items fit whatever the writers, strides
+and padding. Its storage is in RAM (`torch.empty`, committed as it fills), growing up to
+`capacity * sequence_length**2` steps, or, with "memmap", tensordict `MemoryMappedTensor` files
+(for buffers larger than RAM) created with the table for `capacity * sequence_length` steps
+(`capacity` windows that share nothing), their whole size reserved on disk then (a full disk
+is a `ConfigError` there, never a SIGBUS at a later write); its writers do not share steps
+between windows (each window is written whole into a ring of `capacity` windows, so
+`capacity` items fit there too). Should a ring at its largest size still be short, it evicts
+the oldest items until none holds a step it overwrites. Samples gather the steps of the drawn
+items with one `np.take` per field.
+
 Items are evicted oldest first once the table is full (Reverb's FIFO remover) and removed after
 `max_times_sampled` samples when set.
 
@@ -14,6 +34,8 @@ Samplers (as Reverb's selectors of the same name):
 - "prioritized": probability proportional to `priority ** priority_exponent`, kept in a sum
   tree (`sum_tree.SumTree`, numpy);
 - "fifo": the oldest item, every time (a queue with `max_times_sampled=1`).
+The sampler draws from a `np.random.Generator` of its own, seeded by `seed` (the manager's
+`seed=`): the same seed and the same inserts give the same samples.
 
 Why not TorchRL's replay buffer parts, with torchrl 0.14.1 and the pinned torch 2.13: its
 `PrioritizedSampler` needs TorchRL's C++ extension, which does not load with that torch
@@ -29,7 +51,6 @@ share it.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import re
 import stat
@@ -56,13 +77,14 @@ from replay_service.storage.file_modes import DIR_MODE, make_dirs
 LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
 LOCAL_REMOVERS = ("fifo",)
 STORAGES = ("memory", "memmap")
-# A checkpoint writes the storage in place when the items, oldest first, occupy fewer than this
-# many runs of consecutive slots (a ring buffer: at most two), else it copies them in order.
-MAX_VIEW_RUNS = 16
 # The files of a table's memory-mapped storage (`_allocate`): the only ones it ever deletes.
 _SCRATCH_FILE = re.compile(r"field[0-9]+\.memmap")
+# A growing step ring takes at least this fraction of its size more (a growth copies the ring).
+_GROWTH = 0.125
 
-# Reverb's item keys are uint64; these start above 0 so that a key is never 0.
+# Reverb's item keys are uint64. An item's key is `sequence * capacity + slot + 1`, its
+# sequence the number of items inserted before it: never 0, unique for the table's life, and
+# it tells the item's slot without a map.
 _FIRST_KEY = 1
 
 
@@ -91,6 +113,26 @@ def check_local_table(config: TableConfig) -> None:
         )
 
 
+class WindowStream:
+    """What a table remembers of one writer's steps: the serial numbers of the last
+    `sequence_length` steps it wrote, which its next overlapping window shares.
+
+    Attributes:
+      serials: Serial numbers in the table's step ring, oldest first.
+    """
+
+    __slots__ = ("key", "serials")
+
+    def __init__(self) -> None:
+        self.serials: list[int] = []
+        self.key = 0  # the key of the writer's last item, 0: none
+
+    def reset(self) -> None:
+        """The writer's next window shares no step with its last one (a new episode)."""
+        self.serials = []
+        self.key = 0
+
+
 class LocalTable:
     """One table of the local backend (see module docstring).
 
@@ -99,7 +141,7 @@ class LocalTable:
       fields: `specs.describe_spec(stored_spec)`: path, dtype and per-step shape of each field.
       storage: "memory" or "memmap" (memory-mapped files under `scratch_dir`).
       scratch_dir: Directory of the memory-mapped files ("memmap"); None: a temporary one.
-      seed: Seed of the sampler; None draws one.
+      seed: Seed of the sampler's `np.random.Generator`; None draws one.
 
     Raises:
       ConfigError: If the sampling is Reverb-only (`check_local_table`) or `storage` unknown.
@@ -112,34 +154,55 @@ class LocalTable:
         *,
         storage: str = "memory",
         scratch_dir: str | None = None,
-        seed: int | None = None,
+        seed: int | np.random.SeedSequence | None = None,
     ) -> None:
         check_local_table(config)
         if storage not in STORAGES:
             raise ConfigError(f"storage must be one of {STORAGES}, got {storage!r}")
         self.config = config
         self.fields = [dict(f) for f in fields]
-        self._names = [str(i) for i in range(len(self.fields))]
-        self._shapes = [
-            (config.sequence_length, *(int(d) for d in f["shape"])) for f in self.fields
-        ]
+        length = config.sequence_length
+        capacity = config.capacity
+        self._length = length
+        self._step_shapes = [tuple(int(d) for d in f["shape"]) for f in self.fields]
+        self._shapes = [(length, *s) for s in self._step_shapes]
         self._dtypes = [np.dtype(f["dtype"]) for f in self.fields]
         self._storage_kind = storage
         self._scratch_dir = scratch_dir
+        # The step ring: one array per field, `[ring size, *field_shape]` (`_allocate`), and per
+        # step the distance to its writer's next step (`_gap`) and the number of items it is
+        # the first step of (`_refs`). Steps have serial numbers: the one at ring position `p`
+        # is `p - _head + _written` (mod the ring size); `[_oldest, _written)` are in the ring.
+        self._ring_size = capacity + length - 1
+        self._max_steps = capacity * length * length
+        # Files cannot grow: reserved once, for `capacity` windows that share no step.
+        self._shares = storage == "memory"
+        if storage == "memmap":
+            self._max_steps = self._ring_size = capacity * length
         self._columns: list[np.ndarray] | None = None
-        capacity = config.capacity
+        self._gap = np.zeros(0, dtype=np.int32)
+        self._refs = np.zeros(0, dtype=np.int32)
+        self._head = 0
+        self._written = 0
+        self._oldest = 0
+        self._offsets = np.arange(length, dtype=np.int64)
+        # Per item slot: its first step's serial, whether its steps are consecutive serials,
+        # key, priority, samples, and its neighbours in insertion order (-1: none).
+        self._first = np.zeros(capacity, dtype=np.int64)
+        self._consecutive = np.ones(capacity, dtype=np.bool_)
+        self._scattered = 0  # held items whose steps are not consecutive
         self._slot_key = np.zeros(capacity, dtype=np.uint64)
-        self._slot_seq = np.zeros(capacity, dtype=np.int64)
         self._priority = np.zeros(capacity, dtype=np.float64)
         self._times_sampled = np.zeros(capacity, dtype=np.int32)
+        self._newer = np.full(capacity, -1, dtype=np.int64)
+        self._older = np.full(capacity, -1, dtype=np.int64)
+        self._oldest_slot = -1
+        self._newest_slot = -1
         # The occupied slots, densely: `_dense[:size]`; `_where[slot]` is the slot's position.
         self._dense = np.arange(capacity, dtype=np.int64)
         self._where = np.arange(capacity, dtype=np.int64)
         self._size = 0
-        self._order: dict[int, int] = {}  # insertion sequence -> slot, oldest first
-        self._key_slot: dict[int, int] = {}
-        self._keys = itertools.count(_FIRST_KEY)
-        self._sequence = itertools.count()
+        self._sequence = 0
         self._tree = SumTree(capacity) if config.sampling.sampler == "prioritized" else None
         self._rng = np.random.default_rng(seed)
         self._changed = threading.Condition()
@@ -152,7 +215,7 @@ class LocalTable:
         if storage == "memmap":
             # The files and their disk space are taken now: a disk too small for the table
             # fails here, not with SIGBUS when a write reaches a page the disk has no room for.
-            self._columns = self._allocate()
+            self._allocate()
 
     # ------------------------------------------------------------------------------ state
 
@@ -167,18 +230,30 @@ class LocalTable:
         return self._size
 
     @property
-    def item_bytes(self) -> int:
-        """Bytes of one item's data (every field, every step)."""
+    def step_bytes(self) -> int:
+        """Bytes of one step's data (every field)."""
         return sum(
-            int(np.prod(s)) * d.itemsize for s, d in zip(self._shapes, self._dtypes, strict=True)
+            int(np.prod(s)) * d.itemsize
+            for s, d in zip(self._step_shapes, self._dtypes, strict=True)
         )
 
     @property
+    def item_bytes(self) -> int:
+        """Bytes of one item's data as sampled (every field, every step)."""
+        return self.step_bytes * self._length
+
+    @property
+    def step_capacity(self) -> int:
+        """Steps the ring holds now (it grows as needed, see the module docstring)."""
+        return self._ring_size
+
+    @property
     def nbytes(self) -> int:
-        """Bytes of item data the storage holds (allocated for `capacity` once written)."""
+        """Bytes the storage holds: the step ring's data and its per-step metadata (0 before
+        the first insert in RAM)."""
         if self._columns is None:
             return 0
-        return self.item_bytes * self.config.capacity
+        return self._ring_size * self.step_bytes + self._gap.nbytes + self._refs.nbytes
 
     def close(self) -> None:
         """Wakes and fails every waiting sampler; the items stay readable for a checkpoint."""
@@ -188,8 +263,14 @@ class LocalTable:
 
     # ---------------------------------------------------------------------------- writing
 
+    def stream(self) -> WindowStream:
+        """A new writer's memory of its steps, for `insert_window`."""
+        return WindowStream()
+
     def insert(self, data: Sequence[np.ndarray], priorities: np.ndarray) -> np.ndarray:
         """Inserts items, evicting the oldest ones when the table is full.
+
+        A window that is the one before it shifted by one step stores only its last step.
 
         Args:
           data: One array per field, `[n, sequence_length, *field_shape]`, the field's dtype.
@@ -201,67 +282,110 @@ class LocalTable:
         Raises:
           SpecMismatchError: If a field's shape or dtype differs from the table's.
         """
-        count = len(priorities)
-        self._check_data(data, count)
-        capacity = self.config.capacity
-        if count > capacity:  # only the newest `capacity` would survive
-            data = [a[count - capacity :] for a in data]
-            priorities = priorities[count - capacity :]
-            self.deletes += count - capacity
-            self.inserts += count - capacity
-            count = capacity
-        with self._changed:
-            self._require_open()
-            self._make_room(count)
-            slots = self._dense[self._size : self._size + count].copy()
-            self._size += count
-            keys = np.fromiter(itertools.islice(self._keys, count), np.uint64, count)
-            self._write_slots(slots, data)
-            for slot, key in zip(slots.tolist(), keys.tolist(), strict=True):
-                sequence = next(self._sequence)
-                self._order[sequence] = slot
-                self._slot_seq[slot] = sequence
-                self._key_slot[key] = slot
-            self._slot_key[slots] = keys
-            self._times_sampled[slots] = 0
-            self._set_priorities(slots, np.asarray(priorities, dtype=np.float64))
-            self.inserts += count
-            self._changed.notify_all()
-        return keys
+        return self._insert_windows(data, priorities)[0]
 
-    def insert_window(self, steps: Sequence[Sequence[np.ndarray]], priority: float) -> int:
+    def insert_window(
+        self,
+        steps: Sequence[Sequence[np.ndarray]],
+        priority: float,
+        stream: WindowStream | None = None,
+        fresh: int | None = None,
+    ) -> int:
         """Inserts one item from its steps (each the list of its fields, already converted to
         the table's dtypes and per-step shapes), evicting the oldest item if the table is full.
 
-        This is the collectors' path: each field of each step is copied once into the item's
-        slot, with no intermediate stacking.
+        This is the collectors' path: only the steps the writer's previous item did not hold
+        are copied into the step ring, each field once, with no intermediate stacking.
 
         Args:
           steps: `sequence_length` steps, oldest first.
           priority: The item's priority (finite, >= 0).
+          stream: The writer's `stream()`; None: the window shares no step with earlier ones.
+          fresh: How many of the last steps of `steps` the writer appended since its previous
+            item in this table (the others are that item's last steps); None: all of them.
 
         Returns:
           The new item's key.
         """
+        length = self._length
         with self._changed:
-            self._require_open()
+            if self._closed:
+                self._require_open()
             if self._columns is None:
-                self._columns = self._allocate()
-            self._make_room(1)
+                self._allocate()
+            if self._size >= self.config.capacity:
+                self._evict_oldest(self._size + 1 - self.config.capacity)
+            new = length
+            keep = -1
+            serials: list[int] = []
+            if self._shares and stream is not None and fresh is not None and 0 < fresh < length:
+                serials = stream.serials
+                # Shared steps only while the writer's last item is held: an item never holds
+                # steps older than every held item's (the ring's size stays bounded).
+                if (
+                    len(serials) >= length - fresh
+                    and serials[fresh - length] >= self._oldest
+                    and self._holds(stream.key)
+                ):
+                    new = fresh
+                    keep = serials[fresh - length]
+            if not self._claim(new, keep):
+                new, keep = length, -1
+                self._claim(new, -1)
+            size = self._ring_size
+            head = self._head
+            written = self._written
+            columns = self._columns
+            assert columns is not None
+            gap = self._gap
+            position = head
+            for step in steps[length - new :]:
+                for column, value in zip(columns, step):  # noqa: B905 (checked by the writer)
+                    column[position] = value
+                gap[position] = 1
+                position += 1
+                if position == size:
+                    position = 0
+            end = written + new
+            self._head = position
+            self._written = end
+            if end - size > self._oldest:
+                self._oldest = end - size
+            if keep >= 0:
+                last = serials[-1]
+                gap[(last - written + head) % size] = written - last
+                first = keep
+                if stream is not None:
+                    serials = serials[fresh - length :]
+                    serials.extend(range(written, end))
+                    stream.serials = serials
+            else:
+                first = written
+                if stream is not None:
+                    stream.serials = list(range(written, end))
             slot = int(self._dense[self._size])
             self._size += 1
-            key = next(self._keys)
-            for field, column in enumerate(self._columns):
-                row = column[slot]
-                for index, step in enumerate(steps):
-                    row[index] = step[field]
-            sequence = next(self._sequence)
-            self._order[sequence] = slot
-            self._slot_seq[slot] = sequence
-            self._key_slot[key] = slot
+            self._refs[(first - written + head) % size] += 1
+            self._first[slot] = first
+            consecutive = first + length == end
+            self._consecutive[slot] = consecutive
+            if not consecutive:
+                self._scattered += 1
+            key = self._sequence * self.config.capacity + slot + _FIRST_KEY
+            self._sequence += 1
             self._slot_key[slot] = key
             self._times_sampled[slot] = 0
             self._priority[slot] = priority
+            newest = self._newest_slot
+            self._older[slot] = newest
+            self._newer[slot] = -1
+            if newest >= 0:
+                self._newer[newest] = slot
+            else:
+                self._oldest_slot = slot
+            self._newest_slot = slot
+            if stream is not None:
+                stream.key = key
             if self._tree is not None:
                 self._tree.set(
                     np.array([slot]), np.array([priority**self.config.sampling.priority_exponent])
@@ -276,25 +400,26 @@ class LocalTable:
         Returns:
           How many items were updated.
         """
+        pairs = [(int(k), p) for k, p in updates.items() if _FIRST_KEY <= int(k) < 1 << 64]
+        if not pairs:
+            return 0
+        keys = np.array([k for k, _ in pairs], dtype=np.uint64)
+        values = np.array([p for _, p in pairs], dtype=np.float64)
         with self._changed:
-            pairs = [(self._key_slot[k], p) for k, p in updates.items() if k in self._key_slot]
-            if pairs:
-                slots, values = zip(*pairs, strict=True)
-                self._set_priorities(np.array(slots), np.array(values, dtype=np.float64))
-            return len(pairs)
+            slots = ((keys - np.uint64(_FIRST_KEY)) % np.uint64(self.config.capacity)).astype(
+                np.int64
+            )
+            held = (self._slot_key[slots] == keys) & (self._where[slots] < self._size)
+            if held.any():
+                self._set_priorities(slots[held], values[held])
+            return int(held.sum())
 
     def reset(self) -> None:
         """Removes every item (keys are not reused) and counts the reset in `resets`."""
         with self._changed:
             self.resets += 1
             self.deletes += self._size
-            self._size = 0
-            self._order.clear()
-            self._key_slot.clear()
-            self._dense = np.arange(self.config.capacity, dtype=np.int64)
-            self._where = np.arange(self.config.capacity, dtype=np.int64)
-            if self._tree is not None:
-                self._tree = SumTree(self.config.capacity)
+            self._clear_items()
 
     # --------------------------------------------------------------------------- sampling
 
@@ -355,12 +480,14 @@ class LocalTable:
         removes those that reached `max_times_sampled`."""
         slots, probability = self._select(batch_size)
         # Counts every draw, a slot drawn twice in the batch too.
-        np.add.at(self._times_sampled, slots, 1)
+        _count_draws(self._times_sampled, slots)
         info = {}
         if with_info:
             info = {
                 "key": self._slot_key.take(slots),
-                "probability": probability,
+                "probability": (
+                    np.full(batch_size, 1.0 / self._size) if probability is None else probability
+                ),
                 "table_size": np.full(batch_size, self._size, dtype=np.int64),
                 "priority": self._priority.take(slots),
                 "times_sampled": self._times_sampled.take(slots),
@@ -372,12 +499,15 @@ class LocalTable:
             self._remove(np.unique(slots[self._times_sampled[slots] >= limit]))
         return data, info
 
-    def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """`batch_size` slots drawn by the sampler and their probabilities (None: uniform)."""
         sampler = self.config.sampling.sampler
         size = self._size
         if sampler == "fifo":
-            slot = self._order[next(iter(self._order))]
-            return np.full(batch_size, slot, dtype=np.int64), np.ones(batch_size)
+            return (
+                np.full(batch_size, self._oldest_slot, dtype=np.int64),
+                np.ones(batch_size),
+            )
         if sampler == "prioritized" and self._tree is not None and self._tree.total > 0:
             total = self._tree.total
             targets = self._rng.random(batch_size) * total
@@ -388,8 +518,7 @@ class LocalTable:
                 slots[bad] = self._dense[self._rng.integers(0, size, int(bad.sum()))]
                 weights = self._tree.get(slots)
             return slots, weights / total
-        positions = (self._rng.random(batch_size) * size).astype(np.int64)
-        return self._dense[positions], np.full(batch_size, 1.0 / size)
+        return self._dense.take(self._rng.integers(0, size, batch_size)), None
 
     def read_newest(
         self, batch_size: int, window: int, rng: np.random.Generator
@@ -415,10 +544,11 @@ class LocalTable:
             count = min(int(window), self._size)
             if count <= 0:
                 raise BufferStateError(f"table {self.name!r} holds no items to read")
-            newest = np.fromiter(
-                itertools.islice(reversed(self._order.values()), count), np.int64, count
-            )
-            return self._read_slots(newest[rng.integers(0, count, batch_size)])
+            held = self._dense[: self._size]
+            if count < self._size:  # keys grow with the insertion order: the largest are newest
+                cut = self._size - count
+                held = held[np.argpartition(self._slot_key[held], cut)[cut:]]
+            return self._read_slots(held[rng.integers(0, count, batch_size)])
 
     # ------------------------------------------------------------------------ checkpoints
 
@@ -427,27 +557,19 @@ class LocalTable:
         field `[size, sequence_length, *field_shape]` (the export layout).
 
         Args:
-          copy: False: fields may be `export.Concatenated` views of the storage (no copy, for
-            writing a checkpoint), valid only while the caller holds `frozen()`.
+          copy: Kept for the checkpoint writer's call: the windows are always gathered from
+            the step ring into new arrays (a checkpoint holds `frozen()` all the same, so that
+            every table is written as of one moment).
         """
-        from replay_service.storage.export import Concatenated
-
+        del copy
         with self._changed:
-            slots = np.fromiter(self._order.values(), np.int64, len(self._order))
+            slots = self._ordered_slots()
             if len(slots) == 0 or self._columns is None:
                 data: list[Any] = [
                     np.zeros((0, *s), d) for s, d in zip(self._shapes, self._dtypes, strict=True)
                 ]
             else:
-                breaks = np.flatnonzero(np.diff(slots) != 1) + 1
-                if not copy and len(breaks) < MAX_VIEW_RUNS:
-                    runs = np.split(slots, breaks)
-                    data = [
-                        Concatenated(tuple(column[r[0] : r[-1] + 1] for r in runs))
-                        for column in self._columns
-                    ]
-                else:
-                    data = [column.take(slots, axis=0) for column in self._columns]
+                data = [t.numpy() for t in self._read_slots(slots)]
             return data, self._priority[slots].copy(), self._times_sampled[slots].copy()
 
     def frozen(self) -> Any:
@@ -468,9 +590,8 @@ class LocalTable:
             raise BufferStateError(f"table {self.name!r} is not empty; restore needs an empty one")
         if len(priorities) == 0:
             return
-        self.insert(data, np.asarray(priorities, dtype=np.float64))
+        _, slots = self._insert_windows(data, np.asarray(priorities, dtype=np.float64))
         with self._changed:
-            slots = np.fromiter(self._order.values(), np.int64, len(self._order))
             self._times_sampled[slots] = np.asarray(times_sampled, dtype=np.int32)[-len(slots) :]
             self.inserts -= len(slots)  # restored, not inserted
 
@@ -496,24 +617,215 @@ class LocalTable:
                     f"{[count, *shape]}, got {array.dtype} {list(array.shape)}"
                 )
 
-    def _make_room(self, count: int) -> None:
-        excess = self._size + count - self.config.capacity
-        if excess > 0:
-            oldest = list(itertools.islice(self._order.values(), excess))
-            self._remove(np.array(oldest, dtype=np.int64))
-            self.evictions += excess
+    def _insert_windows(
+        self, data: Sequence[np.ndarray], priorities: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`insert`; returns the new items' keys and slots."""
+        count = len(priorities)
+        self._check_data(data, count)
+        capacity = self.config.capacity
+        length = self._length
+        if count > capacity:  # only the newest `capacity` would survive
+            data = [a[count - capacity :] for a in data]
+            priorities = priorities[count - capacity :]
+            self.deletes += count - capacity
+            self.inserts += count - capacity
+            count = capacity
+        data = [np.ascontiguousarray(a) for a in data]
+        # Item i shares its first steps with item i-1 when it is that window shifted by one.
+        shared = np.zeros(count, dtype=np.bool_)
+        if length > 1 and count > 1:
+            shared[1:] = True
+            for array in data:
+                rows = array.reshape(count, length, -1).view(np.uint8)
+                shared[1:] &= (rows[1:, :-1] == rows[:-1, 1:]).all(axis=(1, 2))
+        new_steps = np.where(shared, 1, length)
+        total = int(new_steps.sum())
+        keep = np.ones((count, length), dtype=np.bool_)
+        keep[shared, :-1] = False
+        keep = keep.reshape(-1)
+        with self._changed:
+            self._require_open()
+            if self._columns is None:
+                self._allocate()
+            self._evict_oldest(self._size + count - capacity)
+            self._claim(total, -1)
+            columns = self._columns
+            assert columns is not None
+            size = self._ring_size
+            written = self._written
+            positions = (self._head + np.arange(total, dtype=np.int64)) % size
+            for column, array, shape in zip(columns, data, self._step_shapes, strict=True):
+                column[positions] = array.reshape(count * length, *shape)[keep]
+            self._gap[positions] = 1
+            firsts = written + np.cumsum(new_steps) - length
+            self._head = (self._head + total) % size
+            self._written = written + total
+            self._oldest = max(self._oldest, self._written - size)
+            slots = self._dense[self._size : self._size + count].copy()
+            self._size += count
+            np.add.at(self._refs, self._positions(firsts), 1)
+            self._first[slots] = firsts
+            self._consecutive[slots] = True
+            keys = (
+                (self._sequence + np.arange(count, dtype=np.uint64)) * np.uint64(capacity)
+                + slots.astype(np.uint64)
+                + np.uint64(_FIRST_KEY)
+            )
+            self._sequence += count
+            self._slot_key[slots] = keys
+            self._times_sampled[slots] = 0
+            self._link(slots)
+            self._set_priorities(slots, np.asarray(priorities, dtype=np.float64))
+            self.inserts += count
+            self._changed.notify_all()
+        return keys, slots
+
+    def _holds(self, key: int) -> bool:
+        """Whether the item of `key` (> 0) is held."""
+        if key < _FIRST_KEY:
+            return False
+        slot = (key - _FIRST_KEY) % self.config.capacity
+        return int(self._slot_key[slot]) == key and int(self._where[slot]) < self._size
+
+    def _positions(self, serials: np.ndarray) -> np.ndarray:
+        """Ring positions of steps still in the ring, by serial number."""
+        positions = serials + (self._head - self._written)  # in [head - ring size, head)
+        np.add(positions, self._ring_size, out=positions, where=positions < 0)
+        return positions
+
+    def _claim(self, count: int, keep: int) -> bool:
+        """Makes room for `count` new steps at the head of the ring: grows it while the
+        oldest steps they would overwrite are an item's (or at serial `keep` >= 0 or later).
+
+        At its largest size, the oldest items are evicted instead until none of them starts
+        in the overwritten steps.
+
+        Returns:
+          False (nothing changed) if the steps from `keep` on cannot be kept. `count` steps
+          always fit (`count` is at most the largest size).
+        """
+        while True:
+            size = self._ring_size
+            cutoff = self._written + count - size  # serials below it are overwritten
+            oldest = self._oldest
+            if cutoff <= oldest:
+                return True
+            if 0 <= keep < cutoff or count > size:  # the new steps themselves must fit
+                used = True
+            elif cutoff - oldest <= 8:  # a few steps (an item's): no arrays
+                refs, base = self._refs, self._head - self._written
+                used = any(refs[(serial + base) % size] for serial in range(oldest, cutoff))
+            else:
+                lost = np.arange(oldest, cutoff, dtype=np.int64)
+                used = bool(self._refs[self._positions(lost)].any())
+            if not used:
+                return True
+            if size < self._max_steps:
+                needed = self._written - self._oldest + count
+                self._grow(min(self._max_steps, max(needed, size + int(size * _GROWTH) + 1)))
+                continue
+            if 0 <= keep < cutoff:
+                return False
+            # Oldest first, as the FIFO remover, until no held item starts in those steps.
+            lost = self._positions(np.arange(oldest, cutoff, dtype=np.int64))
+            while self._size and self._refs[lost].any():
+                self._evict_oldest(1)
+            return True
+
+    def _grow(self, steps: int) -> None:
+        """Moves the ring into a larger one of `steps` steps, oldest step first."""
+        assert self._columns is not None
+        held = self._written - self._oldest
+        order = self._positions(np.arange(self._oldest, self._written, dtype=np.int64))
+        columns = []
+        for column in self._columns:
+            grown = torch.empty(
+                (steps, *column.shape[1:]), dtype=torch.from_numpy(column[:0]).dtype
+            ).numpy()
+            np.take(column, order, axis=0, out=grown[:held])
+            columns.append(grown)
+        gap = np.zeros(steps, dtype=np.int32)
+        gap[:held] = self._gap[order]
+        refs = np.zeros(steps, dtype=np.int32)
+        refs[:held] = self._refs[order]
+        self._columns, self._gap, self._refs = columns, gap, refs
+        self._ring_size = steps
+        self._head = held % steps
+
+    def _link(self, slots: np.ndarray) -> None:
+        """Appends `slots` (oldest first) to the insertion order."""
+        first = int(slots[0])
+        newest = self._newest_slot
+        self._older[first] = newest
+        if newest >= 0:
+            self._newer[newest] = first
+        else:
+            self._oldest_slot = first
+        self._older[slots[1:]] = slots[:-1]
+        self._newer[slots[:-1]] = slots[1:]
+        self._newest_slot = int(slots[-1])
+        self._newer[self._newest_slot] = -1
+
+    def _ordered_slots(self) -> np.ndarray:
+        """The held slots, oldest first (keys grow with the insertion order)."""
+        held = self._dense[: self._size]
+        return held[np.argsort(self._slot_key[held], kind="stable")]
+
+    def _evict_oldest(self, excess: int) -> None:
+        if excess <= 0:
+            return
+        if excess >= self._size:
+            self.deletes += self._size
+            self.evictions += self._size
+            self._clear_items()
+            return
+        doomed = np.empty(excess, dtype=np.int64)
+        slot = self._oldest_slot
+        for index in range(excess):
+            doomed[index] = slot
+            slot = int(self._newer[slot])
+        self._remove(doomed)
+        self.evictions += excess
+
+    def _clear_items(self) -> None:
+        """Drops every item (the steps stay in the ring for the writers' next windows)."""
+        capacity = self.config.capacity
+        self._size = 0
+        self._scattered = 0
+        self._dense = np.arange(capacity, dtype=np.int64)
+        self._where = np.arange(capacity, dtype=np.int64)
+        self._refs[:] = 0
+        self._newer[:] = -1
+        self._older[:] = -1
+        self._oldest_slot = self._newest_slot = -1
+        if self._tree is not None:
+            self._tree = SumTree(capacity)
 
     def _remove(self, slots: np.ndarray) -> None:
+        if not len(slots):
+            return
+        np.subtract.at(self._refs, self._positions(self._first[slots]), 1)
+        if self._scattered:
+            self._scattered -= int(np.count_nonzero(~self._consecutive[slots]))
+        dense, where, newer, older = self._dense, self._where, self._newer, self._older
         for slot in slots.tolist():
-            del self._order[int(self._slot_seq[slot])]
-            self._key_slot.pop(int(self._slot_key[slot]), None)
-            position = int(self._where[slot])
+            before, after = int(older[slot]), int(newer[slot])
+            if before >= 0:
+                newer[before] = after
+            else:
+                self._oldest_slot = after
+            if after >= 0:
+                older[after] = before
+            else:
+                self._newest_slot = before
+            position = int(where[slot])
             last = self._size - 1
-            moved = int(self._dense[last])
-            self._dense[position], self._dense[last] = moved, slot
-            self._where[moved], self._where[slot] = position, last
+            moved = int(dense[last])
+            dense[position], dense[last] = moved, slot
+            where[moved], where[slot] = position, last
             self._size -= 1
-        if len(slots) and self._tree is not None:
+        if self._tree is not None:
             self._tree.set(slots, np.zeros(len(slots)))
         self.deletes += len(slots)
 
@@ -522,20 +834,28 @@ class LocalTable:
         if self._tree is not None:
             self._tree.set(slots, priorities**self.config.sampling.priority_exponent)
 
-    def _write_slots(self, slots: np.ndarray, data: Sequence[np.ndarray]) -> None:
-        if self._columns is None:
-            self._columns = self._allocate()
-        for column, array in zip(self._columns, data, strict=True):
-            column[slots] = array
-
     def _read_slots(self, slots: np.ndarray) -> list[torch.Tensor]:
+        """The items of `slots` gathered from the ring, one tensor per field."""
         assert self._columns is not None
-        return [torch.from_numpy(column.take(slots, axis=0)) for column in self._columns]
+        first = self._first.take(slots)
+        consecutive = None if not self._scattered else self._consecutive.take(slots)
+        if consecutive is None or consecutive.all():  # every item: its consecutive positions
+            positions = first[:, None] + (self._offsets + (self._head - self._written))
+            np.add(positions, self._ring_size, out=positions, where=positions < 0)
+        else:  # interleaved writers: follow each step to its writer's next one
+            serials = first[:, None] + self._offsets
+            scattered = np.flatnonzero(~consecutive)
+            serial = first[scattered]
+            for index in range(1, self._length):
+                serial = serial + self._gap[self._positions(serial)]
+                serials[scattered, index] = serial
+            positions = self._positions(serials)
+        return [torch.from_numpy(column.take(positions, axis=0)) for column in self._columns]
 
-    def _allocate(self) -> list[np.ndarray]:
-        """One tensor per field, `[capacity, sequence_length, *field_shape]`, as numpy views.
+    def _allocate(self) -> None:
+        """The step ring: one tensor per field, `[ring size, *field_shape]`, as numpy views.
 
-        RAM: `torch.empty` (pages are committed as items are written). "memmap": tensordict's
+        RAM: `torch.empty` (pages are committed as steps are written). "memmap": tensordict's
         `MemoryMappedTensor` files under `scratch_dir`, so the buffer can exceed RAM, their
         whole size reserved on disk first (`_reserve_files`).
 
@@ -543,7 +863,7 @@ class LocalTable:
           ConfigError: If the disk of `scratch_dir` cannot hold the memory-mapped files.
           CheckpointError: If `scratch_dir` cannot be used (`prepare_scratch_dir`).
         """
-        capacity = self.config.capacity
+        steps = self._ring_size
         directory = None
         if self._storage_kind == "memmap":
             if self._scratch_dir is None:
@@ -555,31 +875,44 @@ class LocalTable:
                 [
                     (
                         os.path.join(directory, f"field{index}.memmap"),
-                        capacity * int(np.prod(shape)) * dtype.itemsize,
+                        steps * int(np.prod(shape)) * dtype.itemsize,
                     )
                     for index, (shape, dtype) in enumerate(
-                        zip(self._shapes, self._dtypes, strict=True)
+                        zip(self._step_shapes, self._dtypes, strict=True)
                     )
                 ],
-                f"the memory-mapped storage of table {self.name!r} ({capacity} items of "
-                f"{self.item_bytes} bytes)",
+                f"the memory-mapped storage of table {self.name!r} ({steps} steps of "
+                f"{self.step_bytes} bytes)",
             )
         columns = []
-        for index, (shape, dtype) in enumerate(zip(self._shapes, self._dtypes, strict=True)):
+        for index, (shape, dtype) in enumerate(zip(self._step_shapes, self._dtypes, strict=True)):
             torch_dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
             if directory is not None:
                 from tensordict import MemoryMappedTensor
 
                 tensor = MemoryMappedTensor.empty(
-                    (capacity, *shape),
+                    (steps, *shape),
                     dtype=torch_dtype,
                     filename=os.path.join(directory, f"field{index}.memmap"),
                     existsok=True,  # reserved above
                 )
             else:
-                tensor = torch.empty((capacity, *shape), dtype=torch_dtype)
+                tensor = torch.empty((steps, *shape), dtype=torch_dtype)
             columns.append(tensor.numpy())
-        return columns
+        self._columns = columns
+        self._gap = np.zeros(steps, dtype=np.int32)
+        self._refs = np.zeros(steps, dtype=np.int32)
+
+
+def _count_draws(counts: np.ndarray, slots: np.ndarray) -> None:
+    """Adds one to `counts` per occurrence of each slot (`np.add.at`, without its cost: a
+    batch repeats few slots)."""
+    counts[slots] += 1  # once per distinct slot
+    if len(slots) > 1:
+        ordered = np.sort(slots)
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        for slot in repeated.tolist():  # the draws after a slot's first
+            counts[slot] += 1
 
 
 def check_scratch_dir(directory: str) -> None:

@@ -78,7 +78,7 @@ class ReverbBackend(Backend):
     @classmethod
     def way_out(cls, capability: Capability) -> str:
         """What to use instead where this backend lacks `capability`."""
-        if capability is Capability.MEMMAP_STORAGE:
+        if capability in (Capability.MEMMAP_STORAGE, Capability.SEEDED_SAMPLING):
             return "it applies only to backend='local'"
         if capability is Capability.RECENT_SAMPLING:
             return (
