@@ -14,8 +14,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from replay_service.storage.store import Checkpoint, CheckpointStore, StoreMetadata, WriteCheckpoint
+
+_T = TypeVar("_T")
 
 # How often an adopting schedule looks for checkpoints that remote clients requested.
 ADOPT_POLL_S = 0.5
@@ -80,6 +83,16 @@ class CheckpointSchedule:
             self.last_error = None
         self._log.info("checkpoint %s (%s items)", checkpoint.path, checkpoint.num_items)
         return checkpoint
+
+    def snapshot(self, write: WriteCheckpoint, read: Callable[[str], _T]) -> _T:
+        """A checkpoint that is read and deleted, never adopted (`CheckpointStore.snapshot`),
+        taken under the lock: no checkpoint of the schedule's runs meanwhile.
+
+        Raises:
+          CheckpointError: As `CheckpointStore.snapshot`.
+        """
+        with self._lock:
+            return self._store.snapshot(self._metadata, write, read)
 
     def adopt_staged(self) -> list[Checkpoint]:
         """Adopts complete checkpoints that clients requested (`CheckpointStore.adopt_staged`).

@@ -55,7 +55,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import filelock
 
@@ -81,6 +81,8 @@ from replay_service.storage.file_modes import (
     restrict_tree,
     write_json_atomic,
 )
+
+_T = TypeVar("_T")
 
 if TYPE_CHECKING:
     from replay_service.config.options import TableConfig, VariableTableConfig
@@ -749,6 +751,42 @@ class CheckpointStore:
             raise CheckpointError(
                 f"{e}; the checkpoint was discarded and the buffer still holds its items"
             ) from e
+
+    def snapshot(
+        self, metadata: StoreMetadata, write: WriteCheckpoint, read: Callable[[str], _T]
+    ) -> _T:
+        """Writes a checkpoint into the staging root, reads it with `read`, then deletes it.
+
+        A read-only pass over the items (e.g. `epoch_batches`): the snapshot is never adopted,
+        so it neither counts towards `keep` (no checkpoint of the user's is pruned for it) nor
+        becomes the newest checkpoint; it is deleted whatever `read` does. The caller holds its
+        checkpoint lock, so no other checkpoint cleans the staging root while it is read.
+
+        Args:
+          metadata: Store metadata (the directory must still be this buffer's).
+          write: As in `commit`.
+          read: Reads the written checkpoint directory.
+
+        Returns:
+          What `read` returns.
+
+        Raises:
+          CheckpointError: If the directory was replaced, or `write` fails (the staging root
+            is emptied); whatever `read` raises.
+        """
+        self.ensure_intact(metadata)
+        self.clean_staging(metadata)
+        try:
+            path, _ = write(self.reverb_root)
+        except Exception as e:  # Reverb raises RuntimeError; anything else is wrapped too
+            self.discard_staging()
+            raise CheckpointError(
+                f"snapshot into {self.reverb_root!r} failed: {type(e).__name__}: {e}"
+            ) from e
+        try:
+            return read(path)
+        finally:
+            remove_path(path)
 
     def restore_latest(
         self,

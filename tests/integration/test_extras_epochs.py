@@ -251,6 +251,28 @@ def test_epoch_batches_hold_every_item_once_per_epoch_shuffled(make):
     assert set(dropped[0].hiddens) == {"hidden", "log_prob"}
 
 
+def test_epoch_batches_leave_the_users_checkpoints_as_they_were(make, tmp_path):
+    from replay_service import CheckpointStore
+
+    manager = make(keep_checkpoints=1)
+    manager.create_replay_buffer()
+    write(manager.transition_writer(), episodes=2, length=5, extras=False)
+    mine = manager.checkpoint()
+    store = CheckpointStore(tmp_path / "ckpt")
+    before = [c.path for c in store.checkpoints()]
+    assert before == [mine]
+    write(manager.transition_writer(), episodes=1, length=5, extras=False)
+    for _ in range(3):  # each pass reads a snapshot of all 15 items
+        seen = sum(len(first_states(b)) for b in manager.epoch_batches(4, seed=0))
+        assert seen == 15
+    # keep_checkpoints=1 pruned nothing for the passes; the newest is still the user's.
+    assert [c.path for c in store.checkpoints()] == before
+    manager.close()
+    again = make(keep_checkpoints=1)
+    again.load_replay_buffer()
+    assert len(again) == 10  # what the user's checkpoint holds
+
+
 def test_epoch_batches_refuse_bad_options_and_an_empty_table(make):
     manager = make(sequence_length=3)
     with pytest.raises(BufferStateError, match="create_replay_buffer"):

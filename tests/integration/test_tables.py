@@ -332,7 +332,7 @@ def test_priorities_of_a_mixed_batch_update_only_the_named_table(make_manager, e
         ({PRIMARY: float("inf")}, "got inf"),
         ({PRIMARY: 1.0, EXTRA: -1.0}, "weight of table 'prioritized' must be a finite"),
         ({PRIMARY: "3"}, "got '3'"),
-        ({PRIMARY: 0.0, EXTRA: 0}, "weights must have a positive sum"),
+        ({PRIMARY: 0.0, EXTRA: 0}, "weights must have a positive, finite sum"),
     ],
 )
 def test_mixed_dataset_refuses_bad_weights(make_manager, weights, message):

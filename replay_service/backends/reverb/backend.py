@@ -377,6 +377,14 @@ class EmbeddedBackend(ReverbBackend):
         assert self._owner is not None
         return self._owner.checkpoint().path
 
+    def read_items(self, table: TableConfig) -> export_lib.ExportedItems:
+        """The items of a checkpoint taken now and deleted once read (`CheckpointedServer.
+        snapshot`): the user's checkpoints, their retention and the newest one stay as they
+        were."""
+        assert self._owner is not None
+        handle = self.table_handle(table)
+        return self._owner.snapshot(lambda path: export_lib.read_items(handle, path))
+
     def after_clear(self) -> None:
         """Checkpoints the emptied tables, so a later load does not bring old items back."""
         self.checkpoint()

@@ -22,8 +22,8 @@ Stop with a final checkpoint first stops the server from confirming writes (see
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import reverb
 
@@ -49,7 +49,15 @@ from replay_service.errors import (
     ServerUnavailableError,
 )
 from replay_service.storage.schedule import ADOPT_POLL_S, CheckpointSchedule  # noqa: F401
-from replay_service.storage.store import Checkpoint, CheckpointStore, StoreMetadata, remove_path
+from replay_service.storage.store import (
+    Checkpoint,
+    CheckpointStore,
+    StoreMetadata,
+    WriteCheckpoint,
+    remove_path,
+)
+
+_T = TypeVar("_T")
 
 _log = logging.getLogger(__name__)
 # Seconds a server-info query may take while restoring or stopping.
@@ -333,6 +341,25 @@ class CheckpointedServer:
           CheckpointError: If it fails or takes longer than `checkpoint_timeout`; the message
             names the path.
         """
+        return self._checkpoints.checkpoint(self._writer())
+
+    def snapshot(self, read: Callable[[str], _T]) -> _T:
+        """Reads a checkpoint taken now that is deleted afterwards, never adopted: it does not
+        count towards `keep_checkpoints` nor become the newest checkpoint.
+
+        Args:
+          read: Reads the checkpoint directory.
+
+        Returns:
+          What `read` returns.
+
+        Raises:
+          CheckpointError: If the checkpoint cannot be written; whatever `read` raises.
+        """
+        return self._checkpoints.snapshot(self._writer(), read)
+
+    def _writer(self) -> WriteCheckpoint:
+        """Writes a Reverb checkpoint of the server into the staging root."""
         client = self.client  # a stopped server fails here, before the directory is touched
 
         def write(staging_root: str) -> tuple[str, None]:
@@ -342,7 +369,7 @@ class CheckpointedServer:
             )
             return path, None
 
-        return self._checkpoints.checkpoint(write)
+        return write
 
     def adopt_staged(self) -> list[Checkpoint]:
         """Adopts complete checkpoints that clients requested (`py_client.checkpoint()`)."""

@@ -273,8 +273,10 @@ def check_mix_weights(
                 f"weight of table {name!r} must be a finite number >= 0, got {weight!r}"
             )
     total = float(sum(weights.values()))
-    if total <= 0:
-        raise ConfigError(f"weights must have a positive sum, got {dict(weights)!r}")
+    if not 0 < total < math.inf:
+        raise ConfigError(
+            f"weights must have a positive, finite sum, got {dict(weights)!r} (sum {total!r})"
+        )
     if len(set(lengths.values())) > 1:
         raise ConfigError(
             "a mix needs tables of one sequence_length (items are batched together), got "
