@@ -45,7 +45,9 @@ Why not TorchRL's replay buffer parts, with torchrl 0.14.1 and the pinned torch 
 Sampling waits until the table holds `min_size_to_sample` items, at most `timeout` seconds.
 Every item has a key that is unique for the life of the table (`update_priorities` takes it).
 The table is thread-safe: one lock guards it, so a sampling thread and a collecting thread can
-share it.
+share it. `share_memory()` moves it into shared memory for DataLoader worker processes, which
+read it without the lock (`shared.SharedTable`). With `device=` the step ring is torch tensors
+on that device (written step by step from the host, gathered there by index).
 """
 
 from __future__ import annotations
@@ -98,6 +100,46 @@ _SHARED_FIELDS = (
 # sequence the number of items inserted before it: never 0, unique for the table's life, and
 # it tells the item's slot without a map.
 _FIRST_KEY = 1
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """The torch device a local table's storage may live on: the CPU or an available CUDA
+    device.
+
+    Args:
+      device: "cpu", "cuda", "cuda:1", a `torch.device`.
+
+    Returns:
+      The `torch.device` ("cuda" without an index: the current CUDA device).
+
+    Raises:
+      ConfigError: If `device` is not a torch device, is another kind (e.g. "meta", which
+        holds no data), or is a CUDA device that is not available.
+    """
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ConfigError(
+            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+        ) from e
+    if target.type not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"device={device!r}: a local table's storage lives on 'cpu' or a CUDA device "
+            f"('cuda', 'cuda:0'), not on {target.type!r}"
+        )
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device={device!r} was asked for, but CUDA is not available here; use "
+                "device='cpu' or leave device unset"
+            )
+        if target.index is not None and target.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA devices"
+            )
+        if target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+    return target
 
 
 def check_local_table(config: TableConfig) -> None:
@@ -154,9 +196,13 @@ class LocalTable:
       storage: "memory" or "memmap" (memory-mapped files under `scratch_dir`).
       scratch_dir: Directory of the memory-mapped files ("memmap"); None: a temporary one.
       seed: Seed of the sampler's `np.random.Generator`; None draws one.
+      device: Where the step ring lives (`check_device`): torch tensors on that device,
+        written from host steps and gathered there, so samples come back on it; None: host
+        memory through numpy views (the default, fastest on the CPU).
 
     Raises:
-      ConfigError: If the sampling is Reverb-only (`check_local_table`) or `storage` unknown.
+      ConfigError: If the sampling is Reverb-only (`check_local_table`), `storage` unknown,
+        or `device` not usable (`check_device`) or given with "memmap" (host files).
     """
 
     def __init__(
@@ -167,10 +213,17 @@ class LocalTable:
         storage: str = "memory",
         scratch_dir: str | None = None,
         seed: int | np.random.SeedSequence | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         check_local_table(config)
         if storage not in STORAGES:
             raise ConfigError(f"storage must be one of {STORAGES}, got {storage!r}")
+        self._device = None if device is None else check_device(device)
+        if self._device is not None and storage != "memory":
+            raise ConfigError(
+                f"device={device!r} needs storage='memory': storage={storage!r} keeps the "
+                "table in host files"
+            )
         self.config = config
         self.fields = [dict(f) for f in fields]
         length = config.sequence_length
@@ -191,8 +244,9 @@ class LocalTable:
         self._shares = storage == "memory"
         if storage == "memmap":
             self._max_steps = self._ring_size = capacity * length
-        self._columns: list[np.ndarray] | None = None
-        self._tensors: list[torch.Tensor] = []  # what `_columns` are numpy views of
+        # numpy views of `_tensors`, or with a `device` the tensors themselves.
+        self._columns: list[Any] | None = None
+        self._tensors: list[torch.Tensor] = []
         self._gap = np.zeros(0, dtype=np.int32)
         self._refs = np.zeros(0, dtype=np.int32)
         self._head = 0
@@ -364,9 +418,10 @@ class LocalTable:
             assert columns is not None
             gap = self._gap
             position = head
+            on_device = self._device is not None
             for step in steps[length - new :]:
                 for column, value in zip(columns, step):  # noqa: B905 (checked by the writer)
-                    column[position] = value
+                    column[position] = torch.as_tensor(value) if on_device else value
                 gap[position] = 1
                 position += 1
                 if position == size:
@@ -472,6 +527,12 @@ class LocalTable:
           ManagerClosedError: If the table was closed.
         """
         sampling = self.config.sampling
+        if self._device is not None and self._device.type != "cpu":
+            raise ConfigError(
+                f"table {self.name!r} lives on device {str(self._device)!r}: DataLoader worker "
+                "processes cannot sample it; sample it in this process (num_workers=0, "
+                "torch_batches), which needs no workers, or keep it on the CPU"
+            )
         if sampling.sampler != "uniform" or sampling.max_times_sampled:
             raise ConfigError(
                 f"table {self.name!r}: DataLoader worker processes sample a local table "
@@ -679,7 +740,7 @@ class LocalTable:
                     np.zeros((0, *s), d) for s, d in zip(self._shapes, self._dtypes, strict=True)
                 ]
             else:
-                data = [t.numpy() for t in self._read_slots(slots)]
+                data = [t.numpy(force=True) for t in self._read_slots(slots)]  # host copies
             return data, self._priority[slots].copy(), self._times_sampled[slots].copy()
 
     def frozen(self) -> Any:
@@ -766,7 +827,11 @@ class LocalTable:
             written = self._written
             positions = (self._head + np.arange(total, dtype=np.int64)) % size
             for column, array, shape in zip(columns, data, self._step_shapes, strict=True):
-                column[positions] = array.reshape(count * length, *shape)[keep]
+                steps = array.reshape(count * length, *shape)[keep]
+                if self._device is None:
+                    column[positions] = steps
+                else:
+                    column[self._index(positions)] = torch.from_numpy(steps).to(self._device)
             self._gap[positions] = 1
             firsts = written + np.cumsum(new_steps) - length
             self._head = (self._head + total) % size
@@ -853,12 +918,17 @@ class LocalTable:
         assert self._shared is None, "a shared ring has its largest size"
         columns, tensors = [], []
         for column in self._columns:
-            tensor = torch.empty(
-                (steps, *column.shape[1:]), dtype=torch.from_numpy(column[:0]).dtype
-            )
-            grown = tensor.numpy()
-            np.take(column, order, axis=0, out=grown[:held])
-            columns.append(grown)
+            if self._device is not None:
+                tensor = column.new_empty((steps, *column.shape[1:]))
+                tensor[:held] = column[self._index(order)]
+                columns.append(tensor)
+            else:
+                tensor = torch.empty(
+                    (steps, *column.shape[1:]), dtype=torch.from_numpy(column[:0]).dtype
+                )
+                grown = tensor.numpy()
+                np.take(column, order, axis=0, out=grown[:held])
+                columns.append(grown)
             tensors.append(tensor)
         self._tensors = tensors
         gap = np.zeros(steps, dtype=np.int32)
@@ -970,7 +1040,14 @@ class LocalTable:
                 serial = serial + self._gap[self._positions(serial)]
                 serials[scattered, index] = serial
             positions = self._positions(serials)
+        if self._device is not None:  # gathered on the device: only the positions travel
+            index = self._index(positions)
+            return [column[index] for column in self._columns]
         return [torch.from_numpy(column.take(positions, axis=0)) for column in self._columns]
+
+    def _index(self, positions: np.ndarray) -> torch.Tensor:
+        """Ring positions as an index tensor on the table's device."""
+        return torch.from_numpy(np.ascontiguousarray(positions)).to(self._device)
 
     def _allocate(self, shared: bool = False) -> None:
         """The step ring: one tensor per field, `[ring size, *field_shape]`, as numpy views.
@@ -1018,10 +1095,10 @@ class LocalTable:
                     existsok=True,  # reserved above
                 )
             else:
-                tensor = torch.empty((steps, *shape), dtype=torch_dtype)
+                tensor = torch.empty((steps, *shape), dtype=torch_dtype, device=self._device)
                 if shared:
                     tensor.share_memory_()
-            columns.append(tensor.numpy())
+            columns.append(tensor if self._device is not None else tensor.numpy())
             tensors.append(tensor)
         self._columns = columns
         self._tensors = tensors
