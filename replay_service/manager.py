@@ -124,6 +124,11 @@ class ReplayBufferManager:
         from its own `np.random.Generator` seeded from it), so that the same seed and the same
         inserts give the same samples; None draws fresh entropy. A Reverb server's samplers
         cannot be seeded: backend="reverb" refuses it.
+      device: Local backend: the torch device the tables' storage lives on ("cpu", "cuda",
+        "cuda:1"), as Velora and pytorchrl keep their buffers on the learner's device: steps
+        are written there and batches are gathered there, so sampled tensors come back on it
+        with no host copy; checkpoints and exports still write host files in the same format.
+        Needs storage="memory". None (the default): host memory. backend="reverb" refuses it.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
@@ -155,6 +160,7 @@ class ReplayBufferManager:
         storage: str = "memory",
         layout: str = "nested",
         seed: int | None = None,
+        device: str | None = None,
     ) -> None:
         self._table = TableConfig(
             name=table_name,
@@ -201,6 +207,7 @@ class ReplayBufferManager:
             (Capability.PACKED_LAYOUT, self._layout.reverb_only, f"layout={layout!r}"),
             (Capability.PORT, port is not None, f"port={port!r}"),
             (Capability.SEEDED_SAMPLING, seed is not None, f"seed={seed!r}"),
+            (Capability.DEVICE_STORAGE, device is not None, f"device={device!r}"),
         ):
             if asked and capability not in implementation.capabilities:
                 raise implementation.refusal(capability, what)
@@ -218,6 +225,7 @@ class ReplayBufferManager:
                 server_address=server_address,
                 storage=storage,
                 seed=seed,
+                device=device,
             )
         )
         self._client: Any = None

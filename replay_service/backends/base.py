@@ -45,6 +45,7 @@ class Capability(enum.Enum):
         "the newest c items with c changing every update)"
     )
     SEEDED_SAMPLING = "seed= (reproducible sampling; a Reverb server's samplers cannot be seeded)"
+    DEVICE_STORAGE = "device= (a table's storage on a torch device, sampled there)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,8 @@ class BackendOptions:
       layout: How the tables store steps, resolved from the primary table's `layout` for
         `stored_spec` (`specs.layouts.resolve_layout`).
       seed: Seed of the samplers (`Capability.SEEDED_SAMPLING`); None: fresh entropy.
+      device: Torch device of the tables' storage (`Capability.DEVICE_STORAGE`); None: host
+        memory.
     """
 
     tables: tuple[TableConfig, ...]
@@ -79,6 +82,7 @@ class BackendOptions:
     server_address: str | None = None
     storage: str = "memory"
     seed: int | None = None
+    device: str | None = None
 
 
 class Backend(abc.ABC):

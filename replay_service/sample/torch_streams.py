@@ -966,6 +966,10 @@ class TorchReplayDataset(IterableDataset):
     independently: the server draws every item at random, so workers never yield copies of one
     another's stream, and their seeds (which torch makes distinct per worker) are not involved.
 
+    A local table (backend="local") is sampled by workers from shared memory, read-only, each
+    worker with its own generator (seeded from the manager's `seed=` and the worker id); any
+    start method works, fork included (see `backends.local.shared`).
+
     Args:
       source: The table to sample (a `TorchSampleSource`, e.g.
         `SampleSource.from_handle(manager.table_handle())`).
@@ -1007,7 +1011,8 @@ class TorchReplayDataset(IterableDataset):
             is a DataLoader worker started by fork.
         """
         worker = get_worker_info()
-        if worker is not None and not self._unpickled and os.getpid() != self._owner_pid:
+        forked = not self._unpickled and os.getpid() != self._owner_pid
+        if worker is not None and forked and not getattr(self.source, "fork_safe", False):
             raise BufferStateError(
                 f"DataLoader worker {worker.id} was started by fork, where gRPC and TensorFlow "
                 "hang; create the DataLoader with multiprocessing_context='forkserver' (or "
@@ -1026,28 +1031,46 @@ class TorchReplayDataset(IterableDataset):
         num_workers: int = 2,
         *,
         pin_memory: bool = False,
-        multiprocessing_context: str = DEFAULT_MP_CONTEXT,
+        multiprocessing_context: str | None = None,
         **kwargs: Any,
     ) -> DataLoader:
-        """Returns a `DataLoader` over this dataset with workers that can use Reverb.
+        """Returns a `DataLoader` over this dataset with workers that can use its source.
+
+        Reverb: each worker samples on its own connection, started with "forkserver" by
+        default. Local backend: the table moves into shared memory first
+        (`LocalSampleSource.prepare_workers`) and every worker samples it read-only with a
+        generator of its own; workers start with the platform's default method (fork on
+        Linux), any method works.
 
         Args:
-          num_workers: Worker processes, each sampling on its own connection (0: in-process).
+          num_workers: Worker processes (0: in-process).
           pin_memory: Let the DataLoader pin batches (needs an accelerator).
-          multiprocessing_context: "forkserver" or "spawn"; "fork" hangs (see class docs).
+          multiprocessing_context: "fork", "forkserver" or "spawn"; None: "forkserver" for
+            Reverb, the platform's default for a local table. "fork" is refused for Reverb
+            (it hangs, see class docs).
           **kwargs: Other `DataLoader` arguments (`prefetch_factor`, `persistent_workers`...).
 
         Raises:
-          ConfigError: If `multiprocessing_context` is "fork" or `num_workers` < 0.
+          ConfigError: If `multiprocessing_context` is unknown, or "fork" with Reverb,
+            `num_workers` < 0, or a local table's sampling cannot run in workers (a sampler
+            other than "uniform", `max_times_sampled`).
         """
         require_int("num_workers", num_workers, 0)
-        if multiprocessing_context not in ("forkserver", "spawn"):
+        fork_safe = bool(getattr(self.source, "fork_safe", False))
+        allowed = ("fork", "forkserver", "spawn") if fork_safe else ("forkserver", "spawn")
+        if multiprocessing_context is None:
+            multiprocessing_context = None if fork_safe else DEFAULT_MP_CONTEXT
+        elif multiprocessing_context not in allowed:
             raise ConfigError(
-                "multiprocessing_context must be 'forkserver' or 'spawn' (gRPC and TensorFlow "
-                f"hang in forked workers), got {multiprocessing_context!r}"
+                f"multiprocessing_context must be one of {allowed}"
+                + ("" if fork_safe else " (gRPC and TensorFlow hang in forked workers)")
+                + f", got {multiprocessing_context!r}"
             )
         if num_workers == 0:
             return DataLoader(self, batch_size=None, pin_memory=pin_memory, **kwargs)
+        prepare = getattr(self.source, "prepare_workers", None)
+        if prepare is not None:
+            prepare()
         return DataLoader(
             self,
             batch_size=None,

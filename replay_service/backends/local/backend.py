@@ -25,7 +25,12 @@ import tree
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
-from replay_service.backends.local.table import LocalTable, check_local_table, check_scratch_dir
+from replay_service.backends.local.table import (
+    LocalTable,
+    check_device,
+    check_local_table,
+    check_scratch_dir,
+)
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
 from replay_service.specs.nests import describe_spec
@@ -229,11 +234,20 @@ class LocalBackend(Backend):
       checkpoint_interval_s: Seconds between automatic checkpoints; None: only on request.
       storage: "memory" or "memmap" (see `LocalTable`).
       seed: Seed of the tables' samplers (each table its own generator); None: fresh entropy.
+      device: Torch device of the tables' step rings (`table.check_device`); None: host memory.
+
+    Raises:
+      ConfigError: If a table's options are Reverb-only, or `device` is not usable.
     """
 
     kind = "local"
     capabilities = frozenset(
-        {Capability.MEMMAP_STORAGE, Capability.RECENT_SAMPLING, Capability.SEEDED_SAMPLING}
+        {
+            Capability.MEMMAP_STORAGE,
+            Capability.RECENT_SAMPLING,
+            Capability.SEEDED_SAMPLING,
+            Capability.DEVICE_STORAGE,
+        }
     )
     description = "the local backend (tables in this process)"
 
@@ -247,7 +261,14 @@ class LocalBackend(Backend):
         checkpoint_interval_s: float | None = None,
         storage: str = "memory",
         seed: int | None = None,
+        device: str | None = None,
     ) -> None:
+        self._device = None if device is None else check_device(device)
+        if self._device is not None and storage != "memory":
+            raise ConfigError(
+                f"device={device!r} needs storage='memory': storage={storage!r} keeps the "
+                "tables in host files"
+            )
         self._lifeline = local_sampling.Lifeline()
         self._store = store
         self._configs = tuple(tables)
@@ -285,6 +306,7 @@ class LocalBackend(Backend):
             options.checkpoint_interval_s,
             options.storage,
             options.seed,
+            options.device,
         )
 
     @classmethod
@@ -458,7 +480,12 @@ class LocalBackend(Backend):
             index = [c.name for c in self._configs].index(config.name)
             seed = np.random.SeedSequence(self._seed, spawn_key=(index,))
         return LocalTable(
-            config, self._fields, storage=self._storage, scratch_dir=scratch, seed=seed
+            config,
+            self._fields,
+            storage=self._storage,
+            scratch_dir=scratch,
+            seed=seed,
+            device=self._device,
         )
 
     def _start(self) -> None:

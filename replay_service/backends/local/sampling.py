@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import tree
+from torch.utils.data import get_worker_info
 
+from replay_service.backends.local.shared import SharedTable
 from replay_service.backends.local.table import LocalTable
 from replay_service.errors import ConfigError, ManagerClosedError
 
@@ -44,6 +46,10 @@ class Lifeline:
 class LocalSampleSource:
     """One local table as a source of torch batches (see `torch_sampling.iterate_batches`).
 
+    In DataLoader worker processes (`prepare_workers()` first, which `data_loader()` calls)
+    it samples the table's `SharedTable` read-only through a `WorkerSampleSource`: forked
+    workers find this object and use its shared table, spawned ones receive that source.
+
     Args:
       table: The table.
       stored_spec: Per-step stored spec (its structure shapes every batch).
@@ -52,6 +58,8 @@ class LocalSampleSource:
     """
 
     server_address = "local"
+    # DataLoader workers may be forked: they use no thread, lock or connection of this process.
+    fork_safe = True
 
     def __init__(
         self,
@@ -69,13 +77,40 @@ class LocalSampleSource:
         # The per-step stored spec (`Masked` for padded tables), read by `torch_sampling`.
         self.signature = stored_spec
         self._structure = stored_spec
+        self._shared: SharedTable | None = None
+
+    def prepare_workers(self) -> None:
+        """Moves the table into shared memory (`LocalTable.share_memory`) for DataLoader
+        worker processes.
+
+        Raises:
+          ConfigError: If the table's sampling cannot run in workers (see there).
+          ManagerClosedError: If the manager was closed.
+        """
+        closed = self.closed_error()
+        if closed is not None:
+            raise closed
+        self._shared = self.table.share_memory()
+
+    def worker_source(self) -> WorkerSampleSource:
+        """What a worker process samples: the shared table, read-only.
+
+        Raises:
+          ConfigError: If `prepare_workers()` was not called (a DataLoader built by hand).
+        """
+        if self._shared is None:
+            raise ConfigError(
+                f"table {self.table_name!r} lives in this process (backend='local'): DataLoader "
+                "worker processes sample it once it is in shared memory; build the loader with "
+                "manager.torch_dataset(...).data_loader(num_workers=N) (or call "
+                "dataset.source.prepare_workers() before DataLoader(dataset, batch_size=None, "
+                "num_workers=N)), or use num_workers=0"
+            )
+        return WorkerSampleSource(self._shared, self._structure, self.sample_timeout)
 
     def __reduce__(self) -> Any:
-        raise ConfigError(
-            f"table {self.table_name!r} lives in this process (backend='local'): it cannot be "
-            "sent to DataLoader worker processes; use num_workers=0 (sampling is in-process "
-            "and needs no workers) or backend='reverb'"
-        )
+        # Sent to a spawned worker: the worker's source, which holds only shared memory.
+        return self.worker_source().__reduce__()
 
     def sample(
         self, batch_size: int, *, with_info: bool = True
@@ -139,6 +174,11 @@ class LocalSampleSource:
         from replay_service.sample.torch_streams import item_packer, split_batches
 
         del num_workers
+        if get_worker_info() is not None:  # a forked worker: the shared table, read-only
+            yield from self.worker_source().torch_samples(
+                batch_size, convert=convert, pack=pack, with_info=with_info
+            )
+            return
         if pack is None:
             pack = item_packer(self._structure)
         draws = self.draws_per_call(batch_size)
@@ -176,6 +216,65 @@ class LocalSampleSource:
         if not self.table.config.sampling.independent_draws:
             return 1
         return draws_per_call(batch_size, self.table.item_bytes)
+
+
+class WorkerSampleSource:
+    """A shared local table sampled in a DataLoader worker process (`SharedReader`): uniform
+    draws with replacement, read-only, one batch per call, from a generator of the worker's
+    own (seeded from the table's seed and the worker id when the manager has `seed=`).
+
+    Args:
+      shared: The table's `SharedTable`.
+      stored_spec: Per-step stored spec (its structure shapes every batch).
+      sample_timeout: Seconds to wait for `min_size_to_sample` items; None: forever.
+    """
+
+    server_address = "local"
+    fork_safe = True
+    ordered = False
+
+    def __init__(self, shared: SharedTable, stored_spec: Any, sample_timeout: float | None) -> None:
+        self.shared = shared
+        self.table_name = shared.name
+        self.sequence_length = shared.length
+        self.sample_timeout = sample_timeout
+        self.signature = stored_spec
+
+    def __reduce__(self) -> Any:
+        return WorkerSampleSource, (self.shared, self.signature, self.sample_timeout)
+
+    def torch_samples(
+        self,
+        batch_size: int,
+        *,
+        num_workers: int | None = None,
+        convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        pack: Packer | None = None,
+        with_info: bool = True,
+    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
+        """Samples batches forever as `(data, info tuple)` (see `LocalSampleSource`).
+
+        Raises:
+          ManagerClosedError: Once the owner closed the table.
+          BufferStateError: If nothing can be sampled within `sample_timeout`.
+        """
+        from replay_service.sample.torch_streams import item_packer
+
+        del num_workers
+        if pack is None:
+            pack = item_packer(self.signature)
+        worker = get_worker_info()
+        reader = self.shared.reader(0 if worker is None else worker.id)
+        while True:
+            data, info = reader.sample(batch_size, self.sample_timeout, with_info=with_info)
+            if convert is not None:
+                data = [convert(t) for t in data]
+            yield (
+                pack.build(list(pack.prepare(data))),
+                tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
+                if with_info
+                else None,
+            )
 
 
 def _info_tensor(array: np.ndarray) -> torch.Tensor:

@@ -45,7 +45,9 @@ Why not TorchRL's replay buffer parts, with torchrl 0.14.1 and the pinned torch 
 Sampling waits until the table holds `min_size_to_sample` items, at most `timeout` seconds.
 Every item has a key that is unique for the life of the table (`update_priorities` takes it).
 The table is thread-safe: one lock guards it, so a sampling thread and a collecting thread can
-share it.
+share it. `share_memory()` moves it into shared memory for DataLoader worker processes, which
+read it without the lock (`shared.SharedTable`). With `device=` the step ring is torch tensors
+on that device (written step by step from the host, gathered there by index).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.shared import SharedTable
 from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
 from replay_service.errors import (
@@ -82,10 +85,61 @@ _SCRATCH_FILE = re.compile(r"field[0-9]+\.memmap")
 # A growing step ring takes at least this fraction of its size more (a growth copies the ring).
 _GROWTH = 0.125
 
+# The per-slot arrays (and the size cell) a `SharedTable` reads, moved to shared memory.
+_SHARED_FIELDS = (
+    "_first",
+    "_dense",
+    "_version",
+    "_slot_key",
+    "_priority",
+    "_times_sampled",
+    "_cell",
+)
+
 # Reverb's item keys are uint64. An item's key is `sequence * capacity + slot + 1`, its
 # sequence the number of items inserted before it: never 0, unique for the table's life, and
 # it tells the item's slot without a map.
 _FIRST_KEY = 1
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """The torch device a local table's storage may live on: the CPU or an available CUDA
+    device.
+
+    Args:
+      device: "cpu", "cuda", "cuda:1", a `torch.device`.
+
+    Returns:
+      The `torch.device` ("cuda" without an index: the current CUDA device).
+
+    Raises:
+      ConfigError: If `device` is not a torch device, is another kind (e.g. "meta", which
+        holds no data), or is a CUDA device that is not available.
+    """
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ConfigError(
+            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+        ) from e
+    if target.type not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"device={device!r}: a local table's storage lives on 'cpu' or a CUDA device "
+            f"('cuda', 'cuda:0'), not on {target.type!r}"
+        )
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device={device!r} was asked for, but CUDA is not available here; use "
+                "device='cpu' or leave device unset"
+            )
+        if target.index is not None and target.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA devices"
+            )
+        if target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+    return target
 
 
 def check_local_table(config: TableConfig) -> None:
@@ -142,9 +196,13 @@ class LocalTable:
       storage: "memory" or "memmap" (memory-mapped files under `scratch_dir`).
       scratch_dir: Directory of the memory-mapped files ("memmap"); None: a temporary one.
       seed: Seed of the sampler's `np.random.Generator`; None draws one.
+      device: Where the step ring lives (`check_device`): torch tensors on that device,
+        written from host steps and gathered there, so samples come back on it; None: host
+        memory through numpy views (the default, fastest on the CPU).
 
     Raises:
-      ConfigError: If the sampling is Reverb-only (`check_local_table`) or `storage` unknown.
+      ConfigError: If the sampling is Reverb-only (`check_local_table`), `storage` unknown,
+        or `device` not usable (`check_device`) or given with "memmap" (host files).
     """
 
     def __init__(
@@ -155,10 +213,17 @@ class LocalTable:
         storage: str = "memory",
         scratch_dir: str | None = None,
         seed: int | np.random.SeedSequence | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         check_local_table(config)
         if storage not in STORAGES:
             raise ConfigError(f"storage must be one of {STORAGES}, got {storage!r}")
+        self._device = None if device is None else check_device(device)
+        if self._device is not None and storage != "memory":
+            raise ConfigError(
+                f"device={device!r} needs storage='memory': storage={storage!r} keeps the "
+                "table in host files"
+            )
         self.config = config
         self.fields = [dict(f) for f in fields]
         length = config.sequence_length
@@ -179,7 +244,9 @@ class LocalTable:
         self._shares = storage == "memory"
         if storage == "memmap":
             self._max_steps = self._ring_size = capacity * length
-        self._columns: list[np.ndarray] | None = None
+        # numpy views of `_tensors`, or with a `device` the tensors themselves.
+        self._columns: list[Any] | None = None
+        self._tensors: list[torch.Tensor] = []
         self._gap = np.zeros(0, dtype=np.int32)
         self._refs = np.zeros(0, dtype=np.int32)
         self._head = 0
@@ -205,6 +272,17 @@ class LocalTable:
         self._sequence = 0
         self._tree = SumTree(capacity) if config.sampling.sampler == "prioritized" else None
         self._rng = np.random.default_rng(seed)
+        self._seed = (
+            seed
+            if seed is None or isinstance(seed, np.random.SeedSequence)
+            else np.random.SeedSequence(seed)
+        )
+        # Per slot, a version that readers in other processes check (`SharedTable`): odd
+        # while the slot holds an item, bumped when it is removed and when an item is
+        # inserted there (after its steps are written). `_cell`: size, closed.
+        self._version = np.zeros(capacity, dtype=np.int64)
+        self._cell = np.zeros(2, dtype=np.int64)
+        self._shared: SharedTable | None = None
         self._changed = threading.Condition()
         self._closed = False
         self.inserts = 0
@@ -259,6 +337,7 @@ class LocalTable:
         """Wakes and fails every waiting sampler; the items stay readable for a checkpoint."""
         with self._changed:
             self._closed = True
+            self._cell[1] = 1
             self._changed.notify_all()
 
     # ---------------------------------------------------------------------------- writing
@@ -339,9 +418,10 @@ class LocalTable:
             assert columns is not None
             gap = self._gap
             position = head
+            on_device = self._device is not None
             for step in steps[length - new :]:
                 for column, value in zip(columns, step):  # noqa: B905 (checked by the writer)
-                    column[position] = value
+                    column[position] = torch.as_tensor(value) if on_device else value
                 gap[position] = 1
                 position += 1
                 if position == size:
@@ -390,6 +470,8 @@ class LocalTable:
                 self._tree.set(
                     np.array([slot]), np.array([priority**self.config.sampling.priority_exponent])
                 )
+            self._version[slot] += 1  # held: its steps and first serial are written
+            self._cell[0] = self._size
             self.inserts += 1
             self._changed.notify()
         return key
@@ -420,6 +502,95 @@ class LocalTable:
             self.resets += 1
             self.deletes += self._size
             self._clear_items()
+
+    # ---------------------------------------------------------------- worker processes
+
+    def share_memory(self) -> SharedTable:
+        """Moves the table into shared memory for readers in other processes (DataLoader
+        workers, forked or spawned) and returns what they read it through.
+
+        Once shared, the step ring has its largest size, `capacity * sequence_length` steps
+        (the memory-mapped layout: every window written whole, so `capacity` items always
+        fit), in shared memory (`Tensor.share_memory_`; "memmap" files are shared mappings
+        already); the items held are copied into it, keys, priorities and order unchanged.
+        The per-item metadata that readers need (first step, key, priority, times sampled,
+        the occupied slots, a version per slot, size) moves to shared memory too. Writes stay
+        in this process; a `SharedTable` reads without the lock (see its docstring). Calling
+        it again returns the same object.
+
+        Returns:
+          The table's `SharedTable` (picklable: spawned workers receive it).
+
+        Raises:
+          ConfigError: If the table's sampling changes the table when sampled or needs state
+            of this process: a sampler other than "uniform", or `max_times_sampled`.
+          ManagerClosedError: If the table was closed.
+        """
+        sampling = self.config.sampling
+        if self._device is not None and self._device.type != "cpu":
+            raise ConfigError(
+                f"table {self.name!r} lives on device {str(self._device)!r}: DataLoader worker "
+                "processes cannot sample it; sample it in this process (num_workers=0, "
+                "torch_batches), which needs no workers, or keep it on the CPU"
+            )
+        if sampling.sampler != "uniform" or sampling.max_times_sampled:
+            raise ConfigError(
+                f"table {self.name!r}: DataLoader worker processes sample a local table "
+                "read-only with the uniform sampler; its sampler="
+                f"{sampling.sampler!r}, max_times_sampled={sampling.max_times_sampled!r} "
+                "select or remove items in this process: use num_workers=0 (a local table is "
+                "sampled in microseconds in-process) or backend='reverb'"
+            )
+        with self._changed:
+            self._require_open()
+            if self._shared is not None:
+                return self._shared
+            if self._storage_kind == "memory":
+                self._share_ring()
+            tensors = {}
+            for name in _SHARED_FIELDS:
+                array = getattr(self, name)
+                signed = array.view(np.int64) if array.dtype == np.uint64 else array
+                tensor = torch.from_numpy(signed.copy()).share_memory_()
+                view = tensor.numpy()
+                setattr(self, name, view.view(np.uint64) if array.dtype == np.uint64 else view)
+                tensors[name] = tensor
+            self._shared = SharedTable(
+                name=self.name,
+                length=self._length,
+                ring_size=self._ring_size,
+                min_size=self.config.sampling.min_size_to_sample,
+                columns=list(self._tensors),
+                metadata=tensors,
+                seed=self._seed,
+            )
+            return self._shared
+
+    def _share_ring(self) -> None:
+        """The RAM ring at its largest size in shared memory, the held items copied into it
+        oldest first, one whole window each (the lock held)."""
+        length = self._length
+        steps = self.config.capacity * length
+        held = self._ordered_slots()
+        windows = self._read_slots(held) if self._columns is not None and len(held) else None
+        self._shares = False  # the shared ring never grows: each window is written whole
+        self._ring_size = self._max_steps = steps
+        self._allocate(shared=True)
+        count = len(held) * length
+        if windows is not None:
+            for tensor, window, shape in zip(
+                self._tensors, windows, self._step_shapes, strict=True
+            ):
+                tensor[:count] = window.reshape(count, *shape)
+        self._gap[:count] = 1
+        firsts = np.arange(len(held), dtype=np.int64) * length
+        self._refs[firsts] = 1
+        self._first[held] = firsts
+        self._consecutive[:] = True
+        self._scattered = 0
+        self._head = count % steps
+        self._written = count
+        self._oldest = 0
 
     # --------------------------------------------------------------------------- sampling
 
@@ -569,7 +740,7 @@ class LocalTable:
                     np.zeros((0, *s), d) for s, d in zip(self._shapes, self._dtypes, strict=True)
                 ]
             else:
-                data = [t.numpy() for t in self._read_slots(slots)]
+                data = [t.numpy(force=True) for t in self._read_slots(slots)]  # host copies
             return data, self._priority[slots].copy(), self._times_sampled[slots].copy()
 
     def frozen(self) -> Any:
@@ -656,7 +827,11 @@ class LocalTable:
             written = self._written
             positions = (self._head + np.arange(total, dtype=np.int64)) % size
             for column, array, shape in zip(columns, data, self._step_shapes, strict=True):
-                column[positions] = array.reshape(count * length, *shape)[keep]
+                steps = array.reshape(count * length, *shape)[keep]
+                if self._device is None:
+                    column[positions] = steps
+                else:
+                    column[self._index(positions)] = torch.from_numpy(steps).to(self._device)
             self._gap[positions] = 1
             firsts = written + np.cumsum(new_steps) - length
             self._head = (self._head + total) % size
@@ -677,6 +852,8 @@ class LocalTable:
             self._times_sampled[slots] = 0
             self._link(slots)
             self._set_priorities(slots, np.asarray(priorities, dtype=np.float64))
+            self._version[slots] += 1  # held: their steps and first serials are written
+            self._cell[0] = self._size
             self.inserts += count
             self._changed.notify_all()
         return keys, slots
@@ -738,13 +915,22 @@ class LocalTable:
         assert self._columns is not None
         held = self._written - self._oldest
         order = self._positions(np.arange(self._oldest, self._written, dtype=np.int64))
-        columns = []
+        assert self._shared is None, "a shared ring has its largest size"
+        columns, tensors = [], []
         for column in self._columns:
-            grown = torch.empty(
-                (steps, *column.shape[1:]), dtype=torch.from_numpy(column[:0]).dtype
-            ).numpy()
-            np.take(column, order, axis=0, out=grown[:held])
-            columns.append(grown)
+            if self._device is not None:
+                tensor = column.new_empty((steps, *column.shape[1:]))
+                tensor[:held] = column[self._index(order)]
+                columns.append(tensor)
+            else:
+                tensor = torch.empty(
+                    (steps, *column.shape[1:]), dtype=torch.from_numpy(column[:0]).dtype
+                )
+                grown = tensor.numpy()
+                np.take(column, order, axis=0, out=grown[:held])
+                columns.append(grown)
+            tensors.append(tensor)
+        self._tensors = tensors
         gap = np.zeros(steps, dtype=np.int32)
         gap[:held] = self._gap[order]
         refs = np.zeros(steps, dtype=np.int32)
@@ -791,10 +977,12 @@ class LocalTable:
     def _clear_items(self) -> None:
         """Drops every item (the steps stay in the ring for the writers' next windows)."""
         capacity = self.config.capacity
+        self._version[self._dense[: self._size]] += 1  # free, before anything is overwritten
         self._size = 0
+        self._cell[0] = 0
         self._scattered = 0
-        self._dense = np.arange(capacity, dtype=np.int64)
-        self._where = np.arange(capacity, dtype=np.int64)
+        self._dense[:] = np.arange(capacity, dtype=np.int64)  # in place: may be shared
+        self._where[:] = np.arange(capacity, dtype=np.int64)
         self._refs[:] = 0
         self._newer[:] = -1
         self._older[:] = -1
@@ -805,6 +993,7 @@ class LocalTable:
     def _remove(self, slots: np.ndarray) -> None:
         if not len(slots):
             return
+        self._version[slots] += 1  # free, before anything is overwritten
         np.subtract.at(self._refs, self._positions(self._first[slots]), 1)
         if self._scattered:
             self._scattered -= int(np.count_nonzero(~self._consecutive[slots]))
@@ -825,6 +1014,7 @@ class LocalTable:
             dense[position], dense[last] = moved, slot
             where[moved], where[slot] = position, last
             self._size -= 1
+        self._cell[0] = self._size
         if self._tree is not None:
             self._tree.set(slots, np.zeros(len(slots)))
         self.deletes += len(slots)
@@ -850,14 +1040,22 @@ class LocalTable:
                 serial = serial + self._gap[self._positions(serial)]
                 serials[scattered, index] = serial
             positions = self._positions(serials)
+        if self._device is not None:  # gathered on the device: only the positions travel
+            index = self._index(positions)
+            return [column[index] for column in self._columns]
         return [torch.from_numpy(column.take(positions, axis=0)) for column in self._columns]
 
-    def _allocate(self) -> None:
+    def _index(self, positions: np.ndarray) -> torch.Tensor:
+        """Ring positions as an index tensor on the table's device."""
+        return torch.from_numpy(np.ascontiguousarray(positions)).to(self._device)
+
+    def _allocate(self, shared: bool = False) -> None:
         """The step ring: one tensor per field, `[ring size, *field_shape]`, as numpy views.
 
-        RAM: `torch.empty` (pages are committed as steps are written). "memmap": tensordict's
-        `MemoryMappedTensor` files under `scratch_dir`, so the buffer can exceed RAM, their
-        whole size reserved on disk first (`_reserve_files`).
+        RAM: `torch.empty` (pages are committed as steps are written), in shared memory with
+        `shared`. "memmap": tensordict's `MemoryMappedTensor` files under `scratch_dir` (shared
+        mappings), so the buffer can exceed RAM, their whole size reserved on disk first
+        (`_reserve_files`).
 
         Raises:
           ConfigError: If the disk of `scratch_dir` cannot hold the memory-mapped files.
@@ -884,7 +1082,7 @@ class LocalTable:
                 f"the memory-mapped storage of table {self.name!r} ({steps} steps of "
                 f"{self.step_bytes} bytes)",
             )
-        columns = []
+        columns, tensors = [], []
         for index, (shape, dtype) in enumerate(zip(self._step_shapes, self._dtypes, strict=True)):
             torch_dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
             if directory is not None:
@@ -897,9 +1095,13 @@ class LocalTable:
                     existsok=True,  # reserved above
                 )
             else:
-                tensor = torch.empty((steps, *shape), dtype=torch_dtype)
-            columns.append(tensor.numpy())
+                tensor = torch.empty((steps, *shape), dtype=torch_dtype, device=self._device)
+                if shared:
+                    tensor.share_memory_()
+            columns.append(tensor if self._device is not None else tensor.numpy())
+            tensors.append(tensor)
         self._columns = columns
+        self._tensors = tensors
         self._gap = np.zeros(steps, dtype=np.int32)
         self._refs = np.zeros(steps, dtype=np.int32)
 

@@ -78,7 +78,11 @@ class ReverbBackend(Backend):
     @classmethod
     def way_out(cls, capability: Capability) -> str:
         """What to use instead where this backend lacks `capability`."""
-        if capability in (Capability.MEMMAP_STORAGE, Capability.SEEDED_SAMPLING):
+        if capability in (
+            Capability.MEMMAP_STORAGE,
+            Capability.SEEDED_SAMPLING,
+            Capability.DEVICE_STORAGE,
+        ):
             return "it applies only to backend='local'"
         if capability is Capability.RECENT_SAMPLING:
             return (
