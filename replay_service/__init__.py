@@ -42,7 +42,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "specs.arrays": ("ArraySpec",),
     "storage.store": ("Checkpoint", "CheckpointStore", "StoreMetadata"),
     "config.options": ("DEFAULT_TABLE_NAME", "SamplingConfig", "TableConfig", "Timeouts"),
-    "backends.reverb.datasets": ("ReplayBuffer",),
+    "backends.reverb.tf_agents_buffer": ("ReplayBuffer",),
     "errors": (
         "BackendMismatchError",
         "BufferStateError",

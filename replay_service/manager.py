@@ -58,8 +58,8 @@ if TYPE_CHECKING:
     import reverb
     import tensorflow as tf
 
-    from replay_service.backends.reverb.datasets import ReplayBuffer
     from replay_service.backends.reverb.handles import TableHandle
+    from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
     from replay_service.collect.gym_vector import GymVectorWriter
     from replay_service.collect.hindsight import HindsightWriter
     from replay_service.sample.epochs import EpochBatches

@@ -37,7 +37,8 @@ from typing import Any, TypeVar
 
 import tensorflow as tf
 
-from replay_service.backends.reverb.datasets import ReplayBuffer, python_calls_stopped
+from replay_service.backends.reverb.liveness import python_calls_stopped
+from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.config.files import read_toml
 from replay_service.config.options import DEFAULT_TABLE_NAME, Timeouts, require_positive_int

@@ -61,7 +61,7 @@ from replay_service.specs.windows import Masked
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from replay_service.backends.reverb.datasets import Lifeline
+    from replay_service.backends.reverb.liveness import Lifeline
 
 LAST = StepType.LAST
 TRANSITION_SEQUENCE_LENGTH = 2
@@ -279,7 +279,7 @@ class SampleSource:
           draws: Batches fetched at once: the dataset's batches hold `draws * batch_size`
             items; the samples requested ahead stay those of `batch_size`.
         """
-        from replay_service.backends.reverb.datasets import read_pipeline
+        from replay_service.backends.reverb.pipeline import read_pipeline
 
         if num_workers is None:
             num_workers = 1 if self.ordered else SAMPLING_WORKERS
@@ -327,7 +327,7 @@ class SampleSource:
         """
         import tensorflow as tf
 
-        from replay_service.backends.reverb.datasets import (
+        from replay_service.backends.reverb.sampling_errors import (
             FOREIGN_ITEM_ERROR,
             foreign_item_message,
             sampling_timeout_message,
@@ -442,7 +442,7 @@ class SampleSource:
         """The error every stream of this source raises once its manager was closed, else None."""
         if self.lifeline is None or not self.lifeline.closed:
             return None
-        from replay_service.backends.reverb.datasets import MANAGER_CLOSED_MESSAGE
+        from replay_service.backends.reverb.liveness import MANAGER_CLOSED_MESSAGE
 
         return ManagerClosedError(
             f"{MANAGER_CLOSED_MESSAGE} (server {self.server_address}, table {self.table_name}): "
@@ -826,10 +826,9 @@ def _takes_pack(source: TorchSampleSource) -> bool:
 
 def _sampling_error(error: tf.errors.InvalidArgumentError) -> Exception | None:
     """Our exception for an error raised by the read pipeline's bounds; None for others."""
-    from replay_service.backends.reverb.datasets import (
+    from replay_service.backends.reverb.liveness import MANAGER_CLOSED_MESSAGE, SERVER_LOST_MESSAGE
+    from replay_service.backends.reverb.sampling_errors import (
         EMPTY_BUFFER_MESSAGE,
-        MANAGER_CLOSED_MESSAGE,
-        SERVER_LOST_MESSAGE,
         replay_service_message,
     )
 

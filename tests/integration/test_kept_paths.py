@@ -61,6 +61,63 @@ def test_an_old_tool_module_still_offers_run(old: str) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+# A module split by job: the public names it defined, and the modules that define them now.
+SPLIT = {
+    "replay_service.backends.reverb.datasets": (
+        (
+            "DEFAULT_GRACE_S",
+            "EMPTY_BUFFER_MESSAGE",
+            "FOREIGN_ITEM_ERROR",
+            "MANAGER_CLOSED_MESSAGE",
+            "MAX_CHECK_INTERVAL_S",
+            "MAX_PACE_S",
+            "MIN_CHECK_INTERVAL_S",
+            "MIN_PACE_S",
+            "SERVER_LOST_MESSAGE",
+            "Lifeline",
+            "LivenessRules",
+            "ReplayBuffer",
+            "bound_sampling",
+            "default_in_flight",
+            "foreign_item_message",
+            "guard_liveness",
+            "liveness_bound",
+            "mixed_dataset",
+            "python_calls_stopped",
+            "raise_when_exhausted",
+            "read_pipeline",
+            "replay_service_message",
+            "sample_dataset",
+            "sampling_timeout_message",
+        ),
+        (
+            "replay_service.backends.reverb.liveness",
+            "replay_service.backends.reverb.sampling_errors",
+            "replay_service.backends.reverb.pipeline",
+            "replay_service.backends.reverb.mixing",
+            "replay_service.backends.reverb.tf_agents_buffer",
+        ),
+    )
+}
+
+
+@pytest.mark.parametrize("old", sorted(SPLIT))
+def test_a_split_module_path_offers_its_public_names_from_their_new_homes(old: str) -> None:
+    names, homes = SPLIT[old]
+    kept = importlib.import_module(old)
+    defined: dict[str, str] = {}
+    for home in homes:
+        for name in defined_public_names(home):
+            assert name not in defined, f"{name} is defined in {defined[name]} and {home}"
+            defined[name] = home
+    moved = sorted(set(names) - set(defined))
+    assert not moved, f"no new home defines {moved}"
+    missing = sorted(name for name in names if not hasattr(kept, name))
+    assert not missing, f"{old} lost {missing}"
+    for name in names:
+        assert getattr(kept, name) is getattr(importlib.import_module(defined[name]), name), name
+
+
 def test_populate_is_the_function_whatever_was_imported_first() -> None:
     importlib.import_module("replay_service.cli.populate")
     from replay_service import populate

@@ -2,7 +2,7 @@
 
 A `replay-server` subprocess is killed (SIGKILL, SIGTERM) under iterators of every sampling
 path, or an embedded manager is closed under them; `next()` must raise our error (or a
-`tf.errors` error naming the server and the table) within `datasets.liveness_bound`.
+`tf.errors` error naming the server and the table) within `liveness.liveness_bound`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from replay_service import (
     ServerUnavailableError,
     Timeouts,
 )
-from replay_service.backends.reverb.datasets import (
+from replay_service.backends.reverb.liveness import (
     MANAGER_CLOSED_MESSAGE,
     SERVER_LOST_MESSAGE,
     liveness_bound,
@@ -201,16 +201,16 @@ _EXIT_SCRIPT = """
 import json, sys, time
 import numpy as np
 from replay_service import ReplayBufferManager, Timeouts
-from replay_service.backends.reverb import datasets
+from replay_service.backends.reverb import liveness
 from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
 from replay_service.specs.nests import spec_from_description
 
 calls = []
-original = datasets._Watch.round
+original = liveness._Watch.round
 def counted(self):
     calls.append(time.monotonic())
     return original(self)
-datasets._Watch.round = counted
+liveness._Watch.round = counted
 
 spec = spec_from_description([
     {"path": "observation", "dtype": "float32", "shape": [4]},
@@ -256,7 +256,7 @@ deadline = time.monotonic() + 60
 while time.monotonic() < deadline and (len(calls) < 5 or len(reads) < 4):
     run(0.2)
 before, reads_before = len(calls), len(reads)
-datasets._stop_rounds()  # what atexit runs
+liveness._stop_rounds()  # what atexit runs
 stopped, reads_stopped = len(calls), len(reads)
 run(2.0)
 print(json.dumps({
@@ -270,7 +270,7 @@ print(json.dumps({
 def test_watch_rounds_stop_calling_python_at_exit_and_the_process_exits(tmp_path) -> None:
     """Watch rounds (and a sharded mixture's weight reads) call Python from TensorFlow's
     threads; one that did so while the interpreter finalized never returned and the process
-    hung at exit. At exit (`datasets._stop_rounds`, registered with atexit) they stop calling
+    hung at exit. At exit (`liveness._stop_rounds`, registered with atexit) they stop calling
     Python, datasets still yield, and a process that never closed its streams exits."""
     import json
     import subprocess

@@ -24,7 +24,7 @@ from replay_service import (
     Timeouts,
 )
 from replay_service.backends.reverb.connection import pick_free_port
-from replay_service.backends.reverb.datasets import EMPTY_BUFFER_MESSAGE
+from replay_service.backends.reverb.sampling_errors import EMPTY_BUFFER_MESSAGE
 from replay_service.distributed.sharding import (
     ShardedConfig,
     ShardedReplayBuffer,

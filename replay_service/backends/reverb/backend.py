@@ -102,7 +102,7 @@ class ReverbBackend(Backend):
         Raises:
           SpecMismatchError: If a table is missing, has no signature, or differs (named).
         """
-        from replay_service.backends.reverb.datasets import ReplayBuffer
+        from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
 
         del clear  # TF-Agents' `clear()` of the returned buffer resets the table itself
         for table in self._tables:
@@ -154,7 +154,8 @@ class ReverbBackend(Backend):
     ) -> tf.data.Dataset:
         """Whole items through the tuned pipeline (`datasets.sample_dataset`); other
         `num_steps` split items with TF-Agents' pipeline."""
-        from replay_service.backends.reverb.datasets import ReplayBuffer, sample_dataset
+        from replay_service.backends.reverb.pipeline import sample_dataset
+        from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
 
         if num_steps not in (None, table.sequence_length):
             # Splitting items into shorter sequences: TF-Agents' pipeline does that.
@@ -200,7 +201,7 @@ class ReverbBackend(Backend):
         prefetch: int,
     ) -> tf.data.Dataset:
         """Batches mixing this buffer's tables (`datasets.mixed_dataset`)."""
-        from replay_service.backends.reverb.datasets import mixed_dataset
+        from replay_service.backends.reverb.mixing import mixed_dataset
 
         dataset = mixed_dataset(
             self._require_client().server_address,
