@@ -491,7 +491,7 @@ class ReplayBufferManager:
         """Returns a tf.data dataset of `(trajectory, sample_info)` batches of one table.
 
         The same batches as `replay_buffer.as_dataset(batch_size, num_steps).prefetch(3)`, from a
-        tuned pipeline (see `datasets.sample_dataset`) when `num_steps` is None or
+        tuned pipeline (see `pipeline.sample_dataset`) when `num_steps` is None or
         `sequence_length`; other `num_steps` split items with TF-Agents' pipeline. If no item can
         be sampled within `timeouts.sample`, iterating raises `tf.errors.InvalidArgumentError`
         naming the table instead of blocking forever.
@@ -499,7 +499,7 @@ class ReplayBufferManager:
         Bounded when the server is lost: if the server dies (SIGKILL, SIGTERM), the network
         drops or this manager is closed, `next()` raises `tf.errors.InvalidArgumentError`
         naming the server address, the table and what to do, within
-        `datasets.liveness_bound(timeouts.sample, timeouts.connect)` seconds (at most
+        `liveness.liveness_bound(timeouts.sample, timeouts.connect)` seconds (at most
         `2 * timeouts.sample + timeouts.connect`; about `timeouts.sample + 1 s` after a kill,
         at once after `close()`). This holds for `iter(dataset)` and for a dataset iterated
         inside a `tf.function`, in this process.
@@ -541,7 +541,7 @@ class ReplayBufferManager:
         """Returns `(trajectory, sample_info)` batches mixing several tables of this buffer.
 
         Each item comes from table `name` with probability `weights[name] / sum(weights)`,
-        sampled by that table's own sampler (see `datasets.mixed_dataset`). Item keys are
+        sampled by that table's own sampler (see `mixing.mixed_dataset`). Item keys are
         unique across tables, so `update_priorities(info.key, p, table=name)` with all the keys
         of a mixed batch updates the items of `name` and ignores the others.
 
@@ -812,7 +812,7 @@ class ReplayBufferManager:
 
         Bounded when the server is lost: if the server dies (SIGKILL, SIGTERM) or the network
         drops, `next()` raises `ServerUnavailableError` naming the address, the table and what
-        to do within `datasets.liveness_bound(timeouts.sample, timeouts.connect)` seconds (at
+        to do within `liveness.liveness_bound(timeouts.sample, timeouts.connect)` seconds (at
         most `2 * timeouts.sample + timeouts.connect`); after `close()` it raises
         `ManagerClosedError` at once.
 

@@ -322,7 +322,7 @@ class SampleSource:
         Raises:
           BufferStateError: If no item could be sampled within `sample_timeout`.
           ServerUnavailableError: If the server cannot be reached, or was lost while sampling
-            (within `datasets.liveness_bound(sample_timeout, connect_timeout)` seconds).
+            (within `liveness.liveness_bound(sample_timeout, connect_timeout)` seconds).
           ManagerClosedError: If the manager was closed (`lifeline`).
         """
         import tensorflow as tf
@@ -792,7 +792,7 @@ def iterate_batches(
     Raises:
       BufferStateError: If no item could be sampled within the source's sample timeout.
       ServerUnavailableError: If the server cannot be reached, or was lost while sampling
-        (within `datasets.liveness_bound(sample_timeout, connect_timeout)` seconds).
+        (within `liveness.liveness_bound(sample_timeout, connect_timeout)` seconds).
       ManagerClosedError: If the manager was closed (`source.lifeline`).
     """
     if _takes_pack(source):

@@ -152,7 +152,7 @@ class ReverbBackend(Backend):
         num_parallel_calls: int,
         prefetch: int,
     ) -> tf.data.Dataset:
-        """Whole items through the tuned pipeline (`datasets.sample_dataset`); other
+        """Whole items through the tuned pipeline (`pipeline.sample_dataset`); other
         `num_steps` split items with TF-Agents' pipeline."""
         from replay_service.backends.reverb.pipeline import sample_dataset
         from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
@@ -200,7 +200,7 @@ class ReverbBackend(Backend):
         seed: int | None,
         prefetch: int,
     ) -> tf.data.Dataset:
-        """Batches mixing this buffer's tables (`datasets.mixed_dataset`)."""
+        """Batches mixing this buffer's tables (`mixing.mixed_dataset`)."""
         from replay_service.backends.reverb.mixing import mixed_dataset
 
         dataset = mixed_dataset(
