@@ -129,6 +129,35 @@ def make_manager(data_spec: Any, tmp_path: Any) -> Iterator[Callable[..., Replay
         manager.close()
 
 
+@pytest.fixture()
+def make_from_spaces(tmp_path: Any) -> Iterator[Callable[..., ReplayBufferManager]]:
+    """Builds `from_spaces` managers (default: CartPole-shaped Box(4) observations, Discrete(2)
+    actions, capacity 500, a tmp checkpoint dir named `name`) on `backend`, and closes every one
+    of them at teardown."""
+    made: list[ReplayBufferManager] = []
+
+    def factory(
+        backend: str, name: str = "ckpt", observation: Any = None, **kwargs: Any
+    ) -> ReplayBufferManager:
+        from gymnasium import spaces
+
+        kwargs.setdefault("capacity", 500)
+        kwargs.setdefault("timeouts", FAST_TIMEOUTS)
+        manager = ReplayBufferManager.from_spaces(
+            observation or spaces.Box(-10.0, 10.0, (4,), np.float32),
+            spaces.Discrete(2),
+            checkpoint_dir=str(tmp_path / name),
+            backend=backend,
+            **kwargs,
+        )
+        made.append(manager)
+        return manager
+
+    yield factory
+    for manager in made:
+        manager.close()
+
+
 def collect(env: Any, policy: Any, observer: Any, steps: int) -> None:
     """Runs `steps` non-boundary environment steps through `observer` and flushes it."""
     py_driver.PyDriver(env, policy, [observer], max_steps=steps).run(env.reset())

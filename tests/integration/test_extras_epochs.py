@@ -7,7 +7,8 @@ items (pytorchrl's `generate_batches(num_mini_batch, mini_batch_size, num_epochs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,6 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from conftest import FAST_TIMEOUTS
 from replay_service import (
     BufferStateError,
     ConfigError,
@@ -27,7 +27,6 @@ from replay_service import (
 pytestmark = pytest.mark.heavy
 
 BACKENDS = ("reverb", "local")
-OBSERVATION = spaces.Box(-10.0, 10.0, (4,), np.float32)
 ACTION = spaces.Discrete(2)
 HIDDEN = 8
 EXTRAS = {"hidden": ((HIDDEN,), np.float32), "log_prob": ((), np.float32)}
@@ -39,26 +38,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture()
-def make(backend: str, tmp_path: Any) -> Iterator[Callable[..., ReplayBufferManager]]:
-    """`from_spaces` managers of the parametrized backend, closed at teardown."""
-    made: list[ReplayBufferManager] = []
-
-    def factory(name: str = "ckpt", **kwargs: Any) -> ReplayBufferManager:
-        kwargs.setdefault("capacity", 500)
-        kwargs.setdefault("timeouts", FAST_TIMEOUTS)
-        manager = ReplayBufferManager.from_spaces(
-            OBSERVATION,
-            ACTION,
-            checkpoint_dir=str(tmp_path / name),
-            backend=backend,
-            **kwargs,
-        )
-        made.append(manager)
-        return manager
-
-    yield factory
-    for manager in made:
-        manager.close()
+def make(backend: str, make_from_spaces: Any) -> Callable[..., ReplayBufferManager]:
+    """`from_spaces` managers of the parametrized backend (conftest's `make_from_spaces`)."""
+    return functools.partial(make_from_spaces, backend)
 
 
 def state(episode: int, index: int) -> np.ndarray:

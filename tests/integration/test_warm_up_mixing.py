@@ -8,11 +8,12 @@ takes the extras declared with `from_spaces(extras=...)`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
@@ -22,7 +23,6 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from conftest import FAST_TIMEOUTS
 from replay_service import (
     BufferStateError,
     ConfigError,
@@ -35,8 +35,6 @@ from replay_service import (
 pytestmark = pytest.mark.heavy
 
 BACKENDS = ("reverb", "local")
-OBSERVATION = spaces.Box(-10.0, 10.0, (4,), np.float32)
-ACTION = spaces.Discrete(2)
 NUM_ENVS = 3
 MAX_EPISODE_STEPS = 5  # every few steps a time-limit truncation
 RECENT = "recent"
@@ -50,26 +48,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture()
-def make(backend: str, tmp_path: Any) -> Iterator[Callable[..., ReplayBufferManager]]:
-    """`from_spaces` managers of the parametrized backend, closed at teardown."""
-    made: list[ReplayBufferManager] = []
-
-    def factory(name: str = "ckpt", observation: Any = OBSERVATION, **kwargs: Any) -> Any:
-        kwargs.setdefault("capacity", 500)
-        kwargs.setdefault("timeouts", FAST_TIMEOUTS)
-        manager = ReplayBufferManager.from_spaces(
-            observation,
-            ACTION,
-            checkpoint_dir=str(tmp_path / name),
-            backend=backend,
-            **kwargs,
-        )
-        made.append(manager)
-        return manager
-
-    yield factory
-    for manager in made:
-        manager.close()
+def make(backend: str, make_from_spaces: Any) -> Callable[..., ReplayBufferManager]:
+    """`from_spaces` managers of the parametrized backend (conftest's `make_from_spaces`)."""
+    return functools.partial(make_from_spaces, backend)
 
 
 class Recorder(gymnasium.Wrapper):
