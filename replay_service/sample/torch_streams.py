@@ -93,11 +93,12 @@ DEFAULT_MP_CONTEXT = "forkserver"
 _ITEM, _END, _ERROR = "item", "end", "error"
 
 
-def draws_per_call(batch_size: int, item_bytes: int) -> int:
+def draws_per_call(batch_size: int, item_bytes: int, items: int = DRAW_ITEMS) -> int:
     """Batches of `batch_size` items of `item_bytes` a stream of independent draws fetches at
-    once: as many as fit in `DRAW_ITEMS` items and `DRAW_BYTES` bytes, at least 1."""
+    once: as many as fit in `items` items (default `DRAW_ITEMS`) and `DRAW_BYTES` bytes, at
+    least 1."""
     by_bytes = DRAW_BYTES // max(1, batch_size * item_bytes)
-    return max(1, min(DRAW_ITEMS // batch_size, by_bytes))
+    return max(1, min(items // batch_size, by_bytes))
 
 
 def split_batches(
@@ -561,11 +562,18 @@ class Packer:
       prepare_rows: Optionally, `prepare` of a batch of a packed table given as its rows
         (`PackedLayout`, numpy `uint8[batch, sequence_length, step_bytes]`), copying only the
         bytes it keeps instead of unpacking every field first; None: unpack, then `prepare`.
+      steps: Optionally, the `(flat field, step)` pairs of windows of
+        `TRANSITION_SEQUENCE_LENGTH` steps that `prepare_steps` needs: a source that reads
+        single steps (a local table) reads only those, one tensor `[batch, ...]` per pair,
+        instead of every field's window. Windows of other lengths go through `prepare`.
+      prepare_steps: `prepare` of those tensors (set with `steps`).
     """
 
     prepare: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
     build: Callable[[Sequence[torch.Tensor]], Any]
     prepare_rows: Callable[[PackedLayout, np.ndarray], list[torch.Tensor]] | None = None
+    steps: tuple[tuple[int, int], ...] | None = None
+    prepare_steps: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None = None
 
     def __call__(self, flat: Sequence[torch.Tensor]) -> Any:
         return self.build(self.prepare(flat))
@@ -638,6 +646,14 @@ def transition_packer(structure: Any) -> Packer:
             *(torch.from_numpy(layout.leaf(first, i)) for i in hiddens),
         ]
 
+    # The steps kept (as `prepare` keeps them), then the two that give the flags.
+    kept = (*((i, 0) for i in first_steps), *((i, 1) for i in observations))
+    steps = (*kept, (next_step_type, 0), (discount, 0), *((i, 0) for i in hiddens))
+
+    def prepare_steps(read: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        dones, truncated = _step_flags(read[len(kept)], read[len(kept) + 1])
+        return [*read[: len(kept)], dones, truncated, *read[len(kept) + 2 :]]
+
     def build(prepared: Sequence[torch.Tensor]) -> TransitionBatch:
         return TransitionBatch(
             states=pack_states(prepared[:n_obs]),
@@ -649,7 +665,7 @@ def transition_packer(structure: Any) -> Packer:
             hiddens=pack_hiddens(prepared[at_hiddens:]) if hiddens else None,
         )
 
-    return Packer(prepare, build, prepare_rows)
+    return Packer(prepare, build, prepare_rows, steps, prepare_steps)
 
 
 def _check_transition_steps(steps: int) -> None:
@@ -707,18 +723,25 @@ def nest_packer(structure: Any) -> Callable[[Sequence[Any]], Any]:
 def _episode_flags(
     next_step_type: torch.Tensor, discount: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(dones, truncated)` of the first step of each window: a transition that ends its
-    episode (next step LAST) terminated if its discount is 0, else it was truncated.
+    """`(dones, truncated)` of the first step of each window (`_step_flags`)."""
+    return _step_flags(next_step_type[:, 0], discount[:, 0])
+
+
+def _step_flags(
+    next_step_type: torch.Tensor, discount: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(dones, truncated)` of a batch of steps `[batch]`: a transition that ends its episode
+    (next step LAST) terminated if its discount is 0, else it was truncated.
 
     On the CPU the flags are computed in numpy (a few microseconds for a batch against about
     25 for the same torch calls, once per batch of a training loop), elsewhere in torch.
     """
     if next_step_type.device.type == "cpu" and discount.device.type == "cpu":
-        ends = next_step_type.numpy()[:, 0] == LAST
-        terminated = ends & (discount.numpy()[:, 0] == 0)
+        ends = next_step_type.numpy() == LAST
+        terminated = ends & (discount.numpy() == 0)
         return torch.from_numpy(terminated), torch.from_numpy(ends ^ terminated)
-    ends = next_step_type[:, 0] == LAST
-    continuing = discount[:, 0] != 0
+    ends = next_step_type == LAST
+    continuing = discount != 0
     return ends & ~continuing, ends & continuing
 
 

@@ -39,6 +39,7 @@ from replay_service import (
     TableConfig,
     Timeouts,
 )
+from replay_service.backends.local import sampling as local_sampling
 
 pytestmark = pytest.mark.local
 
@@ -810,23 +811,35 @@ def test_a_gymnasium_vector_env_with_discrete_actions_fills_and_restores(tmp_pat
         assert restored.num_frames() == items
 
 
+def drawn_together(batch_size: int) -> int:
+    """Batches of `batch_size` CartPole transitions a local stream draws per table call."""
+    return min(local_sampling.DRAW_BATCHES, local_sampling.DRAW_ITEMS // batch_size)
+
+
 def test_batches_without_info_count_every_draw(make, tmp_path):
     manager = make()
     manager.create_replay_buffer()
     write_episode(manager, 0, 1)  # one item: every draw of every batch is that item
+    draws = drawn_together(256)
+    assert draws > 3
     with manager.torch_batches(256, transitions=True, prefetch=0) as stream:
         for _ in range(3):
             next(stream)
-    assert exported(manager, tmp_path / "export")["times_sampled"].tolist() == [768]
+    # Counted as drawn: the batches drawn ahead too, as a Reverb server counts prefetched ones.
+    drawn = 256 * draws
+    assert exported(manager, tmp_path / "export")["times_sampled"].tolist() == [drawn]
     with manager.torch_batches(256, transitions=True, with_info=True, prefetch=0) as stream:
         _, info = next(stream)
-    assert info.times_sampled.tolist() == [1024] * 256
+    assert info.times_sampled.tolist() == [2 * drawn] * 256
 
 
 @pytest.mark.parametrize(
-    ("sampler", "drawn"), [("uniform", 256), ("prioritized", 64)], ids=["uniform", "prioritized"]
+    ("sampler", "draws"),
+    [("uniform", drawn_together(64)), ("prioritized", 1)],
+    ids=["uniform", "prioritized"],
 )
-def test_small_uniform_batches_are_drawn_together(make, tmp_path, sampler, drawn):
+def test_small_uniform_batches_are_drawn_together(make, tmp_path, sampler, draws):
+    drawn = 64 * draws
     manager = make(sampling=SamplingConfig(sampler=sampler))
     manager.create_replay_buffer()
     write_episode(manager, 0, 1)
@@ -837,7 +850,7 @@ def test_small_uniform_batches_are_drawn_together(make, tmp_path, sampler, drawn
         assert exported(manager, tmp_path / "first")["times_sampled"].tolist() == [drawn]
         write_episode(manager, 1, 1)  # a drawn uniform batch does not see it; the next draw does
         episodes = set()
-        for _ in range(8):
+        for _ in range(draws + 8):
             batch, info = next(stream)
             episodes.update(batch.observation[:, 0, 0].tolist())
             size = int(info.table_size[0])
@@ -848,13 +861,60 @@ def test_small_uniform_batches_are_drawn_together(make, tmp_path, sampler, drawn
             next(stream)
 
 
+def test_transitions_read_from_single_steps_match_the_written_ones(make):
+    """Transitions are read step by step from the ring (`Packer.steps`), interleaved writers'
+    items too: each is the written transition, flags included."""
+    manager = make(capacity=400)
+    manager.create_replay_buffer()
+    writers = [manager.transition_writer(), manager.transition_writer()]
+    lengths = {0: 30, 1: 45, 2: 20, 3: 25}
+    truncated_episodes = {1, 2}
+    # Writer 0 writes episodes 0 then 2, writer 1 episodes 1 then 3; they take turns by step.
+    steps = [
+        [(episode, i) for episode in (w, w + 2) for i in range(lengths[episode])] for w in (0, 1)
+    ]
+    for turn in range(max(len(s) for s in steps)):
+        for writer, own in zip(writers, steps, strict=True):
+            if turn < len(own):
+                episode, i = own[turn]
+                state = np.array([episode, i, 0, 0], np.float32)
+                end = i == lengths[episode] - 1
+                writer.add(
+                    state,
+                    [i % 2],
+                    float(i),
+                    state + NEXT,
+                    end and episode not in truncated_episodes,
+                    end and episode in truncated_episodes,
+                )
+    for writer in writers:
+        writer.flush()
+    assert len(manager) == sum(lengths.values())
+    seen = set()
+    with manager.torch_batches(64, transitions=True, prefetch=0) as stream:
+        for _ in range(40):
+            batch = next(stream)
+            states = batch.states.numpy()
+            np.testing.assert_array_equal(batch.next_states.numpy(), states + NEXT)
+            episode, index = states[:, 0].astype(int), states[:, 1].astype(int)
+            np.testing.assert_array_equal(batch.actions.numpy()[:, 0], index % 2)
+            np.testing.assert_array_equal(batch.rewards.numpy(), index)
+            last = index == np.array([lengths[e] for e in episode]) - 1
+            truncated = np.isin(episode, list(truncated_episodes))
+            np.testing.assert_array_equal(batch.dones.numpy(), last & ~truncated)
+            np.testing.assert_array_equal(batch.truncated.numpy(), last & truncated)
+            assert batch.states.is_contiguous() and batch.next_states.is_contiguous()
+            seen.update(zip(episode.tolist(), index.tolist(), strict=True))
+    assert len(seen) > 100  # most of the 120 items came out
+
+
 def test_batches_drawn_ahead_are_dropped_when_the_table_is_cleared(make):
     manager = make()
     manager.create_replay_buffer()
     write_episode(manager, 0, 1)
     with manager.torch_batches(64, prefetch=0) as stream:
         assert set(next(stream).observation[:, 0, 0].tolist()) == {0.0}
-        manager.clear()  # the stream holds three more batches of episode 0, now removed
+        manager.clear()  # the stream holds more batches of episode 0, now removed
         write_episode(manager, 1, 1)
         for _ in range(5):
             assert set(next(stream).observation[:, 0, 0].tolist()) == {1.0}
@@ -870,3 +930,22 @@ def test_large_items_are_drawn_one_batch_at_a_time(make, tmp_path):
     with manager.torch_batches(64, transitions=True, prefetch=0) as stream:
         assert tuple(next(stream).states.shape) == (64, 84, 84, 4)
     assert exported(manager, tmp_path / "export")["times_sampled"].tolist() == [64]
+
+
+@pytest.mark.parametrize(
+    ("draws", "slots"), [(1, 5), (256, 40_000), (4096, 40_000), (4096, 50), (999, 3)]
+)
+def test_draw_counts_equal_numpy_add_at(draws, slots):
+    """A table counts the draws of a batch as `np.add.at` would, slots drawn several times
+    included (few items drawn often fall back to it)."""
+    from replay_service.backends.local.table import _count_draws
+
+    rng = np.random.default_rng(draws + slots)
+    counts = rng.integers(0, 9, slots).astype(np.int32)
+    expected = counts.copy()
+    marks = np.zeros(slots, np.int32)
+    for _ in range(5):
+        drawn = rng.integers(0, slots, draws)
+        _count_draws(counts, drawn, marks)
+        np.add.at(expected, drawn, 1)
+        np.testing.assert_array_equal(counts, expected)

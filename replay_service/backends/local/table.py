@@ -261,6 +261,7 @@ class LocalTable:
         self._slot_key = np.zeros(capacity, dtype=np.uint64)
         self._priority = np.zeros(capacity, dtype=np.float64)
         self._times_sampled = np.zeros(capacity, dtype=np.int32)
+        self._draw_marks = np.zeros(capacity, dtype=np.int32)  # scratch of `_count_draws`
         self._newer = np.full(capacity, -1, dtype=np.int64)
         self._older = np.full(capacity, -1, dtype=np.int64)
         self._oldest_slot = -1
@@ -595,7 +596,12 @@ class LocalTable:
     # --------------------------------------------------------------------------- sampling
 
     def sample(
-        self, batch_size: int, timeout: float | None, *, with_info: bool = True
+        self,
+        batch_size: int,
+        timeout: float | None,
+        *,
+        with_info: bool = True,
+        steps: Sequence[tuple[int, int]] | None = None,
     ) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
         """Samples `batch_size` items with the table's sampler.
 
@@ -604,9 +610,13 @@ class LocalTable:
           timeout: Seconds to wait for `min_size_to_sample` items; None waits forever.
           with_info: Whether to return the info (else an empty dict; the items are counted
             as sampled all the same).
+          steps: `(field, step)` pairs: read only those steps of the items, each as one
+            tensor `[batch, *field_shape]` (a transition's learner needs a few of a window's
+            fields and steps); None: every field's whole window.
 
         Returns:
-          `(data, info)`: one tensor per field, `[batch, sequence_length, *field_shape]`, and
+          `(data, info)`: one tensor per field, `[batch, sequence_length, *field_shape]` (with
+          `steps`: one per pair, `[batch, *field_shape]`), and
           `info` with numpy arrays "key" (uint64), "probability" (float64), "table_size"
           (int64), "priority" (float64) and "times_sampled" (int32, this sample included).
 
@@ -620,14 +630,14 @@ class LocalTable:
         with self._changed:
             if not limit:
                 self._wait_for_items(deadline, timeout)
-                return self._sample_slots(batch_size, with_info)
+                return self._sample_slots(batch_size, with_info, steps)
             # As Reverb: an item reaching `max_times_sampled` is removed before the next item
             # of the batch is selected (a FIFO queue gives the oldest items, each once).
             parts = []
             for _ in range(batch_size):
                 self._wait_for_items(deadline, timeout)
-                parts.append(self._sample_slots(1, with_info))
-        data = [torch.cat([p[0][j] for p in parts]) for j in range(len(self.fields))]
+                parts.append(self._sample_slots(1, with_info, steps))
+        data = [torch.cat([p[0][j] for p in parts]) for j in range(len(parts[0][0]))]
         info = {name: np.concatenate([p[1][name] for p in parts]) for name in parts[0][1]}
         return data, info
 
@@ -645,13 +655,16 @@ class LocalTable:
             self._changed.wait(remaining)
 
     def _sample_slots(
-        self, batch_size: int, with_info: bool = True
+        self,
+        batch_size: int,
+        with_info: bool = True,
+        steps: Sequence[tuple[int, int]] | None = None,
     ) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
         """Selects, counts and reads `batch_size` items (the lock held, the table not empty);
         removes those that reached `max_times_sampled`."""
         slots, probability = self._select(batch_size)
         # Counts every draw, a slot drawn twice in the batch too.
-        _count_draws(self._times_sampled, slots)
+        _count_draws(self._times_sampled, slots, self._draw_marks)
         info = {}
         if with_info:
             info = {
@@ -663,7 +676,7 @@ class LocalTable:
                 "priority": self._priority.take(slots),
                 "times_sampled": self._times_sampled.take(slots),
             }
-        data = self._read_slots(slots)
+        data = self._read_slots(slots) if steps is None else self._read_steps(slots, steps)
         self.samples += batch_size
         limit = self.config.sampling.max_times_sampled
         if limit:
@@ -1027,23 +1040,43 @@ class LocalTable:
     def _read_slots(self, slots: np.ndarray) -> list[torch.Tensor]:
         """The items of `slots` gathered from the ring, one tensor per field."""
         assert self._columns is not None
+        positions = self._window_positions(slots)
+        if self._device is not None:  # gathered on the device: only the positions travel
+            index = self._index(positions)
+            return [column[index] for column in self._columns]
+        return [torch.from_numpy(column.take(positions, axis=0)) for column in self._columns]
+
+    def _read_steps(
+        self, slots: np.ndarray, steps: Sequence[tuple[int, int]]
+    ) -> list[torch.Tensor]:
+        """Step `step` of field `field` of the items of `slots`, per `(field, step)` pair."""
+        assert self._columns is not None
+        positions = self._window_positions(slots)
+        by_step = {step: np.ascontiguousarray(positions[:, step]) for step in {s for _, s in steps}}
+        if self._device is not None:
+            index = {step: self._index(at) for step, at in by_step.items()}
+            return [self._columns[field][index[step]] for field, step in steps]
+        return [
+            torch.from_numpy(self._columns[field].take(by_step[step], axis=0))
+            for field, step in steps
+        ]
+
+    def _window_positions(self, slots: np.ndarray) -> np.ndarray:
+        """Ring positions `[len(slots), sequence_length]` of the steps of the items of `slots`."""
         first = self._first.take(slots)
         consecutive = None if not self._scattered else self._consecutive.take(slots)
         if consecutive is None or consecutive.all():  # every item: its consecutive positions
             positions = first[:, None] + (self._offsets + (self._head - self._written))
             np.add(positions, self._ring_size, out=positions, where=positions < 0)
-        else:  # interleaved writers: follow each step to its writer's next one
-            serials = first[:, None] + self._offsets
-            scattered = np.flatnonzero(~consecutive)
-            serial = first[scattered]
-            for index in range(1, self._length):
-                serial = serial + self._gap[self._positions(serial)]
-                serials[scattered, index] = serial
-            positions = self._positions(serials)
-        if self._device is not None:  # gathered on the device: only the positions travel
-            index = self._index(positions)
-            return [column[index] for column in self._columns]
-        return [torch.from_numpy(column.take(positions, axis=0)) for column in self._columns]
+            return positions
+        # Interleaved writers: follow each step to its writer's next one.
+        serials = first[:, None] + self._offsets
+        scattered = np.flatnonzero(~consecutive)
+        serial = first[scattered]
+        for index in range(1, self._length):
+            serial = serial + self._gap[self._positions(serial)]
+            serials[scattered, index] = serial
+        return self._positions(serials)
 
     def _index(self, positions: np.ndarray) -> torch.Tensor:
         """Ring positions as an index tensor on the table's device."""
@@ -1106,15 +1139,24 @@ class LocalTable:
         self._refs = np.zeros(steps, dtype=np.int32)
 
 
-def _count_draws(counts: np.ndarray, slots: np.ndarray) -> None:
-    """Adds one to `counts` per occurrence of each slot (`np.add.at`, without its cost: a
-    batch repeats few slots)."""
-    counts[slots] += 1  # once per distinct slot
-    if len(slots) > 1:
-        ordered = np.sort(slots)
-        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-        for slot in repeated.tolist():  # the draws after a slot's first
-            counts[slot] += 1
+def _count_draws(counts: np.ndarray, slots: np.ndarray, marks: np.ndarray) -> None:
+    """Adds one to `counts` per occurrence of each slot, as `np.add.at` without its cost.
+
+    A fancy `+=` counts each distinct slot once. Writing every occurrence's index into `marks`
+    (scratch, as long as `counts`) leaves one index per distinct slot, whichever numpy keeps;
+    the occurrences whose index was not kept are the repeats, counted the same way in turn (a
+    batch repeats few slots; a table of few items falls back to `np.add.at`).
+    """
+    while len(slots) > 1:
+        counts[slots] += 1
+        order = np.arange(len(slots), dtype=marks.dtype)
+        marks[slots] = order
+        repeats = slots[marks[slots] != order]
+        if len(repeats) * 4 > len(slots):
+            np.add.at(counts, repeats, 1)
+            return
+        slots = repeats
+    counts[slots] += 1
 
 
 def check_scratch_dir(directory: str) -> None:
