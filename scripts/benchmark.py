@@ -586,8 +586,14 @@ def disk_write_seconds(size: int, directory: str) -> float:
 # ------------------------------------------------------------------------------ local backend
 
 
+# In-process samplers (ours, TorchRL's, cpprb's) take tens of microseconds a batch: their rows
+# time this many times `--batches`, for figures steadier than a timer's resolution.
+IN_PROCESS_BATCHES = 20
+
+
 def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) -> list[Row]:
     """The in-process backend: inserts, memory, sampling and checkpoints."""
+    batches *= IN_PROCESS_BATCHES
     name = workload.name
     spec = workload.spec()
     capacity = 2 * workload.steps
@@ -651,6 +657,19 @@ def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) ->
                 "cpprb ReplayBuffer.sample",
             )
         )
+        # What cpprb's sample gives: transitions (states, actions, rewards, next states, dones).
+        stream = manager.torch_batches(BATCH, transitions=True)
+        rows.append(
+            Row(
+                name,
+                "local",
+                "local torch transitions vs cpprb",
+                rate(iter(stream), batches),
+                "items/s",
+                "cpprb ReplayBuffer.sample",
+            )
+        )
+        stream.close()
     rows.append(
         Row(
             name,
