@@ -158,7 +158,8 @@ def _rmtree(path) -> None:
         path.unlink()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+# The second seed runs with the slow suite (about 17 s each).
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_kill_9_then_restore_keeps_the_last_checkpoint(start_server, tmp_path, data_spec, seed):
     run_kill_point(start_server, tmp_path, data_spec, seed)
 

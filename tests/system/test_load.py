@@ -39,6 +39,7 @@ def assert_reconciled(report: load_test.LoadTestReport) -> None:
     assert names["servers stopped cleanly"] is True, text
 
 
+@pytest.mark.slow  # a load run of its own: about 50 s
 def test_short_run_reconciles_and_ends_in_time():
     started = time.monotonic()
     config = load_test.LoadTestConfig(duration_s=SHORT_RUN_S, capacity=SHORT_CAPACITY)

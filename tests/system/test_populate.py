@@ -295,6 +295,7 @@ def test_cli_copy_to_makes_a_loadable_copy_and_leaves_the_source(cli):
 # --------------------------------------------------------------------- populate(): item counts
 
 
+@pytest.mark.slow  # 800 steps of the building simulation: about a minute
 def test_runs_continue_the_episode_and_cross_its_boundary_exactly(tmp_path):
     # 2 runs x 400 steps of a 672-step episode: the first episode ends in run 2 and its
     # boundary step is observed (673 steps), the second episode has 128 steps.

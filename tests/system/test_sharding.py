@@ -292,6 +292,7 @@ def test_lifecycle_errors(servers, data_spec):
         assert loaded.shard_sizes() == {servers[0].address: 0, servers[1].address: 3}
 
 
+@pytest.mark.slow  # waits out the connect timeout three times: about 30 s
 def test_a_shard_that_is_down_is_named_within_the_timeout(servers, data_spec):
     nobody = f"localhost:{pick_free_port()}"
     config = ShardedConfig((servers[0].address, nobody))
