@@ -65,6 +65,7 @@ from replay_service.backends.reverb.internals import (
     is_settled_checkpoint,
     verify_files,
 )
+from replay_service.config.options import validate_path
 from replay_service.errors import (
     BackendMismatchError,
     CheckpointError,
@@ -1087,7 +1088,9 @@ class CheckpointStore:
         Raises:
           CheckpointError: If resolving it fails for another reason than its absence, e.g. a
             symbolic link that points to itself (ELOOP), naming the path.
+          ConfigError: If the path holds a NUL character, naming it.
         """
+        validate_path(self.root, "checkpoint_dir")
         try:
             os.stat(self.root)
         except FileNotFoundError:

@@ -358,6 +358,26 @@ def test_an_export_prefix_with_a_nul_byte_is_a_config_error(make_manager, backen
     assert fresh.num_frames() == 3
 
 
+@pytest.mark.parametrize("choice", [*BACKENDS, "auto"])
+def test_a_nul_byte_in_checkpoint_dir_or_a_copy_path_is_a_config_error(
+    make_manager, data_spec, tmp_path, choice
+):
+    bad = f"{tmp_path}/a\0b"
+    with pytest.raises(ConfigError, match=r"checkpoint_dir '.*a\\x00b' holds a NUL character"):
+        ReplayBufferManager(data_spec, 100, checkpoint_dir=bad, backend=choice)
+    if choice == "auto":
+        return
+    source = tmp_path / "source"
+    filled(make_manager, choice, source, checkpoints=1)
+    before = without_lock(tree_digest(source))
+    with pytest.raises(ConfigError, match=r"copy target '.*a\\x00b' holds a NUL character"):
+        copy_buffer(source, bad)
+    with pytest.raises(ConfigError, match=r"copy source '.*source\\x00' holds a NUL character"):
+        copy_buffer(f"{source}\0", tmp_path / "target")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
+    assert without_lock(tree_digest(source)) == before
+
+
 # ------------------------------------------------------------------------------ file modes
 
 
