@@ -20,7 +20,7 @@ from replay_service.starter.staging import (
     install,
     locked_if_store,
 )
-from replay_service.storage.file_modes import fsync_tree
+from replay_service.storage.file_modes import fsync_tree, restrict_tree
 from replay_service.storage.store import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
@@ -139,4 +139,5 @@ def _write_copy(store: CheckpointStore, checkpoint: str, info: dict[str, Any], d
     copied = {**info, "sequence": 1, "copied_from": source}
     with open(os.path.join(checkpoints, first, CHECKPOINT_META_FILE), "w", encoding="utf-8") as f:
         json.dump(copied, f, indent=2, sort_keys=True)
+    restrict_tree(dest)  # the modes of checkpoints written here, whatever the umask
     fsync_tree(dest)

@@ -384,6 +384,7 @@ def test_a_nul_byte_in_checkpoint_dir_or_a_copy_path_is_a_config_error(
 def test_files_get_explicit_modes_under_umask_000(make_manager, backend, tmp_path):
     root = tmp_path / "deep" / "ckpt"
     export = tmp_path / "export"
+    copy = tmp_path / "copy"
     old = os.umask(0)
     try:
         manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
@@ -392,10 +393,11 @@ def test_files_get_explicit_modes_under_umask_000(make_manager, backend, tmp_pat
         manager.checkpoint()
         manager.export(export)
         manager.close()
+        copy_buffer(root, copy)
     finally:
         os.umask(old)
     modes = {}
-    for top in (tmp_path / "deep", export):
+    for top in (tmp_path / "deep", export, copy):
         modes[str(top)] = stat.S_IMODE(os.lstat(top).st_mode)
         for directory, dirs, files in os.walk(top):
             for name in dirs + files:
