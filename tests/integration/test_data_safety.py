@@ -126,6 +126,33 @@ def test_a_looping_own_directory_is_refused_by_a_new_buffer(make_manager, backen
     assert os.readlink(link) == str(link)
 
 
+def test_a_checkpoint_that_is_a_link_is_refused_not_skipped(make_manager, backend, tmp_path):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, backend, root, checkpoints=3)
+    newest = root / CHECKPOINTS / "ckpt-00000003"
+    outside = tmp_path / "outside"
+    os.rename(newest, outside)
+    os.symlink(outside, newest)
+    outside_before, root_before = tree_digest(outside), without_lock(tree_digest(root))
+    for start in ("load", "create"):
+        manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+        with pytest.raises(CheckpointError, match=rf"checkpoint '{newest}' is a symbolic link"):
+            if start == "load":  # loaded the older ckpt-00000002 without a word before
+                manager.load_replay_buffer()
+            else:
+                manager.create_replay_buffer(overwrite=True)
+        manager.close()
+    assert tree_digest(outside) == outside_before
+    assert without_lock(tree_digest(root)) == root_before
+    assert not (root / "corrupt").exists()
+
+    os.remove(newest)
+    os.rename(outside, newest)
+    loaded = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == frames
+
+
 # ------------------------------------------------- the local backend's memory-mapped storage
 
 
