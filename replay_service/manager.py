@@ -32,6 +32,7 @@ from replay_service.config.options import (
     require_positive_int,
     require_seed,
     validate_manager_options,
+    validate_path,
 )
 from replay_service.errors import (
     BufferStateError,
@@ -131,8 +132,8 @@ class ReplayBufferManager:
         Needs storage="memory". None (the default): host memory. backend="reverb" refuses it.
 
     Raises:
-      ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode,
-        two tables with one name...).
+      ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
+        checkpoint_dir with a NUL character, two tables with one name...).
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs (what
         the observer and transition writer collect).
     """
@@ -191,6 +192,8 @@ class ReplayBufferManager:
         self._layout = resolve_layout(layout, self._stored_spec)
         if server_address is None and checkpoint_dir is None:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
+        if checkpoint_dir is not None:
+            validate_path(checkpoint_dir, "checkpoint_dir")
         _check_interval(checkpoint_interval_s, server_address)
         self._stride_length = stride_length
         self._timeouts = timeouts or Timeouts()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 
 from replay_service.errors import ConfigError, SpecMismatchError
 
@@ -209,6 +210,29 @@ def validate_table_name(name: object) -> str:
         f"got {size} bytes: {name[:40]!r}...",  # type: ignore[index]
     )
     return name  # type: ignore[return-value]
+
+
+def validate_path(path: str | os.PathLike[str], what: str) -> str:
+    """Checks that a directory path given by the user can name a file at all.
+
+    A NUL character cannot be in any path (the operating system refuses it, and Python's
+    `os` calls raise a bare `ValueError: embedded null byte` that names nothing).
+
+    Args:
+      path: The path as given.
+      what: What the path is, for the message (e.g. "checkpoint_dir").
+
+    Returns:
+      The path as a `str` (`os.fspath`).
+
+    Raises:
+      ConfigError: If the path holds a NUL character, naming it and `what`.
+    """
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogateescape")
+    _require("\0" not in text, f"{what} {text!r} holds a NUL character, which no path can")
+    return text
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,7 +40,7 @@ from replay_service.starter.staging import (
     install,
     locked_if_store,
 )
-from replay_service.storage.file_modes import fsync_tree
+from replay_service.storage.file_modes import fsync_tree, restrict_tree
 from replay_service.storage.store import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
@@ -253,4 +253,5 @@ def _write_bare_copy(
     }
     with open(os.path.join(first, CHECKPOINT_META_FILE), "w", encoding="utf-8") as f:
         json.dump(info, f, indent=2, sort_keys=True)
+    restrict_tree(dest)  # the modes of checkpoints written here, whatever the umask
     fsync_tree(dest)

@@ -8,6 +8,7 @@ import shutil
 from typing import Any
 
 from replay_service.backends.reverb.internals import bare_checkpoint_dirs
+from replay_service.config.options import validate_path
 from replay_service.errors import CheckpointError, NoCheckpointError, SpecMismatchError
 from replay_service.specs.nests import check_collect_spec, describe_spec, diff_descriptions
 from replay_service.starter.adoption import copy_bare_root
@@ -19,7 +20,7 @@ from replay_service.starter.staging import (
     install,
     locked_if_store,
 )
-from replay_service.storage.file_modes import fsync_tree
+from replay_service.storage.file_modes import fsync_tree, restrict_tree
 from replay_service.storage.store import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
@@ -87,9 +88,10 @@ def copy_buffer(
       CheckpointExistsError: If the target is not empty and `overwrite` is False.
       SpecMismatchError: If `data_spec` is not a `Trajectory` of specs or differs from what the
         source holds; the message names each field that differs.
+      ConfigError: If either path holds a NUL character (no path can); the message names it.
     """
-    source = os.path.abspath(os.fspath(source_dir))
-    target = os.path.abspath(os.fspath(target_dir))
+    source = os.path.abspath(validate_path(source_dir, "copy source"))
+    target = os.path.abspath(validate_path(target_dir, "copy target"))
     if not os.path.lexists(source):
         raise NoCheckpointError(f"there is no buffer {source!r} to copy: it does not exist")
     check_distinct(source, target)
@@ -137,4 +139,5 @@ def _write_copy(store: CheckpointStore, checkpoint: str, info: dict[str, Any], d
     copied = {**info, "sequence": 1, "copied_from": source}
     with open(os.path.join(checkpoints, first, CHECKPOINT_META_FILE), "w", encoding="utf-8") as f:
         json.dump(copied, f, indent=2, sort_keys=True)
+    restrict_tree(dest)  # the modes of checkpoints written here, whatever the umask
     fsync_tree(dest)

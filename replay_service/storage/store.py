@@ -65,6 +65,7 @@ from replay_service.backends.reverb.internals import (
     is_settled_checkpoint,
     verify_files,
 )
+from replay_service.config.options import validate_path
 from replay_service.errors import (
     BackendMismatchError,
     CheckpointError,
@@ -1008,11 +1009,16 @@ class CheckpointStore:
         self._lock_fd = fd
 
     def check_own_dirs(self) -> None:
-        """Refuses a store whose own directories (`OWN_DIRS`) include a symbolic link.
+        """Refuses a store whose own directories (`OWN_DIRS`) or checkpoints include a symbolic
+        link.
 
         replay_service writes into and deletes inside these directories (Reverb itself deletes
         every entry of `.reverb/` but the newest), so a link there would let those writes and
         deletes reach outside `checkpoint_dir`. Nothing is changed.
+
+        A `ckpt-NNNNNNNN` link under `checkpoints/` is refused too: checkpoints are only ever
+        read from real directories, so it would be skipped and a load would restore an older
+        checkpoint without saying so.
 
         Raises:
           CheckpointError: Naming the link and where it points.
@@ -1030,6 +1036,20 @@ class CheckpointStore:
                     f"checkpoint_dir {self.root!r} is touched. Nothing was changed: replace the "
                     "link with a real directory (move what it points to aside first if you "
                     "need it)"
+                )
+        for name in _listdir(self.checkpoints_dir):
+            path = os.path.join(self.checkpoints_dir, name)
+            if _parse_sequence(name) is not None and os.path.islink(path):
+                try:
+                    points_to = os.readlink(path)
+                except OSError:
+                    points_to = "?"
+                raise CheckpointError(
+                    f"checkpoint {path!r} is a symbolic link (to {points_to!r}); checkpoints "
+                    "are directories of checkpoint_dir, and a link is neither followed nor "
+                    "deleted, so loading would skip it and restore an older checkpoint without "
+                    "a word. Nothing was changed: replace the link with the directory it points "
+                    "to (or remove it)"
                 )
 
     def unlock(self) -> None:
@@ -1087,7 +1107,9 @@ class CheckpointStore:
         Raises:
           CheckpointError: If resolving it fails for another reason than its absence, e.g. a
             symbolic link that points to itself (ELOOP), naming the path.
+          ConfigError: If the path holds a NUL character, naming it.
         """
+        validate_path(self.root, "checkpoint_dir")
         try:
             os.stat(self.root)
         except FileNotFoundError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,30 @@ def test_bare_root_is_copied_and_every_item_restores_identically(
         path = manager.save_checkpoint()
         assert os.path.dirname(path) == os.path.join(target, "checkpoints")
     assert tree_digest(root) == before
+
+
+def test_a_bare_root_copy_gets_explicit_modes_under_umask_000(
+    sbsim_root: tuple[Path, int], tmp_path: Path, data_spec: Any
+) -> None:
+    root, _ = sbsim_root
+    old = os.umask(0)
+    try:
+        target = copy_buffer(root, tmp_path / "replay", data_spec=data_spec)
+    finally:
+        os.umask(old)
+    modes = {}
+    for directory, dirs, files in os.walk(target):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            modes[os.path.relpath(path, target)] = stat.S_IMODE(os.lstat(path).st_mode)
+    assert {"replay_service.json", "checkpoints", ".reverb"} <= modes.keys()
+    wrong = {
+        path: oct(mode)
+        for path, mode in modes.items()
+        if mode != (0o750 if os.path.isdir(os.path.join(target, path)) else 0o640)
+    }
+    assert wrong == {}
+    assert stat.S_IMODE(os.lstat(target).st_mode) == 0o750
 
 
 def test_copy_without_data_spec_takes_the_stored_signature(

@@ -126,6 +126,33 @@ def test_a_looping_own_directory_is_refused_by_a_new_buffer(make_manager, backen
     assert os.readlink(link) == str(link)
 
 
+def test_a_checkpoint_that_is_a_link_is_refused_not_skipped(make_manager, backend, tmp_path):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, backend, root, checkpoints=3)
+    newest = root / CHECKPOINTS / "ckpt-00000003"
+    outside = tmp_path / "outside"
+    os.rename(newest, outside)
+    os.symlink(outside, newest)
+    outside_before, root_before = tree_digest(outside), without_lock(tree_digest(root))
+    for start in ("load", "create"):
+        manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+        with pytest.raises(CheckpointError, match=rf"checkpoint '{newest}' is a symbolic link"):
+            if start == "load":  # loaded the older ckpt-00000002 without a word before
+                manager.load_replay_buffer()
+            else:
+                manager.create_replay_buffer(overwrite=True)
+        manager.close()
+    assert tree_digest(outside) == outside_before
+    assert without_lock(tree_digest(root)) == root_before
+    assert not (root / "corrupt").exists()
+
+    os.remove(newest)
+    os.rename(outside, newest)
+    loaded = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == frames
+
+
 # ------------------------------------------------- the local backend's memory-mapped storage
 
 
@@ -358,12 +385,33 @@ def test_an_export_prefix_with_a_nul_byte_is_a_config_error(make_manager, backen
     assert fresh.num_frames() == 3
 
 
+@pytest.mark.parametrize("choice", [*BACKENDS, "auto"])
+def test_a_nul_byte_in_checkpoint_dir_or_a_copy_path_is_a_config_error(
+    make_manager, data_spec, tmp_path, choice
+):
+    bad = f"{tmp_path}/a\0b"
+    with pytest.raises(ConfigError, match=r"checkpoint_dir '.*a\\x00b' holds a NUL character"):
+        ReplayBufferManager(data_spec, 100, checkpoint_dir=bad, backend=choice)
+    if choice == "auto":
+        return
+    source = tmp_path / "source"
+    filled(make_manager, choice, source, checkpoints=1)
+    before = without_lock(tree_digest(source))
+    with pytest.raises(ConfigError, match=r"copy target '.*a\\x00b' holds a NUL character"):
+        copy_buffer(source, bad)
+    with pytest.raises(ConfigError, match=r"copy source '.*source\\x00' holds a NUL character"):
+        copy_buffer(f"{source}\0", tmp_path / "target")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
+    assert without_lock(tree_digest(source)) == before
+
+
 # ------------------------------------------------------------------------------ file modes
 
 
 def test_files_get_explicit_modes_under_umask_000(make_manager, backend, tmp_path):
     root = tmp_path / "deep" / "ckpt"
     export = tmp_path / "export"
+    copy = tmp_path / "copy"
     old = os.umask(0)
     try:
         manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
@@ -372,10 +420,11 @@ def test_files_get_explicit_modes_under_umask_000(make_manager, backend, tmp_pat
         manager.checkpoint()
         manager.export(export)
         manager.close()
+        copy_buffer(root, copy)
     finally:
         os.umask(old)
     modes = {}
-    for top in (tmp_path / "deep", export):
+    for top in (tmp_path / "deep", export, copy):
         modes[str(top)] = stat.S_IMODE(os.lstat(top).st_mode)
         for directory, dirs, files in os.walk(top):
             for name in dirs + files:
