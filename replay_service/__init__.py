@@ -83,14 +83,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "starter": ("PopulateConfig", "PopulateResult", "copy_buffer", "populate"),
     "monitoring.stats": ("BufferStats", "CheckpointStats", "TableStats"),
     "backends.reverb.tables": ("make_replay_tables", "make_table"),
-    "sample.torch_streams": (
-        "SampleSource",
-        "TorchBatchStream",
-        "TorchReplayDataset",
-        "TorchSampleInfo",
-        "TorchSampleSource",
-        "TransitionBatch",
-    ),
+    "sample.torch_streams": ("TorchBatchStream", "TorchReplayDataset", "TorchSampleSource"),
+    "sample.batches": ("TorchSampleInfo", "TransitionBatch"),
+    "backends.reverb.torch_source": ("SampleSource",),
     "collect.transitions": ("TransitionWriter",),
     "sample.mixing": ("MixedSampleInfo",),
 }

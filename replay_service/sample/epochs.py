@@ -21,13 +21,13 @@ import torch
 
 from replay_service.config.options import require_seed
 from replay_service.errors import BufferStateError, ConfigError
-from replay_service.sample.torch_streams import (
+from replay_service.sample.batches import (
     TRANSITION_SEQUENCE_LENGTH,
     Packer,
-    _resolve_device,
     item_packer,
     transition_packer,
 )
+from replay_service.sample.torch_streams import _resolve_device
 from replay_service.specs.windows import Masked
 
 

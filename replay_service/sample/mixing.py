@@ -27,11 +27,8 @@ import torch
 
 from replay_service.config.options import require_seed
 from replay_service.errors import ManagerClosedError
-from replay_service.sample.torch_streams import (
-    Packer,
-    TorchSampleSource,
-    item_packer,
-)
+from replay_service.sample.batches import Packer, item_packer
+from replay_service.sample.torch_streams import TorchSampleSource
 
 
 class MixedSampleInfo(NamedTuple):

@@ -29,13 +29,13 @@ import numpy as np
 import torch
 
 from replay_service.errors import BufferStateError, ConfigError
-from replay_service.sample.torch_streams import (
+from replay_service.sample.batches import (
     TRANSITION_SEQUENCE_LENGTH,
     Packer,
-    _resolve_device,
     item_packer,
     transition_packer,
 )
+from replay_service.sample.torch_streams import _resolve_device
 from replay_service.specs.windows import Masked
 
 DEFAULT_ETA = 0.996

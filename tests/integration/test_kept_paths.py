@@ -97,7 +97,33 @@ SPLIT = {
             "replay_service.backends.reverb.mixing",
             "replay_service.backends.reverb.tf_agents_buffer",
         ),
-    )
+    ),
+    # Split by job, it stays the home of the streams and re-exports what moved.
+    "replay_service.sample.torch_streams": (
+        (
+            "DRAW_BYTES",
+            "DRAW_ITEMS",
+            "IN_FLIGHT_BATCHES",
+            "LAST",
+            "NUMPY_UNPACK_STEP_BYTES",
+            "SAMPLING_WORKERS",
+            "STEP_COPY_BYTES",
+            "TRANSITION_SEQUENCE_LENGTH",
+            "Packer",
+            "SampleSource",
+            "TorchSampleInfo",
+            "TransitionBatch",
+            "draws_per_call",
+            "item_packer",
+            "nest_packer",
+            "split_batches",
+            "step_of",
+            "tensor_to_torch",
+            "to_transitions",
+            "transition_packer",
+        ),
+        ("replay_service.sample.batches", "replay_service.backends.reverb.torch_source"),
+    ),
 }
 
 

@@ -20,6 +20,7 @@ from tf_agents.drivers import py_driver
 from tf_agents.replay_buffers import reverb_utils
 
 from replay_service import ReplayBufferManager, TableConfig
+from replay_service.backends.reverb import torch_source
 from replay_service.backends.reverb.connection import pick_free_port
 from replay_service.collect.transitions import TransitionWriter
 from replay_service.config.files import load_config
@@ -178,7 +179,7 @@ def test_torch_paths_match(
     """Small packed steps are unpacked in numpy by the torch path, large ones by TensorFlow
     (`NUMPY_UNPACK_STEP_BYTES`): both give the nested table's items."""
     if not numpy_unpack:
-        monkeypatch.setattr(torch_sampling, "NUMPY_UNPACK_STEP_BYTES", 0)
+        monkeypatch.setattr(torch_source, "NUMPY_UNPACK_STEP_BYTES", 0)
     expected = {}
     for layout in ("nested", "packed"):
         manager = make_manager(checkpoint_dir=str(tmp_path / layout), layout=layout)

@@ -23,7 +23,7 @@ from replay_service.backends.local.table import LocalTable
 from replay_service.errors import ConfigError, ManagerClosedError
 
 # A torch stream of a uniform local table draws up to this many items and batches per table
-# call (within `torch_streams.DRAW_BYTES`), then hands them out batch by batch: the table's lock,
+# call (within `batches.DRAW_BYTES`), then hands them out batch by batch: the table's lock,
 # selection and draw counts, and the transition flags, are paid once for several batches (a
 # batch of 256 CartPole transitions: about 45 us drawn alone, 20 drawn by 16). The batches cap
 # how stale a batch may be: items inserted since a draw appear from the next draw, at most
@@ -32,7 +32,7 @@ DRAW_ITEMS = 4096
 DRAW_BATCHES = 16
 
 if TYPE_CHECKING:
-    from replay_service.sample.torch_streams import Packer
+    from replay_service.sample.batches import Packer
 
 # Reverb's `SampleInfo` fields, in its order.
 SampleInfo = collections.namedtuple(
@@ -185,7 +185,7 @@ class LocalSampleSource:
         Raises:
           ManagerClosedError, BufferStateError: As `sample`.
         """
-        from replay_service.sample.torch_streams import (
+        from replay_service.sample.batches import (
             TRANSITION_SEQUENCE_LENGTH,
             item_packer,
             split_batches,
@@ -233,8 +233,8 @@ class LocalSampleSource:
     def draws_per_call(self, batch_size: int) -> int:
         """Batches a torch stream draws per table call: for a table of independent draws
         (`SamplingConfig.independent_draws`) up to `DRAW_BATCHES`, within `DRAW_ITEMS` items
-        (`torch_sampling.draws_per_call`), else 1."""
-        from replay_service.sample.torch_streams import draws_per_call
+        (`batches.draws_per_call`), else 1."""
+        from replay_service.sample.batches import draws_per_call
 
         if not self.table.config.sampling.independent_draws:
             return 1
@@ -281,7 +281,7 @@ class WorkerSampleSource:
           ManagerClosedError: Once the owner closed the table.
           BufferStateError: If nothing can be sampled within `sample_timeout`.
         """
-        from replay_service.sample.torch_streams import item_packer
+        from replay_service.sample.batches import item_packer
 
         del num_workers
         if pack is None:

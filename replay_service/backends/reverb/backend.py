@@ -219,11 +219,9 @@ class ReverbBackend(Backend):
 
     def torch_source(self, replay_buffer: Any, table: TableConfig) -> Any:
         """A `SampleSource` of the table on this server, ended by the buffer's lifeline."""
-        from replay_service.sample import torch_streams
+        from replay_service.backends.reverb.torch_source import SampleSource
 
-        return torch_streams.SampleSource.from_handle(
-            self.table_handle(table), lifeline=replay_buffer.lifeline
-        )
+        return SampleSource.from_handle(self.table_handle(table), lifeline=replay_buffer.lifeline)
 
     def note_clear(self, replay_buffer: Any) -> None:
         """Torch streams of Reverb tables drop the blocks they fetched before the clear."""
