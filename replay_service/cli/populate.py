@@ -27,6 +27,7 @@ from typing import NoReturn, TextIO
 import tqdm
 from absl import app, flags, logging
 
+from replay_service.config.options import DEFAULT_TABLE_NAME
 from replay_service.errors import ConfigError, ReplayServiceError
 from replay_service.starter import (
     DATA_SPEC_ENV_PREFIX,
@@ -386,10 +387,13 @@ def copy_from_flags() -> str:
     stored, latest = store.read_metadata(), store.latest()
     items = latest.info.get("num_items") if latest is not None else None
     count = f"{items} items" if items is not None else "its newest checkpoint"
+    # The manager's table name defaults to DEFAULT_TABLE_NAME; a copy of a table named otherwise
+    # (TF-Agents' `experience`) loads only when the line names it.
+    table = "" if stored.table_name == DEFAULT_TABLE_NAME else f", table_name={stored.table_name!r}"
     return (
         f"copied starter buffer {name!r} ({count}) from {source} to {target}\n"
         f"train from the copy: ReplayBufferManager(data_spec, {stored.capacity}, {target!r}, "
-        f"{stored.sequence_length}).load_replay_buffer()"
+        f"{stored.sequence_length}{table}).load_replay_buffer()"
     )
 
 

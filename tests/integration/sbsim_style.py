@@ -103,13 +103,16 @@ def populate_sbsim_buffer(
     steps_per_run: int,
     num_runs: int,
     sequence_length: int = 2,
+    table_name: str = SBSIM_TABLE,
 ) -> None:
     """Fills a starter buffer as sbsim's `populate_starter_buffer.py` does.
 
     Collects `num_runs` runs of `steps_per_run` steps (episodes carry on across runs), with a
-    checkpoint after each run and a final one.
+    checkpoint after each run and a final one. `table_name` other than sbsim's names the table
+    as other TF-Agents code does (`ReverbReplayBuffer`'s default is `experience`).
     """
     manager = SbsimStyleManager(data_spec, capacity, os.fspath(root), sequence_length)
+    manager.table_name = table_name
     replay_buffer, observer = manager.create_replay_buffer()
     try:
         driver = py_driver.PyDriver(env, policy, [observer], max_steps=steps_per_run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,48 @@ def test_populate_is_the_function_whatever_was_imported_first() -> None:
 
     assert populate is function and callable(populate)
     assert replay_service.populate is function
+
+
+# Walks the package from the top in a fresh interpreter: each package is checked as soon as it
+# is imported, before any of its modules is, since importing a module replaces the package's
+# attribute of that name (the order in which `from replay_service import populate` gave the
+# module to the installed replay-populate and the function to everyone else).
+_NAME_CLASHES = """
+import importlib, json, pkgutil, types
+
+clashes = []
+
+
+def check(package_name):
+    package = importlib.import_module(package_name)
+    modules = [(m.name, m.ispkg) for m in pkgutil.iter_modules(package.__path__)]
+    for name, _ in modules:
+        try:
+            value = getattr(package, name)
+        except AttributeError:
+            continue
+        if not isinstance(value, types.ModuleType):
+            clashes.append(f"{package_name}.{name} is a module and a {type(value).__name__}")
+    for name, is_package in modules:
+        if is_package:
+            check(f"{package_name}.{name}")
+
+
+check("replay_service")
+print("CLASHES " + json.dumps(clashes))
+"""
+
+
+@pytest.mark.heavy
+def test_no_public_name_is_both_a_module_and_something_else() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _NAME_CLASHES],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=PACKAGE.parent,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("CLASHES ")]
+    assert json.loads(line[len("CLASHES ") :]) == []

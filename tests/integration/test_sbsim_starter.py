@@ -165,6 +165,36 @@ def test_replay_populate_adopts_an_sbsim_buffer_with_data_spec(
     assert tree_digest(sbsim_root) == before
 
 
+@pytest.mark.heavy
+def test_the_printed_training_line_loads_a_table_not_named_uniform_table(
+    tmp_path: Path, env: Any, policy: Any, data_spec: Any
+) -> None:
+    # TF-Agents' ReverbReplayBuffer names its table `experience`; the manager's default is
+    # `uniform_table`, so the line replay-populate prints must name the table to load the copy.
+    root = tmp_path / "starter_buffers" / "default"
+    populate_sbsim_buffer(
+        root, env, policy, data_spec, capacity=CAPACITY, steps_per_run=STEPS_PER_RUN,
+        num_runs=1, table_name="experience",
+    )  # fmt: skip
+    target = tmp_path / "run" / "replay"
+    result = _populate(
+        "--buffer-name", "default", "--output-dir", str(root.parent), "--copy-to", str(target),
+        "--data-spec=env:CartPole-v0", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("train from the copy: ")]
+    code = line[len("train from the copy: ") :]
+    assert code.endswith(".load_replay_buffer()"), code
+    manager = eval(code[: -len(".load_replay_buffer()")], {  # the line as printed
+        "ReplayBufferManager": ReplayBufferManager, "data_spec": data_spec,
+    })  # fmt: skip
+    try:
+        manager.load_replay_buffer()
+        assert manager.num_frames() == CheckpointStore(target).latest().num_items > 0
+    finally:
+        manager.close()
+
+
 def test_without_a_data_spec_the_error_names_the_flag(sbsim_root: Path, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="has no signature.*--data-spec"):
         copy_buffer(sbsim_root, tmp_path / "copy")
