@@ -193,7 +193,7 @@ class ReplayBufferManager:
         if server_address is None and checkpoint_dir is None:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
         if checkpoint_dir is not None:
-            validate_path(checkpoint_dir, "checkpoint_dir")
+            checkpoint_dir = validate_path(checkpoint_dir, "checkpoint_dir")
         _check_interval(checkpoint_interval_s, server_address)
         self._stride_length = stride_length
         self._timeouts = timeouts or Timeouts()
@@ -235,7 +235,9 @@ class ReplayBufferManager:
         self._replay_buffer: Any = None
         self._observers: list[TrajectoryObserver] = []
         self._stats_tracker: StatsTracker | None = None
-        self._summary_dir = None if summary_dir is None else os.fspath(summary_dir)
+        self._summary_dir = (
+            None if summary_dir is None else validate_path(summary_dir, "summary_dir")
+        )
         self._summary_interval_s = summaries.check_interval(summary_interval_s)
         self._summary_writer: summaries.StatsSummaryWriter | None = None
         self._closed = False

@@ -29,6 +29,7 @@ from absl import app, flags, logging
 
 from replay_service.config.options import DEFAULT_TABLE_NAME
 from replay_service.errors import ConfigError, ReplayServiceError
+from replay_service.specs.layouts import NESTED
 from replay_service.starter import (
     DATA_SPEC_ENV_PREFIX,
     DEFAULT_CAPACITY,
@@ -387,13 +388,26 @@ def copy_from_flags() -> str:
     stored, latest = store.read_metadata(), store.latest()
     items = latest.info.get("num_items") if latest is not None else None
     count = f"{items} items" if items is not None else "its newest checkpoint"
-    # The manager's table name defaults to DEFAULT_TABLE_NAME; a copy of a table named otherwise
-    # (TF-Agents' `experience`) loads only when the line names it.
-    table = "" if stored.table_name == DEFAULT_TABLE_NAME else f", table_name={stored.table_name!r}"
+    # A load checks the stored settings against the manager's: the line names each one that
+    # is not the manager's default (a table named otherwise, such as TF-Agents' `experience`,
+    # padded items, the packed layout), so that it loads the copy as printed.
+    options = []
+    if stored.table_name != DEFAULT_TABLE_NAME:
+        options.append(f", table_name={stored.table_name!r}")
+    if stored.pad_end_of_episode:
+        options.append(", pad_end_of_episode=True")
+    if stored.layout != NESTED:
+        options.append(f", layout={stored.layout!r}")
+    more = ""
+    if stored.extra_tables or stored.variable_tables:
+        more = (
+            "\n(the copy holds more tables: pass them as extra_tables=/variable_tables=, "
+            "see docs/guide/tables.md)"
+        )
     return (
         f"copied starter buffer {name!r} ({count}) from {source} to {target}\n"
         f"train from the copy: ReplayBufferManager(data_spec, {stored.capacity}, {target!r}, "
-        f"{stored.sequence_length}{table}).load_replay_buffer()"
+        f"{stored.sequence_length}{''.join(options)}).load_replay_buffer(){more}"
     )
 
 

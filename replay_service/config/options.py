@@ -32,7 +32,7 @@ def _require(condition: bool, message: str) -> None:
 
 
 def require_positive_int(name: str, value: object, maximum: int | None = INT32_MAX) -> int:
-    """Checks a size or count: an `int` (not a bool) >= 1 and <= `maximum`.
+    """Checks a size or count: an integer (not a bool) >= 1 and <= `maximum`.
 
     Args:
       name: The option, as the user spells it (named in the error).
@@ -40,7 +40,7 @@ def require_positive_int(name: str, value: object, maximum: int | None = INT32_M
       maximum: Largest value allowed (by default Reverb's int32); None: no upper bound.
 
     Returns:
-      The value, unchanged.
+      The value as an `int`.
 
     Raises:
       ConfigError: "<name> must be a positive integer, got <value>", or that it is above
@@ -52,7 +52,8 @@ def require_positive_int(name: str, value: object, maximum: int | None = INT32_M
 def require_int(
     name: str, value: object, minimum: int, maximum: int | None = INT32_MAX, *, what: str = ""
 ) -> int:
-    """Checks an integer option: an `int` (not a bool) in `minimum..maximum`.
+    """Checks an integer option: an integer (`int` or a numpy integer, not a bool) in
+    `minimum..maximum`.
 
     Args:
       name: The option, as the user spells it (named in the error).
@@ -63,26 +64,28 @@ def require_int(
       what: How the error describes a valid value; default "an integer >= {minimum}".
 
     Returns:
-      The value, unchanged.
+      The value as an `int`.
 
     Raises:
       ConfigError: If the value is not an integer, is a bool, or is out of range; the message
         names the option, the value and the allowed range.
     """
     what = what or f"an integer >= {minimum}"
+    # numbers.Integral: Python's int and numpy's integer scalars (np.int64(4) from an array).
     _require(
-        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+        isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum,
         f"{name} must be {what}, got {value!r}",
     )
+    value = int(value)  # type: ignore[call-overload]
     if maximum is None:
-        return value  # type: ignore[return-value]
+        return value
     _require(
         value <= maximum,  # type: ignore[operator]
         f"{name} must be an integer in {minimum}..{maximum}"
         + (" (Reverb stores it in 32 bits)" if maximum == INT32_MAX else "")
         + f", got {value!r}",
     )
-    return value  # type: ignore[return-value]
+    return value
 
 
 def require_seed(name: str, value: object) -> int | None:
@@ -226,9 +229,15 @@ def validate_path(path: str | os.PathLike[str], what: str) -> str:
       The path as a `str` (`os.fspath`).
 
     Raises:
-      ConfigError: If the path holds a NUL character, naming it and `what`.
+      ConfigError: If the path is not a `str`, `bytes` or `os.PathLike`, or holds a NUL
+        character, naming it and `what`.
     """
-    text = os.fspath(path)
+    try:
+        text = os.fspath(path)
+    except TypeError:
+        raise ConfigError(
+            f"{what} must be a path (a str or os.PathLike), got {path!r} ({type(path).__name__})"
+        ) from None
     if isinstance(text, bytes):
         text = text.decode("utf-8", "surrogateescape")
     _require("\0" not in text, f"{what} {text!r} holds a NUL character, which no path can")

@@ -40,6 +40,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -243,7 +244,7 @@ class TorchBatchStream:
         transitions: bool = False,
         with_info: bool = False,
     ) -> None:
-        _check_sizes(batch_size, transitions, source)
+        batch_size = _check_sizes(batch_size, transitions, source)
         require_int("prefetch", prefetch, 0, maximum=None)
         target = _resolve_device(device)
         place = _placer(target, _resolve_pin_memory(pin_memory))
@@ -348,7 +349,7 @@ class TorchReplayDataset(IterableDataset):
         with_info: bool = False,
     ) -> None:
         super().__init__()
-        _check_sizes(batch_size, transitions, source)
+        batch_size = _check_sizes(batch_size, transitions, source)
         self.source = source
         self.batch_size = batch_size
         self.transitions = transitions
@@ -506,8 +507,12 @@ def _put(out: queue.Queue[tuple[str, Any]], entry: tuple[str, Any], stop: thread
     return False
 
 
-def _check_sizes(batch_size: int, transitions: bool, source: TorchSampleSource) -> None:
-    require_positive_int("batch_size", batch_size, maximum=None)
+def _check_sizes(batch_size: int, transitions: bool, source: TorchSampleSource) -> int:
+    """Checks a stream's batch size and `transitions` against its source; returns the batch
+    size as an `int`."""
+    batch_size = require_positive_int("batch_size", batch_size, maximum=None)
+    if not isinstance(transitions, (bool, np.bool_)):
+        raise ConfigError(f"transitions must be True or False, got {transitions!r}")
     sequence_length = source.sequence_length
     if transitions and isinstance(source.signature, Masked):
         raise ConfigError(
@@ -520,6 +525,7 @@ def _check_sizes(batch_size: int, transitions: bool, source: TorchSampleSource) 
             f"transition per item), the table has sequence_length={sequence_length}; sample "
             "nested trajectories instead (transitions=False)"
         )
+    return batch_size
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:

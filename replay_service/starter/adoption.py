@@ -40,7 +40,7 @@ from replay_service.starter.staging import (
     install,
     locked_if_store,
 )
-from replay_service.storage.file_modes import fsync_tree, restrict_tree
+from replay_service.storage.file_modes import fsync_tree, make_dirs, restrict_tree
 from replay_service.storage.store import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
@@ -234,11 +234,11 @@ def _write_bare_copy(
     checkpoint: str, table_name: str, signature: Any, metadata: StoreMetadata, dest: str
 ) -> None:
     """Writes `dest` as a checkpoint directory whose first checkpoint is `checkpoint`."""
-    os.makedirs(os.path.join(dest, REVERB_DIR))
+    make_dirs(os.path.join(dest, REVERB_DIR))  # missing parents of the target too: DIR_MODE
     with open(os.path.join(dest, STORE_FILE), "w", encoding="utf-8") as f:
         json.dump(metadata.to_json(), f, indent=2, sort_keys=True)
     first = os.path.join(dest, CHECKPOINTS_DIR, f"{CHECKPOINT_PREFIX}{1:08d}")
-    os.makedirs(os.path.dirname(first))
+    make_dirs(os.path.dirname(first))
     copy_with_signature(checkpoint, table_name, signature, first)
     num_items, files = verify_files(first)
     info = {

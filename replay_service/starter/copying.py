@@ -20,7 +20,7 @@ from replay_service.starter.staging import (
     install,
     locked_if_store,
 )
-from replay_service.storage.file_modes import fsync_tree, restrict_tree
+from replay_service.storage.file_modes import fsync_tree, make_dirs, restrict_tree
 from replay_service.storage.store import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
@@ -99,6 +99,7 @@ def copy_buffer(
     if not store.is_store() and bare_checkpoint_dirs(source):
         return copy_bare_root(source, target, overwrite, data_spec)
     stored = store.read_metadata()
+    store.check_checkpoint_links()  # a linked newest checkpoint would be skipped for an older
     latest = store.latest()
     if latest is None:
         raise NoCheckpointError(
@@ -131,7 +132,7 @@ def _write_copy(store: CheckpointStore, checkpoint: str, info: dict[str, Any], d
     name = os.path.basename(checkpoint)
     width = len(name) - len(CHECKPOINT_PREFIX)
     first = f"{CHECKPOINT_PREFIX}{1:0{width}d}"
-    os.makedirs(os.path.join(dest, REVERB_DIR))
+    make_dirs(os.path.join(dest, REVERB_DIR))  # missing parents of the target too: DIR_MODE
     checkpoints = os.path.join(dest, CHECKPOINTS_DIR)
     shutil.copy2(store.store_file, os.path.join(dest, STORE_FILE))
     shutil.copytree(checkpoint, os.path.join(checkpoints, first))

@@ -1037,6 +1037,16 @@ class CheckpointStore:
                     "link with a real directory (move what it points to aside first if you "
                     "need it)"
                 )
+        self.check_checkpoint_links()
+
+    def check_checkpoint_links(self) -> None:
+        """Refuses a `ckpt-NNNNNNNN` entry of `checkpoints/` that is a symbolic link: it is
+        neither followed nor deleted, so reading the newest checkpoint (a load, a copy) would
+        skip it and take an older one without a word.
+
+        Raises:
+          CheckpointError: Naming the link and where it points.
+        """
         for name in _listdir(self.checkpoints_dir):
             path = os.path.join(self.checkpoints_dir, name)
             if _parse_sequence(name) is not None and os.path.islink(path):
@@ -1170,7 +1180,8 @@ def remove_path(path: str) -> None:
 
 def _parse_sequence(name: str) -> int | None:
     digits = name.removeprefix(CHECKPOINT_PREFIX)
-    if name.startswith(CHECKPOINT_PREFIX) and digits.isdigit():
+    # ASCII digits only: str.isdigit() also takes superscripts ("²"), which int() refuses.
+    if name.startswith(CHECKPOINT_PREFIX) and digits.isascii() and digits.isdigit():
         return int(digits)
     return None
 

@@ -142,6 +142,10 @@ def test_a_checkpoint_that_is_a_link_is_refused_not_skipped(make_manager, backen
             else:
                 manager.create_replay_buffer(overwrite=True)
         manager.close()
+    # A copy reads the newest checkpoint too (it copied the older ckpt-00000002 before).
+    with pytest.raises(CheckpointError, match=rf"checkpoint '{newest}' is a symbolic link"):
+        copy_buffer(root, tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
     assert tree_digest(outside) == outside_before
     assert without_lock(tree_digest(root)) == root_before
     assert not (root / "corrupt").exists()
@@ -405,13 +409,33 @@ def test_a_nul_byte_in_checkpoint_dir_or_a_copy_path_is_a_config_error(
     assert without_lock(tree_digest(source)) == before
 
 
+def test_a_checkpoint_name_of_other_digits_is_not_a_checkpoint(make_manager, backend, tmp_path):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, backend, root, checkpoints=1)
+    (root / CHECKPOINTS / "ckpt-\u00b2").mkdir()  # str.isdigit() takes "²", int() does not
+    manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+    manager.load_replay_buffer()
+    assert manager.num_frames() == frames
+    assert (root / CHECKPOINTS / "ckpt-\u00b2").is_dir()
+
+
+def test_a_path_option_that_is_no_path_is_a_config_error(data_spec, tmp_path):
+    with pytest.raises(ConfigError, match=r"checkpoint_dir must be a path .*got 5 \(int\)"):
+        ReplayBufferManager(data_spec, 100, checkpoint_dir=5)
+    with pytest.raises(ConfigError, match=r"summary_dir '.*s\\x00' holds a NUL character"):
+        ReplayBufferManager(data_spec, 100, tmp_path / "c", summary_dir=f"{tmp_path}/s\0")
+    with pytest.raises(ConfigError, match=r"copy target must be a path .*got 7 \(int\)"):
+        copy_buffer(tmp_path / "c", 7)
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------ file modes
 
 
 def test_files_get_explicit_modes_under_umask_000(make_manager, backend, tmp_path):
     root = tmp_path / "deep" / "ckpt"
     export = tmp_path / "export"
-    copy = tmp_path / "copy"
+    copy = tmp_path / "runs" / "exp1" / "copy"  # its missing parents get the modes too
     old = os.umask(0)
     try:
         manager = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
@@ -424,7 +448,7 @@ def test_files_get_explicit_modes_under_umask_000(make_manager, backend, tmp_pat
     finally:
         os.umask(old)
     modes = {}
-    for top in (tmp_path / "deep", export, copy):
+    for top in (tmp_path / "deep", export, tmp_path / "runs"):
         modes[str(top)] = stat.S_IMODE(os.lstat(top).st_mode)
         for directory, dirs, files in os.walk(top):
             for name in dirs + files:

@@ -949,3 +949,16 @@ def test_draw_counts_equal_numpy_add_at(draws, slots):
         _count_draws(counts, drawn, marks)
         np.add.at(expected, drawn, 1)
         np.testing.assert_array_equal(counts, expected)
+
+
+def test_a_numpy_batch_size_is_taken_and_a_transitions_flag_must_be_a_bool(make):
+    manager = make()
+    manager.create_replay_buffer()
+    write_episode(manager, 0, 3)
+    sizes = np.array([4, 8])  # a batch size read from an array or a config is np.int64
+    with manager.torch_batches(sizes[0], transitions=True) as stream:
+        assert tuple(next(stream).states.shape) == (4, 4)
+    with pytest.raises(ConfigError, match="transitions must be True or False, got 'no'"):
+        manager.torch_batches(8, transitions="no")
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer, got 4.0"):
+        manager.torch_batches(4.0)

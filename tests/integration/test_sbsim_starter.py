@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 from sbsim_style import SBSIM_TABLE, SbsimStyleManager, populate_sbsim_buffer
 from tf_agents.specs import tensor_spec
+from tf_agents.trajectories import trajectory
 
 from conftest import FAST_TIMEOUTS, REPO, all_items, tree_digest
 from replay_service import (
@@ -191,6 +192,50 @@ def test_the_printed_training_line_loads_a_table_not_named_uniform_table(
     try:
         manager.load_replay_buffer()
         assert manager.num_frames() == CheckpointStore(target).latest().num_items > 0
+    finally:
+        manager.close()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"pad_end_of_episode": True}, {"layout": "packed"}, {"table_name": "experience"}],
+    ids=["padded", "packed", "named"],
+)
+def test_the_printed_training_line_loads_a_copy_of_other_stored_settings(
+    tmp_path: Path, env: Any, policy: Any, data_spec: Any, settings: dict[str, Any]
+) -> None:
+    # A load refuses a manager whose settings differ from the stored ones (padding, layout,
+    # table name), so the line replay-populate prints must name each one to load the copy.
+    output = tmp_path / "out"
+    source = output / "mine"  # where replay-populate --output-dir keeps buffer "mine"
+    with ReplayBufferManager(
+        data_spec, 100, source, 2, timeouts=FAST_TIMEOUTS, backend="reverb", **settings
+    ) as manager:
+        manager.create_replay_buffer()
+        observer = manager.observer()
+        time_step = env.reset()
+        for _ in range(30):
+            action = policy.action(time_step)
+            next_step = env.step(action.action)
+            observer(trajectory.from_transition(time_step, action, next_step))
+            time_step = next_step
+        manager.checkpoint()
+        stored = manager.num_frames()
+    target = tmp_path / "run" / "replay"
+    result = _populate(
+        "--buffer-name", "mine", "--output-dir", str(output), "--copy-to", str(target),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("train from the copy: ")]
+    code = line[len("train from the copy: ") :]
+    assert code.endswith(".load_replay_buffer()"), code
+    manager = eval(code[: -len(".load_replay_buffer()")], {  # the line as printed
+        "ReplayBufferManager": ReplayBufferManager, "data_spec": data_spec,
+    })  # fmt: skip
+    try:
+        manager.load_replay_buffer()
+        assert manager.num_frames() == stored > 0
     finally:
         manager.close()
 
