@@ -618,6 +618,11 @@ def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) ->
     item_bytes = SEQUENCE_LENGTH * step_bytes(spec)
     rows.append(Row(name, "local", "raw item bytes", float(item_bytes), "B"))
     rows.append(Row(name, "local", "local RSS per stored item", per_item, "B", "raw item bytes"))
+    # The whole buffer, full: from before it was created (its per-item arrays included) to
+    # the last item, per item held; an item of a step ring adds one step.
+    full = (rss[-4] - rss[-3]) / rss[-1]
+    rows.append(Row(name, "local", "raw step bytes", float(step_bytes(spec)), "B"))
+    rows.append(Row(name, "local", "  same, full buffer incl. tables", full, "B", "raw step bytes"))
     manager.clear()
     cpprb = cpprb_rates(steps, capacity, batches)
     add_rate = len(steps) / insert_transition_writer(manager, steps)
@@ -891,14 +896,30 @@ def fresh_process_memory(workload: Workload, backend: str, layout: str) -> list[
 
 
 def measure_memory(workload: Workload, backend: str, layout: str) -> list[int]:
-    """The RSS readings of one observer filling a fresh buffer (`insert_with`), then the
-    steps written and the items the buffer holds. Layout "tf-agents" fills a nested table
-    with TF-Agents' observer."""
+    """The RSS readings of one observer filling a fresh buffer (`insert_with`), then the RSS
+    before the buffer was created, the steps written and the items the buffer holds. Layout
+    "tf-agents" fills a nested table with TF-Agents' observer."""
     steps = workload.trajectories()
     with tempfile.TemporaryDirectory(prefix="replay_bench_memory_") as root:
+        # Modules a first buffer imports and caches it fills are loaded by a small one first,
+        # so that the reading before the measured buffer is created holds none of them.
+        with ReplayBufferManager(
+            workload.spec(),
+            10,
+            os.path.join(root, "warm"),
+            SEQUENCE_LENGTH,
+            backend=backend,
+            layout="nested" if layout == "tf-agents" else layout,
+        ) as warm:
+            warm.create_replay_buffer()
+            insert_ours(warm, steps[:20])
+        gc.collect()
+        before = rss_bytes()
         manager = ReplayBufferManager(
             workload.spec(),
-            2 * workload.steps,
+            # The local backend's per-item arrays are allocated with the table: filled to its
+            # capacity, its RSS per item counts each of them once.
+            len(steps) if backend == "local" else 2 * workload.steps,
             os.path.join(root, "ckpt"),
             SEQUENCE_LENGTH,
             timeouts=Timeouts(sample=120),
@@ -916,14 +937,14 @@ def measure_memory(workload: Workload, backend: str, layout: str) -> list[int]:
                 observer.close()
             else:
                 insert_ours(manager, steps, rss)
-            return [*rss, len(steps), manager.num_frames()]
+            return [*rss, before, len(steps), manager.num_frames()]
 
 
 def memory_per_step(rss: list[int]) -> tuple[float, float]:
     """From `fresh_process_memory`'s readings: the RSS growth per step (the least-squares
     slope over the readings after the first `MEMORY_SKIP` parts: what each further step
     costs) and the growth over all steps divided by them (that plus the fixed costs)."""
-    readings, steps = rss[:-2], rss[-2]
+    readings, steps = rss[:-3], rss[-2]
     bounds = memory_bounds(steps)
     slope = float(np.polyfit(bounds[MEMORY_SKIP:], readings[MEMORY_SKIP:], 1)[0])
     return slope, (readings[-1] - readings[0]) / steps
