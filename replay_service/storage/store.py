@@ -736,15 +736,7 @@ class CheckpointStore:
             partial is left); or if adopting fails (the written checkpoint is deleted and the
             message says the buffer still holds its items). Each message names the path.
         """
-        self.ensure_intact(metadata)
-        self.clean_staging(metadata)
-        try:
-            path, verified = write(self.reverb_root)
-        except Exception as e:  # Reverb raises RuntimeError; anything else is wrapped too
-            self.discard_staging()
-            raise CheckpointError(
-                f"checkpoint into {self.reverb_root!r} failed: {type(e).__name__}: {e}"
-            ) from e
+        path, verified = self._write_staged(metadata, write, "checkpoint")
         try:
             return self.adopt(path, metadata, verified)
         except CheckpointError as e:
@@ -775,19 +767,31 @@ class CheckpointStore:
           CheckpointError: If the directory was replaced, or `write` fails (the staging root
             is emptied); whatever `read` raises.
         """
-        self.ensure_intact(metadata)
-        self.clean_staging(metadata)
-        try:
-            path, _ = write(self.reverb_root)
-        except Exception as e:  # Reverb raises RuntimeError; anything else is wrapped too
-            self.discard_staging()
-            raise CheckpointError(
-                f"snapshot into {self.reverb_root!r} failed: {type(e).__name__}: {e}"
-            ) from e
+        path, _ = self._write_staged(metadata, write, "snapshot")
         try:
             return read(path)
         finally:
             remove_path(path)
+
+    def _write_staged(
+        self, metadata: StoreMetadata, write: WriteCheckpoint, what: str
+    ) -> tuple[str, Verified | None]:
+        """`write` into the staging root of this buffer's directory, once it is checked to be
+        still in place and its staging root cleaned; a failed write empties the staging root.
+
+        Raises:
+          CheckpointError: If the directory was replaced, or `write` raises (wrapped, naming
+            `what` and the staging root).
+        """
+        self.ensure_intact(metadata)
+        self.clean_staging(metadata)
+        try:
+            return write(self.reverb_root)
+        except Exception as e:  # Reverb raises RuntimeError; anything else is wrapped too
+            self.discard_staging()
+            raise CheckpointError(
+                f"{what} into {self.reverb_root!r} failed: {type(e).__name__}: {e}"
+            ) from e
 
     def restore_latest(
         self,

@@ -128,6 +128,17 @@ def _populate(*args: str, cwd: Path | str = REPO) -> subprocess.CompletedProcess
     )
 
 
+def _printed_training_manager(stdout: str, data_spec: Any) -> ReplayBufferManager:
+    """The manager of the "train from the copy: ..." line replay-populate printed, built by
+    evaluating the line as printed (without its `.load_replay_buffer()`)."""
+    (line,) = [x for x in stdout.splitlines() if x.startswith("train from the copy: ")]
+    code = line[len("train from the copy: ") :]
+    assert code.endswith(".load_replay_buffer()"), code
+    return eval(code[: -len(".load_replay_buffer()")], {
+        "ReplayBufferManager": ReplayBufferManager, "data_spec": data_spec,
+    })  # fmt: skip
+
+
 # ------------------------------------------------------------------------------ adoption
 
 
@@ -183,12 +194,7 @@ def test_the_printed_training_line_loads_a_table_not_named_uniform_table(
         "--data-spec=env:CartPole-v0", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    (line,) = [x for x in result.stdout.splitlines() if x.startswith("train from the copy: ")]
-    code = line[len("train from the copy: ") :]
-    assert code.endswith(".load_replay_buffer()"), code
-    manager = eval(code[: -len(".load_replay_buffer()")], {  # the line as printed
-        "ReplayBufferManager": ReplayBufferManager, "data_spec": data_spec,
-    })  # fmt: skip
+    manager = _printed_training_manager(result.stdout, data_spec)
     try:
         manager.load_replay_buffer()
         assert manager.num_frames() == CheckpointStore(target).latest().num_items > 0
@@ -227,12 +233,7 @@ def test_the_printed_training_line_loads_a_copy_of_other_stored_settings(
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    (line,) = [x for x in result.stdout.splitlines() if x.startswith("train from the copy: ")]
-    code = line[len("train from the copy: ") :]
-    assert code.endswith(".load_replay_buffer()"), code
-    manager = eval(code[: -len(".load_replay_buffer()")], {  # the line as printed
-        "ReplayBufferManager": ReplayBufferManager, "data_spec": data_spec,
-    })  # fmt: skip
+    manager = _printed_training_manager(result.stdout, data_spec)
     try:
         manager.load_replay_buffer()
         assert manager.num_frames() == stored > 0
