@@ -342,8 +342,13 @@ class ReplayBufferManager:
     @property
     def py_client(self) -> reverb.Client:
         """The Reverb client of the server in use (local backend: its `LocalClient`, with the
-        `reset`, `mutate_priorities` and `server_info` calls)."""
-        return self._require_client()
+        `reset`, `mutate_priorities` and `server_info` calls).
+
+        On a `layout="packed"` buffer it is a `PackingClient`: a `reverb.Client` whose
+        `trajectory_writer()` packs each appended step, so TF-Agents' own
+        `ReverbAddTrajectoryObserver(manager.py_client, ...)` writes the items this project's
+        observer writes (see `replay_service.backends.reverb.packing_client`)."""
+        return self._backend.users_client(self._require_client())
 
     # ------------------------------------------------------------------------- lifecycle
 

@@ -188,6 +188,12 @@ class Backend(abc.ABC):
           SpecMismatchError: If a table does not hold what this buffer stores.
         """
 
+    def users_client(self, client: Any) -> Any:
+        """The client handed to users (`ReplayBufferManager.py_client`) for the client
+        `create`/`load` returned: itself unless the tables' storage needs writers of its own
+        (a packed Reverb layout)."""
+        return client
+
     @abc.abstractmethod
     def num_items(self, client: Any, table: str) -> int:
         """The number of items in `table`."""

@@ -417,12 +417,15 @@ def test_replay_server_and_shards_with_a_packed_config(
 def _foreign_items_are_named_and_left_out_of_the_export(
     manager: ReplayBufferManager, steps: list[Any], make_manager: Any, tmp_path: Any
 ) -> None:
-    """Good items, then TF-Agents' own observer's nested items in the packed table: samplers
+    """Good items, then TF-Agents' own observer's nested items, written through a plain
+    `reverb.Client`, in the packed table: samplers
     name the cause, the export leaves those items out (warning) and keeps every good one."""
     fill(manager, steps[:12])
     good = manager.num_frames()
     good_items = client_items(manager, manager.table_name, good)
-    observer = reverb_utils.ReverbAddTrajectoryObserver(manager.py_client, manager.table_name, 2)
+    # A plain client (not the manager's `py_client`, whose writers pack) writes nested items.
+    plain = reverb.Client(manager.py_client.server_address)
+    observer = reverb_utils.ReverbAddTrajectoryObserver(plain, manager.table_name, 2)
     for trajectory in steps[20:26]:
         observer(trajectory)
     observer.flush()
@@ -494,6 +497,89 @@ def test_items_of_tf_agents_own_observer_on_a_packed_replay_server(
             remote.close()
     finally:
         server.finish()
+
+
+def _tf_agents_observers(client: Any, table: str) -> list[Any]:
+    """TF-Agents' own observers, as its examples build them, on `client`."""
+    return [
+        reverb_utils.ReverbAddTrajectoryObserver(client, table, 3, stride_length=2),
+        reverb_utils.ReverbAddTrajectoryObserver(
+            client, table, 3, pad_end_of_episodes=True, tile_end_of_episodes=True
+        ),
+        reverb_utils.ReverbTrajectorySequenceObserver(client, table, 3),
+    ]
+
+
+def test_tf_agents_own_observers_on_the_managers_clients_write_packed_items(
+    make_manager: Any, tmp_path: Any, steps: list[Any]
+) -> None:
+    """`py_client` and the TF-Agents replay buffer's `py_client` of a packed buffer pack what
+    TF-Agents' observers append: the packed table holds exactly the nested table's items, and
+    every reader reads them."""
+    got, frames = {}, {}
+    for layout in ("nested", "packed"):
+        manager = make_manager(
+            checkpoint_dir=str(tmp_path / layout), sequence_length=3, layout=layout
+        )
+        replay_buffer, _ = manager.create_replay_buffer()
+        for client in (manager.py_client, replay_buffer.py_client):
+            assert isinstance(client, reverb.Client)
+            for observer in _tf_agents_observers(client, manager.table_name):
+                for trajectory in steps:
+                    observer(trajectory)
+                observer.flush()
+                observer.close()
+        frames[layout] = manager.num_frames()
+        got[layout] = client_items(manager, manager.table_name, frames[layout])
+        assert len(got[layout]) > 50
+        if layout == "packed":
+            drain(manager.torch_batches(16), got["nested"], lambda b: b)
+            drain(manager.get_dataset(16), got["nested"], lambda b: b[0])
+    assert got["packed"] == got["nested"]
+    assert frames["packed"] == frames["nested"]
+
+
+def test_the_packing_client_refuses_what_it_cannot_pack(
+    make_manager: Any, steps: list[Any]
+) -> None:
+    """Items a packed table cannot store are refused at the writer, naming the cause, and
+    nothing enters the table."""
+    manager = make_manager(sequence_length=3, layout="packed")
+    manager.create_replay_buffer()
+    client = manager.py_client
+    writer = client.trajectory_writer(4)
+    with pytest.raises(RuntimeError, match="before `append`"):
+        writer.history  # noqa: B018
+    for trajectory in steps[:4]:
+        writer.append(trajectory)
+    history = writer.history
+    with pytest.raises(SpecMismatchError, match="sequence_length=3 steps; this item has 2"):
+        writer.create_item(manager.table_name, 1.0, tree.map_structure(lambda h: h[-2:], history))
+    with pytest.raises(SpecMismatchError, match="one squeezed step"):
+        writer.create_item(manager.table_name, 1.0, tree.map_structure(lambda h: h[-1], history))
+    with pytest.raises(SpecMismatchError, match="takes every field"):
+        writer.create_item(manager.table_name, 1.0, {"obs": history.observation[-3:]})
+    window = tree.map_structure(lambda h: h[-3:], history)
+    mixed = window._replace(observation=history.observation[-4:-1])
+    with pytest.raises(SpecMismatchError, match="same steps"):
+        writer.create_item(manager.table_name, 1.0, mixed)
+    with pytest.raises(SpecMismatchError, match="no table 'other'"):
+        writer.create_item("other", 1.0, window)
+    bad = steps[0]._replace(reward=np.float64(1.0))
+    with pytest.raises(SpecMismatchError, match="'reward'"):
+        writer.append(bad)
+    with pytest.raises(SpecMismatchError, match="partial_step"):
+        writer.append(steps[0], partial_step=True)
+    for call in (
+        lambda: client.writer(3),
+        lambda: client.insert(steps[0], {manager.table_name: 1.0}),
+        lambda: client.structured_writer([]),
+    ):
+        with pytest.raises(SpecMismatchError, match="cannot read"):
+            call()
+    writer.end_episode()
+    writer.close()
+    assert manager.num_frames() == 0
 
 
 def test_bad_layouts_are_refused(make_manager: Any, data_spec: Any, tmp_path: Any) -> None:

@@ -108,7 +108,7 @@ class ReverbBackend(Backend):
         for table in self._tables:
             self._check_table(client, table)
         primary = self._tables[0]
-        return ReplayBuffer(
+        replay_buffer = ReplayBuffer(
             self._stored_spec,
             primary.name,
             primary.sequence_length,
@@ -116,6 +116,20 @@ class ReverbBackend(Backend):
             layout=self._layout,
             **self.replay_buffer_kwargs(),
         )
+        # TF-Agents' observers are given `replay_buffer.py_client`: it writes as ours does.
+        replay_buffer._py_client = self.users_client(replay_buffer._py_client)
+        return replay_buffer
+
+    def users_client(self, client: Any) -> Any:
+        """A packed layout's tables get a `PackingClient` (its trajectory writers pack what
+        TF-Agents' observers append); a nested layout's the client itself."""
+        from replay_service.backends.reverb.packing_client import PackingClient
+        from replay_service.specs.packed import PackedLayout
+
+        if not isinstance(self._layout, PackedLayout) or isinstance(client, PackingClient):
+            return client
+        lengths = {table.name: table.sequence_length for table in self._tables}
+        return PackingClient(client, self._layout, lengths)
 
     def _check_table(self, client: Any, table: TableConfig) -> None:
         info = check_table_exists(client, table.name, self._timeouts.connect)
