@@ -20,6 +20,7 @@ from replay_service.backends import (
     Capability,
     backend_class,
     resolve_auto,
+    resolve_auto_layout,
 )
 from replay_service.backends.reverb.tables import check_extra_tables, check_mix_weights, find_table
 from replay_service.collect.observer import TrajectoryObserver
@@ -46,7 +47,7 @@ from replay_service.sample import priorities as priorities_lib
 from replay_service.sample import rate_limit
 from replay_service.specs import nests as specs
 from replay_service.specs import windows as sequences
-from replay_service.specs.layouts import NESTED, resolve_layout
+from replay_service.specs.layouts import AUTO, NESTED, resolve_layout
 from replay_service.storage import export as export_lib
 from replay_service.storage.store import DEFAULT_KEEP
 
@@ -115,12 +116,17 @@ class ReplayBufferManager:
         "auto" prefers local for a new buffer (see there).
       storage: Local backend: "memory" or "memmap" (memory-mapped files under
         `<checkpoint_dir>/.memmap`, deleted by `close()`, for buffers larger than RAM).
-      layout: How Reverb tables store steps: "nested" (one column per field) or "packed"
-        (one `uint8` row per step, several times less server memory per step and faster
-        inserts; see `replay_service.specs.packed`). Every table of the server gets it (an extra
-        `TableConfig` naming another layout is refused). Every sampling path returns the same
-        items in both; TF-Agents' own `ReverbAddTrajectoryObserver` cannot write a packed
-        table. The local backend has its own storage and refuses "packed".
+      layout: How Reverb tables store steps: "packed" (one `uint8` row per step: several
+        times less server memory per step, faster inserts and sampling; see
+        `replay_service.specs.packed`), "nested" (one column per field, what TF-Agents'
+        `ReverbReplayBuffer` tables hold) or "auto" (the default): the layout of what exists,
+        i.e. the newest checkpoint's in `checkpoint_dir` (an older nested buffer restores
+        nested) or a remote server's tables (read on connecting), else "packed" for a new
+        embedded buffer. Every table of the server gets it (an extra `TableConfig` naming
+        another layout is refused). Every sampling path returns the same items in both, and
+        TF-Agents' own observers write packed items through `py_client` (a `PackingClient`);
+        a plain `reverb.Client` of your own writes nested items, which a packed table cannot
+        read. The local backend has its own storage ("auto" means it; "packed" is refused).
       seed: Local backend: seed of the tables' samplers (an integer >= 0; each table draws
         from its own `np.random.Generator` seeded from it), so that the same seed and the same
         inserts give the same samples; None draws fresh entropy. A Reverb server's samplers
@@ -159,10 +165,22 @@ class ReplayBufferManager:
         summary_interval_s: float = 30.0,
         backend: str = "auto",
         storage: str = "memory",
-        layout: str = "nested",
+        layout: str = AUTO,
         seed: int | None = None,
         device: str | None = None,
     ) -> None:
+        implementation = backend_class(
+            resolve_auto(backend, checkpoint_dir=checkpoint_dir, server_address=server_address),
+            server_address,
+        )
+        # "auto" on a remote server: its tables' layout, read once connected (`_hand_out`).
+        self._layout_from_server = layout == AUTO and server_address is not None
+        layout = resolve_auto_layout(
+            layout,
+            kind=implementation.kind,
+            checkpoint_dir=checkpoint_dir,
+            server_address=server_address,
+        )
         self._table = TableConfig(
             name=table_name,
             capacity=capacity,
@@ -200,10 +218,6 @@ class ReplayBufferManager:
         if storage not in ("memory", "memmap"):
             raise ConfigError(f"storage must be 'memory' or 'memmap', got {storage!r}")
         require_seed("seed", seed)
-        implementation = backend_class(
-            resolve_auto(backend, checkpoint_dir=checkpoint_dir, server_address=server_address),
-            server_address,
-        )
         self.backend = implementation.kind
         for capability, asked, what in (
             (Capability.MEMMAP_STORAGE, storage != "memory", f"storage={storage!r}"),
@@ -290,8 +304,11 @@ class ReplayBufferManager:
         data_spec = specs.data_spec_for_spaces(observation_space, action_space, extras=extras)
         reverb_only = [
             name
-            for name, default in (("server_address", None), ("port", None), ("layout", "nested"))
+            for name, default in (("server_address", None), ("port", None))
             if options.get(name, default) != default
+        ]
+        reverb_only += [
+            "layout" for layout in [options.get("layout", AUTO)] if layout not in (AUTO, NESTED)
         ]
         return cls(
             data_spec,
@@ -676,11 +693,22 @@ class ReplayBufferManager:
 
     # ---------------------------------------------------------------------------- helpers
 
+    def _take_layout(self, name: str) -> None:
+        """Makes `name` every table's layout (`layout="auto"` on a remote server)."""
+        if name == self._table.layout:
+            return
+        self._table = dataclasses.replace(self._table, layout=name)
+        self._extra_tables = tuple(dataclasses.replace(t, layout=name) for t in self._extra_tables)
+        self._layout = resolve_layout(name, self._stored_spec)
+        self._backend.take_layout(self._layout, self.tables)
+
     def _flush_writers(self) -> None:
         for observer in self._observers:
             observer.flush()
 
     def _hand_out(self, client: Any) -> tuple[Any, Any]:
+        if self._layout_from_server:
+            self._take_layout(self._backend.server_layout(client))
         replay_buffer = self._backend.open_buffer(client, self.clear)
         self._client = client
         self._replay_buffer = replay_buffer

@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.errors import ConfigError
@@ -25,6 +26,7 @@ __all__ = [
     "backend_class",
     "choose_backend",
     "resolve_auto",
+    "resolve_auto_layout",
     "reverb_importable",
 ]
 
@@ -137,17 +139,70 @@ def resolve_auto(
     return "local" if single_process else "auto"
 
 
-def _newest_checkpoint_backend(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
-    """The backend that wrote `checkpoint_dir`'s newest checkpoint; None when there is none or
-    it cannot be read (the load that follows names what is wrong with the directory)."""
+def resolve_auto_layout(
+    layout: str,
+    *,
+    kind: str,
+    checkpoint_dir: str | os.PathLike[str] | None,
+    server_address: str | None,
+) -> str:
+    """What `layout="auto"` (the manager's default) means, before any server is contacted.
+
+    A local backend has its own storage: "nested". A remote server's tables already have a
+    layout, which the manager follows once it connects (`Backend.server_layout`): "nested"
+    until then. An embedded Reverb server restores the layout its newest checkpoint recorded
+    (an old nested buffer stays nested), and a new buffer gets "packed": one `uint8` row per
+    step, several times less server memory and faster inserts and sampling, which every
+    reader unpacks, and TF-Agents' own observers write through `py_client` (a
+    `PackingClient`).
+
+    Args:
+      layout: The `layout=` argument: "auto", "nested" or "packed" (the last two are
+        returned unchanged).
+      kind: The backend's kind, "reverb" or "local".
+      checkpoint_dir: The checkpoint directory, only read.
+      server_address: The remote server's address, or None.
+
+    Returns:
+      "nested" or "packed".
+
+    Raises:
+      ConfigError: If `layout` is none of those names.
+    """
+    from replay_service.specs.layouts import AUTO, LAYOUTS, NESTED, PACKED
+
+    if layout not in (AUTO, *LAYOUTS) or not isinstance(layout, str):
+        raise ConfigError(f"layout must be one of {[AUTO, *LAYOUTS]}, got {layout!r}")
+    if layout != AUTO:
+        return layout
+    if kind != "reverb" or server_address is not None:
+        return NESTED
+    latest = _newest_checkpoint(checkpoint_dir)
+    if latest is not None:
+        try:
+            return latest.metadata.layout
+        except Exception:  # the manager's own load reports damaged metadata
+            pass
+    return PACKED
+
+
+def _newest_checkpoint(checkpoint_dir: str | os.PathLike[str] | None) -> Any:
+    """`checkpoint_dir`'s newest checkpoint; None when there is none or it cannot be read (the
+    load that follows names what is wrong with the directory)."""
     if checkpoint_dir is None:
         return None
     from replay_service.storage.store import CheckpointStore
 
     try:
-        latest = CheckpointStore(checkpoint_dir).latest()
+        return CheckpointStore(checkpoint_dir).latest()
     except Exception:  # the manager's own load reports a damaged directory
         return None
+
+
+def _newest_checkpoint_backend(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
+    """The backend that wrote `checkpoint_dir`'s newest checkpoint; None when there is none or
+    it cannot be read."""
+    latest = _newest_checkpoint(checkpoint_dir)
     return None if latest is None else latest.backend
 
 

@@ -16,7 +16,7 @@ import abc
 import dataclasses
 import enum
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from replay_service.config.options import TableConfig, Timeouts
@@ -187,6 +187,23 @@ class Backend(abc.ABC):
         Raises:
           SpecMismatchError: If a table does not hold what this buffer stores.
         """
+
+    def server_layout(self, client: Any) -> str:
+        """The layout of the tables of a server this backend connects to but did not start (a
+        remote server's), which a manager's `layout="auto"` takes.
+
+        Raises:
+          NotImplementedError: If the backend starts its own tables.
+        """
+        raise NotImplementedError(f"{self.description} starts its own tables")
+
+    def take_layout(self, layout: Layout, tables: Sequence[TableConfig]) -> None:
+        """Takes `layout` (`server_layout`'s) for `tables`, before `open_buffer`.
+
+        Raises:
+          NotImplementedError: If the backend starts its own tables.
+        """
+        raise NotImplementedError(f"{self.description} starts its own tables")
 
     def users_client(self, client: Any) -> Any:
         """The client handed to users (`ReplayBufferManager.py_client`) for the client

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 NESTED = "nested"
 PACKED = "packed"
 LAYOUTS = (NESTED, PACKED)
+# The manager's default: the layout of what exists (newest checkpoint, remote server), else
+# packed for a new Reverb buffer (`backends.resolve_auto_layout`).
+AUTO = "auto"
 
 
 def check_layout(layout: Any, where: str = "layout") -> str:

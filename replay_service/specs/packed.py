@@ -166,7 +166,7 @@ class PackedLayout(Layout):
     def item_writer(self, client: Any, sequence_length: int) -> Any:
         """`client.trajectory_writer` with the packed column in constant chunks."""
         keep, chunk = self.writer_chunking(sequence_length)
-        writer = client.trajectory_writer(num_keep_alive_refs=keep)
+        writer = plain_client(client).trajectory_writer(num_keep_alive_refs=keep)
         writer.configure((0,), num_keep_alive_refs=keep, max_chunk_length=chunk)
         return writer
 
@@ -375,6 +375,13 @@ def unpack(array: Any, data_spec: Any, *, pad_end_of_episode: bool = False) -> A
     return layout_of(stored_spec(data_spec, pad_end_of_episode)).unpack(array)
 
 
+def plain_client(client: Any) -> Any:
+    """`client`, or the plain `reverb.Client` behind a `PackingClient` (whose writers pack
+    nested steps themselves): the writers here append packed rows."""
+    plain = getattr(client, "plain_client", None)
+    return client if plain is None else plain
+
+
 class PackedWindowWriter:
     """Writes packed steps and inserts the same windows as the StructuredWriter configs of
     `observers.window_configs` (the last `sequence_length` steps of the episode, every
@@ -406,7 +413,7 @@ class PackedWindowWriter:
         self._history = max(w[1] for w in self._windows)
         chunk = chunk_length(layout.step_bytes)
         keep = max(chunk, self._history)
-        self._writer = client.trajectory_writer(num_keep_alive_refs=keep)
+        self._writer = plain_client(client).trajectory_writer(num_keep_alive_refs=keep)
         # The wrapper's Python bookkeeping is bypassed: one column, appended and referenced
         # through the C++ writer directly.
         self._cpp = self._writer._writer

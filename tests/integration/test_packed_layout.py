@@ -309,7 +309,7 @@ def test_export_import_and_checkpoints_across_layouts(
     imported.import_buffer(tmp_path / "export_nested")
     reference = client_items(single["nested"], "uniform_table", a.num_items)
     assert client_items(imported, "uniform_table", a.num_items) == reference
-    back = make_manager(checkpoint_dir=str(tmp_path / "back"), sequence_length=3)
+    back = make_manager(checkpoint_dir=str(tmp_path / "back"), sequence_length=3, layout="nested")
     back.import_buffer(tmp_path / "export_packed")
     assert client_items(back, "uniform_table", a.num_items) == reference
 
@@ -331,10 +331,21 @@ def test_export_import_and_checkpoints_across_layouts(
     assert client_items(restored, restored.table_name, len(primary)) == primary
     drain(restored.get_dataset(16), primary, lambda b: b[0])
     restored.close()
+    # The default layout ("auto") is the newest checkpoint's; another one is refused.
+    same = make_manager(
+        checkpoint_dir=manager.checkpoint_dir,
+        sequence_length=3,
+        extra_tables=[TableConfig(name="short", capacity=1000, sequence_length=2)],
+    )
+    assert same.table_config.layout == "packed"
+    same.load_replay_buffer()
+    assert client_items(same, same.table_name, len(primary)) == primary
+    same.close()
     other = make_manager(
         checkpoint_dir=manager.checkpoint_dir,
         sequence_length=3,
         extra_tables=[TableConfig(name="short", capacity=1000, sequence_length=2)],
+        layout="nested",
     )
     with pytest.raises(SpecMismatchError, match="layout: requested 'nested', stored 'packed'"):
         other.load_replay_buffer()
@@ -382,8 +393,19 @@ def test_replay_server_and_shards_with_a_packed_config(
             drain(remote.get_dataset(8), items, lambda b: b[0])
         finally:
             remote.close()
-        wrong = ReplayBufferManager(
+        # The default ("auto") follows the server's layout; another one is refused.
+        follows = ReplayBufferManager(
             data_spec, 100000, server_address=address, timeouts=FAST_TIMEOUTS
+        )
+        try:
+            follows.load_replay_buffer()
+            assert [t.layout for t in follows.tables] == ["packed"]
+            assert client_items(follows, "uniform_table", count) == items
+            drain(follows.torch_batches(8), items, lambda b: b)
+        finally:
+            follows.close()
+        wrong = ReplayBufferManager(
+            data_spec, 100000, server_address=address, timeouts=FAST_TIMEOUTS, layout="nested"
         )
         try:
             with pytest.raises(SpecMismatchError, match="does not match"):
@@ -583,7 +605,7 @@ def test_the_packing_client_refuses_what_it_cannot_pack(
 
 
 def test_bad_layouts_are_refused(make_manager: Any, data_spec: Any, tmp_path: Any) -> None:
-    with pytest.raises(ConfigError, match="layout must be 'nested' or 'packed'"):
+    with pytest.raises(ConfigError, match=r"layout must be one of \['auto', 'nested', 'packed'\]"):
         make_manager(layout="columnar")
     with pytest.raises(ConfigError, match="one layout"):
         make_manager(layout="nested", extra_tables=[TableConfig(name="b", layout="packed")])

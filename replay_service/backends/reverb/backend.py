@@ -25,7 +25,7 @@ from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
 from replay_service.integrations import tf_compat
 from replay_service.specs import nests as specs
-from replay_service.specs.layouts import Layout
+from replay_service.specs.layouts import NESTED, PACKED, Layout
 from replay_service.storage import export as export_lib
 from replay_service.storage.store import Checkpoint, CheckpointStore
 
@@ -498,6 +498,28 @@ class RemoteBackend(ReverbBackend):
     def replay_buffer_kwargs(self) -> dict[str, Any]:
         """How TF-Agents' `ReverbReplayBuffer` reaches the server."""
         return {"server_address": self._address}
+
+    def server_layout(self, client: Any) -> str:
+        """ "packed" when the primary table's signature is one `uint8[sequence_length,
+        step_bytes]` tensor (a packed table's), else "nested"; `open_buffer` then checks every
+        table against it.
+
+        Raises:
+          SpecMismatchError: If the server has no such table.
+          ServerUnavailableError: If it does not answer within `timeouts.connect`.
+        """
+        import tensorflow as tf
+
+        info = check_table_exists(client, self._tables[0].name, self._timeouts.connect)
+        signature = info.signature
+        if isinstance(signature, tf.TensorSpec) and signature.dtype == tf.uint8:
+            return PACKED
+        return NESTED
+
+    def take_layout(self, layout: Layout, tables: Sequence[TableConfig]) -> None:
+        """Uses `layout` for `tables` from now on (nothing was built with the old one yet)."""
+        self._layout = layout
+        self._tables = tuple(tables)
 
     def checkpoint(self) -> str:
         """Asks the server for a checkpoint; returns where Reverb wrote it on the server's side

@@ -203,6 +203,16 @@ class PackingClient(reverb.Client):
         self._layout = layout
         self._lengths = dict(lengths)
 
+    @property
+    def plain_client(self) -> reverb.Client:
+        """A plain `reverb.Client` on the same connection: for writers that write packed rows
+        themselves (this project's observers and writers, `specs.packed`)."""
+        client = reverb.Client.__new__(reverb.Client)
+        client._server_address = self._server_address
+        client._client = self._client
+        client._signature_cache = self._signature_cache
+        return client
+
     def __reduce__(self) -> Any:
         return _reconnect, (self._server_address, self._layout, self._lengths)
 
