@@ -593,12 +593,19 @@ class ReplayBufferManager:
 
         An item is one window of `sequence_length` consecutive steps (with the default stride of
         1, an episode of T steps gives T - sequence_length + 1 items), not one environment step.
+        Every item this manager's observers and writers wrote counts: they are flushed first
+        (a packed writer sends its items at episode ends and soon after, not at every step).
+        Items of other processes count once their writers sent them.
 
         Raises:
           ConfigError: If `table` is not one of this buffer's tables.
+          WriteTimeoutError: If this manager's writers cannot get their items confirmed
+            within `Timeouts.write` (the server is gone, or its rate limiter blocks inserts).
         """
         name = find_table(self.tables, table).name
-        return self._backend.num_items(self._require_client(), name)
+        client = self._require_client()
+        self._flush_writers()
+        return self._backend.num_items(client, name)
 
     def clear(self) -> None:
         """Empties every table in place; every object handed out stays valid.

@@ -191,12 +191,15 @@ def all_items(client: reverb.Client, table: str, expected: int) -> dict[int, lis
     """Samples a uniform table until every one of its `expected` items was seen.
 
     Returns:
-      Item key -> flattened item data.
+      Item key -> flattened item data (a packed table's rows unpacked, where `client` is the
+      manager's `PackingClient`).
     """
+    layout = getattr(client, "layout", None)
     items: dict[int, list[np.ndarray]] = {}
     for _ in range(200):
         for sample in client.sample(table, num_samples=200, emit_timesteps=False):
-            items[int(sample.info.key)] = [np.asarray(x) for x in sample.data]
+            data = sample.data if layout is None else layout.unpack_leaves(sample.data[0])
+            items[int(sample.info.key)] = [np.asarray(x) for x in data]
         if len(items) >= expected:
             break
     assert len(items) == expected, f"saw {len(items)} distinct items, expected {expected}"

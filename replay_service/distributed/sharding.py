@@ -393,7 +393,8 @@ class ShardedReplayBuffer:
       table_name: The table every shard serves.
       timeouts: Bounds on every blocking call, per shard.
       stride_length: Observers create an item every `stride_length` steps.
-      layout: The shards' table layout, "nested" or "packed" (see `config.TableConfig`).
+      layout: The shards' table layout: "auto" (the default: each server's, read on
+        connecting), "nested" or "packed" (see `config.TableConfig`).
 
     Raises:
       ConfigError: If a value is invalid.
@@ -409,7 +410,7 @@ class ShardedReplayBuffer:
         table_name: str = DEFAULT_TABLE_NAME,
         timeouts: Timeouts | None = None,
         stride_length: int = 1,
-        layout: str = "nested",
+        layout: str = "auto",
     ) -> None:
         if not isinstance(config, ShardedConfig):
             raise ConfigError(f"config must be a ShardedConfig, got {type(config).__name__}")

@@ -86,8 +86,7 @@ class Layout(abc.ABC):
         """The spec of one stored step, as TF-Agents' `ReverbReplayBuffer` reads it."""
 
     def mismatch_notes(self) -> list[str]:
-        """What a message about a table whose signature differs says first about the layout
-        (nothing for the default layout)."""
+        """What a message about a table whose signature differs says first about the layout."""
         return [f"this manager's layout is {self.name!r}"]
 
     # ------------------------------------------------------------------------------ writing
@@ -214,10 +213,6 @@ class NestedLayout(Layout):
     def step_spec(self) -> Any:
         """`structure`."""
         return self.structure
-
-    def mismatch_notes(self) -> list[str]:
-        """Nothing: the default layout goes without saying."""
-        return []
 
     def encode_step(self, step: Any) -> Any:
         """`step` itself."""

@@ -22,6 +22,10 @@ export, checkpoints) unpacks, so their items are the same in both layouts.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,6 +99,17 @@ class PackedLayout(Layout):
         self.step_bytes = offset
         self._dtypes = [f.dtype for f in self.fields]
         self._shapes = [f.shape for f in self.fields]
+
+    def mismatch_notes(self) -> list[str]:
+        """The layout, and how this spec's fields fill a row (a packed signature names only
+        the row's bytes)."""
+        fields = ", ".join(
+            f"{f.path!r} {f.dtype.name}{list(f.shape)} {f.nbytes} B" for f in self.fields
+        )
+        return [
+            f"this manager's layout is 'packed': its data_spec packs a step into "
+            f"{self.step_bytes} bytes ({fields})"
+        ]
 
     # ------------------------------------------------------------------------------ writing
 
@@ -375,6 +390,63 @@ def unpack(array: Any, data_spec: Any, *, pad_end_of_episode: bool = False) -> A
     return layout_of(stored_spec(data_spec, pad_end_of_episode)).unpack(array)
 
 
+# Items of a packed writer wait in their unfinished chunk (up to `MAX_CHUNK_LENGTH` steps)
+# until it fills or is flushed; the sender pushes them out at each episode end and at most
+# `SEND_AFTER_S` after they were written, so that they become visible to samplers soon
+# without the writer waiting for a round trip (a waiting flush per episode cost about a
+# quarter of the insert rate, measured with ~22-step CartPole episodes).
+SEND_AFTER_S = 0.05
+# The sender's flush waits this long for confirmations before it moves on (the items are on
+# their way; the writer's own flush and close wait for them).
+_SEND_WAIT_MS = 1
+
+
+class _Sender:
+    """One daemon thread per process that flushes packed writers' unsent items without making
+    their writers wait: at once after an episode ends, else `SEND_AFTER_S` after a step was
+    appended. Writers are held weakly; a sender error is left to the writer's own flush."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._writers: weakref.WeakSet[PackedWindowWriter] = weakref.WeakSet()
+        self._thread: threading.Thread | None = None
+
+    def register(self, writer: PackedWindowWriter) -> None:
+        with self._lock:
+            self._writers.add(writer)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="replay_service-packed-sender", daemon=True
+                )
+                self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def after_fork(self) -> None:
+        """In a forked child: no thread runs; the next registration starts one."""
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._writers = weakref.WeakSet()
+        self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(SEND_AFTER_S)
+            self._wake.clear()
+            with self._lock:
+                writers = list(self._writers)
+            for writer in writers:
+                writer._send_unsent()
+            del writers
+
+
+_SENDER = _Sender()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_SENDER.after_fork)
+
+
 def plain_client(client: Any) -> Any:
     """`client`, or the plain `reverb.Client` behind a `PackingClient` (whose writers pack
     nested steps themselves): the writers here append packed rows."""
@@ -423,6 +495,9 @@ class PackedWindowWriter:
         self._refs: list[Any] = []
         self._step = 0
         self._since = [0] * len(self._windows)
+        self._unsent = False
+        self._closed = False
+        _SENDER.register(self)
 
     def append(self, step: Any) -> None:
         """Appends one step (a nest shaped like the stored spec, or its flat leaves as a list)
@@ -434,6 +509,7 @@ class PackedWindowWriter:
         row = self._encode(step)
         refs = self._refs
         refs.append(self._cpp.Append([row])[0])
+        self._unsent = True
         if len(refs) > self._history:
             del refs[0]
         index = self._step
@@ -471,7 +547,19 @@ class PackedWindowWriter:
         """
         self._refs = []
         self._step = 0
+        _SENDER.wake()
+
+    def _send_unsent(self) -> None:
+        """(The sender's thread) finalizes the chunks of every item created so far, so they go
+        to the server, and waits for confirmations only `_SEND_WAIT_MS`."""
+        if not self._unsent or self._closed:
+            return
+        self._unsent = False
+        # A timeout, or the writer's error, which its own flush and close raise.
+        with contextlib.suppress(Exception):
+            self._cpp.Flush(0, _SEND_WAIT_MS)
 
     def close(self) -> None:
         """Closes the Reverb writer."""
+        self._closed = True
         self._writer.close()

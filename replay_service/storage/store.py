@@ -486,6 +486,18 @@ class CheckpointStore:
         checkpoints = self.checkpoints()
         return checkpoints[-1] if checkpoints else None
 
+    def check_backend(self, backend: str) -> None:
+        """Refuses a directory whose newest readable checkpoint another backend wrote, before
+        its configuration is compared with this one (a Reverb buffer's packed layout is no
+        mistake of a local one's configuration).
+
+        Raises:
+          BackendMismatchError: If so (nothing is moved).
+        """
+        latest = self.latest()
+        if latest is not None:
+            _check_backend(latest, backend)
+
     def has_checkpoints(self) -> bool:
         """Whether a replay_service store here holds any checkpoint, complete or damaged.
 

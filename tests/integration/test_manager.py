@@ -28,6 +28,7 @@ from replay_service import (
     SpecMismatchError,
     Timeouts,
 )
+from replay_service.specs.packed import unpack
 from replay_service.storage.store import CHECKPOINTS_DIR, REVERB_DIR
 
 LAST = 2
@@ -233,7 +234,9 @@ def test_bad_data_spec_is_refused(make_manager):
         make_manager(data_spec={})
 
 
-def test_wrongly_shaped_step_is_rejected_and_data_kept(make_manager, env, policy, data_spec):
+def test_wrongly_shaped_step_is_rejected_and_data_kept(
+    make_manager, env, policy, data_spec, tmp_path
+):
     manager = make_manager()
     _, observer = manager.create_replay_buffer()
     collect(env, policy, observer, 20)
@@ -251,13 +254,22 @@ def test_wrongly_shaped_step_is_rejected_and_data_kept(make_manager, env, policy
     _, fresh = manager.get_replay_buffer_and_observer()
     with pytest.raises(SpecMismatchError, match="unbatched"):
         fresh(batched)
-    # A plain Reverb writer is stopped by the table signature at insert time.
-    with pytest.raises(ValueError, match="inconsistent with the table signature"):
+    # The writer of `py_client` (the default packed layout's `PackingClient`) refuses the step.
+    with pytest.raises(SpecMismatchError, match=r"'observation': expected float32\[4\]"):
         with manager.py_client.trajectory_writer(num_keep_alive_refs=2) as writer:
             for _ in range(2):
                 writer.append(tf.nest.flatten(bad))
             writer.create_item(manager.table_name, 1.0, [col[-2:] for col in writer.history])
     assert manager.num_frames() == count
+    # A plain Reverb writer on a nested table is stopped by the table signature at insert.
+    nested = make_manager(checkpoint_dir=str(tmp_path / "nested"), layout="nested")
+    nested.create_replay_buffer()
+    with pytest.raises(ValueError, match="inconsistent with the table signature"):
+        with nested.py_client.trajectory_writer(num_keep_alive_refs=2) as writer:
+            for _ in range(2):
+                writer.append(tf.nest.flatten(bad))
+            writer.create_item(nested.table_name, 1.0, [col[-2:] for col in writer.history])
+    assert nested.num_frames() == 0
 
 
 def test_an_observer_rejects_a_late_mismatch(make_manager, data_spec):
@@ -273,18 +285,26 @@ def test_an_observer_rejects_a_late_mismatch(make_manager, data_spec):
         observer(good._replace(action=np.zeros([3], np.int64)))
 
 
-def test_table_has_a_signature_plain_reverb_can_use(make_manager, env, policy, data_spec):
-    manager = make_manager()
+@pytest.mark.parametrize("layout", ["auto", "nested"])
+def test_table_has_a_signature_plain_reverb_can_use(make_manager, env, policy, data_spec, layout):
+    """A plain Reverb dataset reads the table; the default (packed) rows unpack into the
+    Trajectory with `specs.packed.unpack`, as the packed-layout guide shows."""
+    manager = make_manager(layout=layout)
     _, observer = manager.create_replay_buffer()
     collect(env, policy, observer, 40)
     info = manager.py_client.server_info()[manager.table_name]
-    assert info.signature.observation.shape == [2, 4]
     dataset = reverb.TrajectoryDataset.from_table_signature(
         manager.server_address, manager.table_name, max_in_flight_samples_per_worker=4
     )
     sample = next(iter(dataset.take(1)))
-    assert sample.data.observation.shape == [2, 4]
-    assert sample.data.observation.dtype == tf.float32
+    data = sample.data
+    if layout == "auto":
+        assert info.signature == tf.TensorSpec([2, 40], tf.uint8, "packed")
+        data = unpack(data.numpy(), data_spec)
+    else:
+        assert info.signature.observation.shape == [2, 4]
+    assert data.observation.shape == (2, 4)
+    assert data.observation.dtype == tf.float32
 
 
 @pytest.mark.heavy

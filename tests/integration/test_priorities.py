@@ -49,13 +49,14 @@ def _sample(manager, num_samples: int = NUM_SAMPLES):
     paths = [path for path, _ in flatten_with_paths(manager.data_spec)]
     observation = paths.index("observation")
     keys, priority, ident = [], {}, {}
-    for sample in manager.py_client.sample(
-        manager.table_name, num_samples=num_samples, emit_timesteps=False
-    ):
+    client = manager.py_client
+    layout = getattr(client, "layout", None)  # the default packed layout's PackingClient
+    for sample in client.sample(manager.table_name, num_samples=num_samples, emit_timesteps=False):
         key = int(sample.info.key)
         keys.append(key)
         priority[key] = float(sample.info.priority)
-        ident[key] = int(np.asarray(sample.data[observation])[0, 0])  # the item's index
+        data = sample.data if layout is None else layout.unpack_leaves(sample.data[0])
+        ident[key] = int(np.asarray(data[observation])[0, 0])  # the item's index
     return keys, priority, ident
 
 

@@ -65,7 +65,7 @@ CASES = [
             (path, dtype, [length, *shape]) for path, dtype, shape in CARTPOLE_FIELDS
         ],
         chunking=lambda length: (length, None),
-        mismatch_notes=[],
+        mismatch_notes=["this manager's layout is 'nested'"],
         stored_columns=len(CARTPOLE_FIELDS),
     ),
     Case(
@@ -75,7 +75,11 @@ CASES = [
         described=lambda length: [("", "uint8", [length, CARTPOLE_BYTES])],
         # 8192 bytes hold 204 CartPole steps: chunks of the maximum, 64.
         chunking=lambda length: (max(MAX_CHUNK_LENGTH, length), MAX_CHUNK_LENGTH),
-        mismatch_notes=["this manager's layout is 'packed'"],
+        mismatch_notes=[
+            "this manager's layout is 'packed': its data_spec packs a step into 40 bytes "
+            "('step_type' int32[] 4 B, 'observation' float32[4] 16 B, 'action' int64[] 8 B, "
+            "'next_step_type' int32[] 4 B, 'reward' float32[] 4 B, 'discount' float32[] 4 B)"
+        ],
         stored_columns=1,
     ),
 ]

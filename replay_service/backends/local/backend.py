@@ -407,10 +407,12 @@ class LocalBackend(Backend):
 
         Raises:
           NoCheckpointError: If there is no checkpoint left that verifies and loads.
+          BackendMismatchError: If the newest checkpoint was written by Reverb.
           SpecMismatchError: If the stored tables or data spec differ from the configured ones.
           CheckpointError: If the directory is foreign, in use or unreadable.
         """
         store = self._store
+        store.check_backend("local")
         store.read_metadata().check_matches(self.metadata, store.store_file)
         self._closed = False  # close() releases the directory again (a manager may retry)
         with store.serving():

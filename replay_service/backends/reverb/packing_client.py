@@ -204,6 +204,11 @@ class PackingClient(reverb.Client):
         self._lengths = dict(lengths)
 
     @property
+    def layout(self) -> PackedLayout:
+        """The tables' layout: `layout.unpack(rows)` reads what `sample` returns."""
+        return self._layout
+
+    @property
     def plain_client(self) -> reverb.Client:
         """A plain `reverb.Client` on the same connection: for writers that write packed rows
         themselves (this project's observers and writers, `specs.packed`)."""
