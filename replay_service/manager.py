@@ -189,7 +189,11 @@ class ReplayBufferManager:
             pad_end_of_episode=pad_end_of_episode,
             layout=layout,
         )
-        if layout != NESTED and isinstance(extra_tables, Sequence):
+        if (
+            layout != NESTED
+            and isinstance(extra_tables, Sequence)
+            and not isinstance(extra_tables, str)
+        ):
             # The manager's layout is every table's: extra tables left at the default take it.
             extra_tables = [
                 dataclasses.replace(t, layout=layout)

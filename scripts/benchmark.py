@@ -56,6 +56,7 @@ from tf_agents.replay_buffers import reverb_utils
 from tf_agents.trajectories import trajectory as trajectory_lib
 
 from replay_service import ReplayBufferManager, Timeouts
+from replay_service.backends import resolve_auto_layout
 from replay_service.specs.nests import spec_from_description
 from replay_service.storage.store import CheckpointStore
 
@@ -73,8 +74,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs of every workload; the media
 _BACKENDS = flags.DEFINE_list("backends", ["reverb", "local"], "reverb and/or local rows.")
 _LAYOUTS = flags.DEFINE_list(
     "layouts",
-    ["nested", "packed"],
-    "Reverb table layouts measured side by side (our rows get a [layout] suffix).",
+    ["packed", "nested"],
+    "Reverb table layouts measured side by side, the default first (our rows of layouts other "
+    "than nested, on which the anchors are measured, get a [layout] suffix).",
 )
 _EPISODE = flags.DEFINE_integer("episode", 200, "Steps per episode of the inserted steps.")
 _MEMORY_SCALE = flags.DEFINE_integer(
@@ -93,6 +95,18 @@ _MEASURE_MEMORY = flags.DEFINE_string(
 )
 
 BATCH = 256
+# What `ReplayBufferManager(data_spec, capacity, checkpoint_dir)` stores a new buffer in.
+DEFAULT_LAYOUT = resolve_auto_layout(
+    "auto", kind="reverb", checkpoint_dir=None, server_address=None
+)
+
+
+def layout_tag(layout: str) -> str:
+    """Our rows' suffix for `layout`: none for the nested table the anchors are measured on,
+    else the layout, marked where it is the default."""
+    if layout == "nested":
+        return ""
+    return f" [{layout}, default]" if layout == DEFAULT_LAYOUT else f" [{layout}]"
 SEQUENCE_LENGTH = 2
 EPISODE = 200
 NUM_ENVS = 8
@@ -780,7 +794,7 @@ def loop_rows(root: str) -> list[Row]:
             step(i)
         return timed_block(lambda: [step(i) for i in range(LOOP_WARMUP, LOOP_WARMUP + block)])
 
-    def ours(backend: str, layout: str = "nested") -> float:
+    def ours(backend: str, layout: str = "auto") -> float:
         directory = tempfile.mkdtemp(prefix=f"loop_{backend}_", dir=root)
         if backend == "from_spaces":  # what a user gets without naming a backend or layout
             import gymnasium
@@ -821,8 +835,8 @@ def loop_rows(root: str) -> list[Row]:
     paths = {
         "numpy ring buffer": ring,
         "ours from_spaces defaults": lambda: ours("from_spaces"),
-        "ours reverb": lambda: ours("reverb"),
-        "ours reverb, packed layout": lambda: ours("reverb", "packed"),
+        f"ours reverb defaults ({DEFAULT_LAYOUT})": lambda: ours("reverb"),
+        "ours reverb, nested layout": lambda: ours("reverb", "nested"),
         "ours local": lambda: ours("local"),
     }
     rows: list[Row] = []
@@ -977,7 +991,7 @@ def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -
     }
     managers = {}
     for layout in _LAYOUTS.value:
-        tag = "" if layout == "nested" else f" [{layout}]"
+        tag = layout_tag(layout)
         manager = ReplayBufferManager(
             spec,
             2 * workload.steps,
@@ -1018,7 +1032,7 @@ def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -
         rows.append(Row(workload.name, "insert", name, len(steps) / seconds, "steps/s"))
     # add_multi also against the same work done the TF-Agents way: one observer per env.
     for layout in _LAYOUTS.value:
-        tag = "" if layout == "nested" else f" [{layout}]"
+        tag = layout_tag(layout)
         multi = next(r for r in rows if r.path == f"ours add_multi ({NUM_ENVS} envs){tag}")
         rows.append(
             dataclasses.replace(
@@ -1034,7 +1048,7 @@ def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -
         rows += sample_rows(workload.name, anchor_manager, batches)
         anchor_manager.close()
     for layout, manager in managers.items():
-        tag = "" if layout == "nested" else f" [{layout}]"
+        tag = layout_tag(layout)
         manager.clear()  # the table holds what the observer writes, in every layout
         insert_ours(manager, steps)
         rows += sample_rows(workload.name, manager, batches, tag)

@@ -13,7 +13,6 @@ import importlib
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.errors import ConfigError
@@ -150,7 +149,7 @@ def resolve_auto_layout(
 
     A local backend has its own storage: "nested". A remote server's tables already have a
     layout, which the manager follows once it connects (`Backend.server_layout`): "nested"
-    until then. An embedded Reverb server restores the layout its newest checkpoint recorded
+    until then. An embedded Reverb server keeps the layout the directory's store recorded
     (an old nested buffer stays nested), and a new buffer gets "packed": one `uint8` row per
     step, several times less server memory and faster inserts and sampling, which every
     reader unpacks, and TF-Agents' own observers write through `py_client` (a
@@ -177,32 +176,29 @@ def resolve_auto_layout(
         return layout
     if kind != "reverb" or server_address is not None:
         return NESTED
-    latest = _newest_checkpoint(checkpoint_dir)
-    if latest is not None:
+    if checkpoint_dir is not None:
+        from replay_service.storage.store import CheckpointStore
+
         try:
-            return latest.metadata.layout
-        except Exception:  # the manager's own load reports damaged metadata
-            pass
+            stored = CheckpointStore(checkpoint_dir).stored_layout()
+        except Exception:  # the manager's own load reports an unusable directory
+            stored = None
+        if stored is not None:
+            return stored
     return PACKED
 
 
-def _newest_checkpoint(checkpoint_dir: str | os.PathLike[str] | None) -> Any:
-    """`checkpoint_dir`'s newest checkpoint; None when there is none or it cannot be read (the
-    load that follows names what is wrong with the directory)."""
+def _newest_checkpoint_backend(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
+    """The backend that wrote `checkpoint_dir`'s newest checkpoint; None when there is none or
+    it cannot be read (the load that follows names what is wrong with the directory)."""
     if checkpoint_dir is None:
         return None
     from replay_service.storage.store import CheckpointStore
 
     try:
-        return CheckpointStore(checkpoint_dir).latest()
+        latest = CheckpointStore(checkpoint_dir).latest()
     except Exception:  # the manager's own load reports a damaged directory
         return None
-
-
-def _newest_checkpoint_backend(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
-    """The backend that wrote `checkpoint_dir`'s newest checkpoint; None when there is none or
-    it cannot be read."""
-    latest = _newest_checkpoint(checkpoint_dir)
     return None if latest is None else latest.backend
 
 

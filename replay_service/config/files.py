@@ -152,6 +152,8 @@ class ServiceConfig:
       extra_tables: More tables on the same server, each with its own name.
       variable_tables: TF-Agents variable-container tables on the same server, each with its
         own name and spec.
+      layout_given: Whether `[table]` named its layout; if not, a restore takes the layout
+        of the checkpoint it restores (`with_layout`), and a new buffer is nested.
     """
 
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
@@ -159,10 +161,24 @@ class ServiceConfig:
     data_spec: DataSpecConfig = dataclasses.field(default_factory=DataSpecConfig)
     extra_tables: tuple[TableConfig, ...] = ()
     variable_tables: tuple[VariableTableConfig, ...] = ()
+    layout_given: bool = True
 
     def __post_init__(self) -> None:
         check_extra_tables(self.table, self.extra_tables)
         check_variable_tables(self.tables, self.variable_tables)
+
+    def with_layout(self, layout: str) -> ServiceConfig:
+        """This configuration with every replay table in `layout`.
+
+        Raises:
+          ConfigError: If `layout` is not a layout name.
+        """
+        return dataclasses.replace(
+            self,
+            table=dataclasses.replace(self.table, layout=layout),
+            extra_tables=tuple(dataclasses.replace(t, layout=layout) for t in self.extra_tables),
+            layout_given=True,
+        )
 
     @property
     def tables(self) -> tuple[TableConfig, ...]:
@@ -237,7 +253,8 @@ def _parse(data: dict[str, Any]) -> ServiceConfig:
     parsed_fields = tuple(_parse_field(path, value) for path, value in fields.items())
     if parsed_fields and "env" not in spec:
         spec["env"] = None
-    table = _parse_table("table", _section(data, "table"))
+    table_section = _section(data, "table")
+    table = _parse_table("table", table_section)
     # One writer feeds every table: extra tables take the primary's layout unless they name one.
     extra = [{"layout": table.layout, **t} if isinstance(t, dict) else t for t in extra]
     return ServiceConfig(
@@ -251,6 +268,7 @@ def _parse(data: dict[str, Any]) -> ServiceConfig:
             _parse_variable_table(f"variable_tables[{i}]", table)
             for i, table in enumerate(variables)
         ),
+        layout_given="layout" in table_section,
     )
 
 

@@ -72,6 +72,7 @@ from replay_service.errors import (
     CheckpointExistsError,
     ConfigError,
     NoCheckpointError,
+    ReplayServiceError,
     SpecMismatchError,
 )
 from replay_service.specs.nests import FieldDescription, describe_spec, diff_descriptions
@@ -429,6 +430,16 @@ class CheckpointStore:
     def is_store(self) -> bool:
         """Whether the directory holds a replay_service store file."""
         return os.path.isfile(self.store_file)
+
+    def stored_layout(self) -> str | None:
+        """The layout the store file records (what a load compares), for `layout="auto"`;
+        None where there is no store or its file cannot be read (the load names why)."""
+        if not self.is_store():
+            return None
+        try:
+            return self.read_metadata().layout
+        except ReplayServiceError:
+            return None
 
     def read_metadata(self) -> StoreMetadata:
         """Reads the store metadata of an existing directory.

@@ -7,7 +7,9 @@ and, sampled long enough, all of them.
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -63,22 +65,13 @@ def client_items(manager: ReplayBufferManager, table: str, count: int) -> set[It
 
 
 def client_arrays(manager: ReplayBufferManager, table: str, count: int) -> list[list[Any]]:
-    """`client_items`, each item as its list of leaves."""
+    """`client_items`, each item as its list of leaves (a packed table's rows are unpacked by
+    `all_items`, through the manager's `PackingClient`)."""
+    if manager.table_config.layout == "packed":
+        signature = manager.py_client.server_info()[table].signature
+        assert signature.dtype == tf.uint8 and signature.shape.rank == 2
     items = all_items(manager.py_client, table, count)
-    out = []
-    for data in items.values():
-        if manager.table_config.layout == "packed":
-            (rows,) = data
-            assert rows.dtype == np.uint8 and rows.ndim == 2
-            data = tree.flatten(
-                packed.unpack(
-                    rows,
-                    manager.data_spec,
-                    pad_end_of_episode=manager.table_config.pad_end_of_episode,
-                )
-            )
-        out.append([np.asarray(x) for x in data])
-    return out
+    return [[np.asarray(x) for x in data] for data in items.values()]
 
 
 def drain(batches: Iterable[Any], expected: set[Item], extract: Callable[[Any], Any]) -> None:
@@ -763,3 +756,74 @@ def test_observer_episode_ends_do_not_wait_and_close_confirms(
         counts[layout] = manager.num_frames()
     assert len(confirming) == 1
     assert counts["packed"] == counts["nested"] > 100
+
+
+def test_the_default_layout_is_packed_for_a_new_buffer_and_the_stored_one_on_restore(
+    make_manager: Any, tmp_path: Any, steps: list[Any]
+) -> None:
+    """layout="auto": a new embedded buffer is packed; a directory holding a nested buffer
+    restores nested, with every item."""
+    new = make_manager(checkpoint_dir=str(tmp_path / "new"))
+    assert [t.layout for t in new.tables] == ["packed"]
+    fill(new, steps[:30])
+    assert new.py_client.server_info()[new.table_name].signature.dtype == tf.uint8
+    old = make_manager(checkpoint_dir=str(tmp_path / "old"), layout="nested")
+    fill(old, steps[:30])
+    items = client_items(old, old.table_name, old.num_frames())
+    old.checkpoint()
+    old.close()
+    again = make_manager(checkpoint_dir=str(tmp_path / "old"))
+    assert again.table_config.layout == "nested"
+    again.load_replay_buffer()
+    assert client_items(again, again.table_name, len(items)) == items
+
+
+def test_packed_items_reach_the_server_without_a_flush(make_manager: Any, steps: list[Any]) -> None:
+    """The sender pushes a packed writer's items out at episode ends and soon after each
+    step, without anyone flushing: a plain count of the server sees all of them."""
+    manager = make_manager()
+    _, observer = manager.create_replay_buffer()
+    for trajectory in steps[:10]:  # within one chunk, mid-episode or not
+        observer(trajectory)
+    expected = sum(1 for a, _ in itertools.pairwise(steps[:10]) if not a.is_last())
+    deadline = time.monotonic() + 10
+    while manager.py_client.server_info()[manager.table_name].current_size < expected:
+        assert time.monotonic() < deadline, "items stayed unsent"
+        time.sleep(0.01)
+    assert manager.num_frames() == expected
+
+
+@pytest.mark.heavy
+def test_replay_server_restores_a_managers_default_buffer_in_its_layout(
+    make_manager: Any, data_spec: Any, tmp_path: Any, steps: list[Any]
+) -> None:
+    """A buffer made by `ReplayBufferManager(data_spec, ...)` (packed) is served by
+    `replay-server --restore_if_exists` with a config that names no layout, and a remote
+    manager's default reads every item."""
+    root = tmp_path / "buffer"
+    manager = make_manager(checkpoint_dir=str(root), capacity=100000)
+    fill(manager, steps)
+    items = client_items(manager, manager.table_name, manager.num_frames())
+    manager.checkpoint()
+    manager.close()
+    port = pick_free_port()
+    server = ServerProcess(
+        f"--config={CARTPOLE_CONFIG}",
+        f"--port={port}",
+        f"--checkpoint_dir={root}",
+        "--checkpoint_interval_s=0",
+        "--restore_if_exists",
+    )
+    try:
+        server.wait_listening()
+        remote = ReplayBufferManager(
+            data_spec, 100000, server_address=f"localhost:{port}", timeouts=FAST_TIMEOUTS
+        )
+        try:
+            remote.load_replay_buffer()
+            assert remote.table_config.layout == "packed"
+            assert client_items(remote, remote.table_name, len(items)) == items
+        finally:
+            remote.close()
+    finally:
+        server.finish()

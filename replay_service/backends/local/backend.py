@@ -412,8 +412,9 @@ class LocalBackend(Backend):
           CheckpointError: If the directory is foreign, in use or unreadable.
         """
         store = self._store
+        stored = store.read_metadata()  # first: it names an unusable directory
         store.check_backend("local")
-        store.read_metadata().check_matches(self.metadata, store.store_file)
+        stored.check_matches(self.metadata, store.store_file)
         self._closed = False  # close() releases the directory again (a manager may retry)
         with store.serving():
             # A refused scratch directory must fail the load, not each restore: a restore

@@ -460,6 +460,12 @@ def serve_config(
     store = CheckpointStore(config.server.checkpoint_dir, keep=config.server.keep_checkpoints)
     if restore is None:
         restore = store.has_checkpoints()
+    if restore and not config.layout_given:
+        # A config that names no layout restores the buffer in the layout it was stored in
+        # (a manager's new buffer is packed); a new server's tables are nested.
+        stored = store.stored_layout()
+        if stored is not None:
+            config = config.with_layout(stored)
     common = {
         "port": config.server.port,
         "checkpoint_timeout": checkpoint_timeout,
