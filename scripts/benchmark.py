@@ -107,6 +107,8 @@ def layout_tag(layout: str) -> str:
     if layout == "nested":
         return ""
     return f" [{layout}, default]" if layout == DEFAULT_LAYOUT else f" [{layout}]"
+
+
 SEQUENCE_LENGTH = 2
 EPISODE = 200
 NUM_ENVS = 8
