@@ -120,8 +120,8 @@ class ReplayBufferManager:
         times less server memory per step, faster inserts and sampling; see
         `replay_service.specs.packed`), "nested" (one column per field, what TF-Agents'
         `ReverbReplayBuffer` tables hold) or "auto" (the default): the layout of what exists,
-        i.e. the newest checkpoint's in `checkpoint_dir` (an older nested buffer restores
-        nested) or a remote server's tables (read on connecting), else "packed" for a new
+        i.e. the one `checkpoint_dir`'s store recorded (an older nested buffer restores
+        nested) or a remote server's tables' (read on connecting), else "packed" for a new
         embedded buffer. Every table of the server gets it (an extra `TableConfig` naming
         another layout is refused). Every sampling path returns the same items in both, and
         TF-Agents' own observers write packed items through `py_client` (a `PackingClient`);
@@ -250,6 +250,7 @@ class ReplayBufferManager:
             )
         )
         self._client: Any = None
+        self._users_client: Any = None
         self._replay_buffer: Any = None
         self._observers: list[TrajectoryObserver] = []
         self._stats_tracker: StatsTracker | None = None
@@ -311,9 +312,8 @@ class ReplayBufferManager:
             for name, default in (("server_address", None), ("port", None))
             if options.get(name, default) != default
         ]
-        reverb_only += [
-            "layout" for layout in [options.get("layout", AUTO)] if layout not in (AUTO, NESTED)
-        ]
+        if options.get("layout", AUTO) not in (AUTO, NESTED):  # "packed": Reverb's only
+            reverb_only.append("layout")
         return cls(
             data_spec,
             capacity,
@@ -369,7 +369,10 @@ class ReplayBufferManager:
         `trajectory_writer()` packs each appended step, so TF-Agents' own
         `ReverbAddTrajectoryObserver(manager.py_client, ...)` writes the items this project's
         observer writes (see `replay_service.backends.reverb.packing_client`)."""
-        return self._backend.users_client(self._require_client())
+        client = self._require_client()
+        if self._users_client is None:
+            self._users_client = self._backend.users_client(client)
+        return self._users_client
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -481,7 +484,7 @@ class ReplayBufferManager:
             if self._replay_buffer is not None:  # its datasets and streams fail, not block
                 self._replay_buffer.stop_sampling()
             self._backend.close()
-            self._client = self._replay_buffer = None
+            self._client = self._users_client = self._replay_buffer = None
             self._observers = []
 
     def __len__(self) -> int:
