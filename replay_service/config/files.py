@@ -10,8 +10,9 @@
     name = "uniform_table"
     capacity = 50000
     sequence_length = 2
-    layout = "nested"             # optional: "nested" (default) or "packed" (see
-                                  # replay_service.specs.packed); extra tables take this one
+    layout = "nested"             # optional: "nested" or "packed" (replay_service.specs.packed);
+                                  # unset: a restore keeps the stored layout, a new buffer is
+                                  # nested; extra tables take this one
 
     [table.sampling]              # see SamplingConfig
     sampler = "uniform"
