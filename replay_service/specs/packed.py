@@ -22,6 +22,7 @@ export, checkpoints) unpacks, so their items are the same in both layouts.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
@@ -404,25 +405,42 @@ _SEND_WAIT_MS = 1
 class _Sender:
     """One daemon thread per process that flushes packed writers' unsent items without making
     their writers wait: at once after an episode ends, else `SEND_AFTER_S` after a step was
-    appended. Writers are held weakly; a sender error is left to the writer's own flush."""
+    appended. Writers (anything with `_send_unsent()`: `PackedWindowWriter` and the
+    `PackingClient`'s writers) are held weakly; a sender error is left to the writer's own
+    flush. At interpreter exit (`stop`, registered with `atexit`) the thread ends before the
+    interpreter finalizes: a daemon thread that asked for the GIL back from inside Reverb's
+    flush after that aborted the process ("terminate called without an active exception")."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._writers: weakref.WeakSet[PackedWindowWriter] = weakref.WeakSet()
+        self._writers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
+        self._stopped = False
 
-    def register(self, writer: PackedWindowWriter) -> None:
+    def register(self, writer: Any) -> None:
+        """Sends `writer`'s unsent items from now on (starts the thread on first use)."""
         with self._lock:
             self._writers.add(writer)
-            if self._thread is None:
+            if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(
                     target=self._run, name="replay_service-packed-sender", daemon=True
                 )
                 self._thread.start()
 
     def wake(self) -> None:
+        """Sends at once (an episode ended)."""
         self._wake.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ends the thread and waits for it up to `timeout_s` (at exit; items not sent yet
+        wait for their writer's own flush or close, as without the sender)."""
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     def after_fork(self) -> None:
         """In a forked child: no thread runs; the next registration starts one."""
@@ -430,21 +448,40 @@ class _Sender:
         self._wake = threading.Event()
         self._writers = weakref.WeakSet()
         self._thread = None
+        self._stopped = False
 
     def _run(self) -> None:
-        while True:
+        while not self._stopped:
             self._wake.wait(SEND_AFTER_S)
             self._wake.clear()
             with self._lock:
                 writers = list(self._writers)
             for writer in writers:
+                if self._stopped:
+                    break
                 writer._send_unsent()
             del writers
 
 
 _SENDER = _Sender()
+atexit.register(_SENDER.stop)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_SENDER.after_fork)
+
+
+def send_soon(writer: Any) -> None:
+    """Lets the process's sender flush `writer`'s unsent items (`writer._send_unsent()`)
+    soon after they were created, without the writer waiting."""
+    _SENDER.register(writer)
+
+
+def send_unsent(cpp_writer: Any) -> None:
+    """(The sender's thread) finalizes the chunks of every item `cpp_writer` (a Reverb C++
+    `TrajectoryWriter`) created so far, so they go to the server, and waits for
+    confirmations only `_SEND_WAIT_MS`. A timeout, or the writer's error, is left to the
+    writer's own flush and close, which raise it."""
+    with contextlib.suppress(Exception):
+        cpp_writer.Flush(0, _SEND_WAIT_MS)
 
 
 def plain_client(client: Any) -> Any:
@@ -497,7 +534,7 @@ class PackedWindowWriter:
         self._since = [0] * len(self._windows)
         self._unsent = False
         self._closed = False
-        _SENDER.register(self)
+        send_soon(self)
 
     def append(self, step: Any) -> None:
         """Appends one step (a nest shaped like the stored spec, or its flat leaves as a list)
@@ -509,7 +546,6 @@ class PackedWindowWriter:
         row = self._encode(step)
         refs = self._refs
         refs.append(self._cpp.Append([row])[0])
-        self._unsent = True
         if len(refs) > self._history:
             del refs[0]
         index = self._step
@@ -521,6 +557,9 @@ class PackedWindowWriter:
                 self._cpp.CreateItem(name, priority, [refs[-length:]], [False])
                 count = 0
             since[k] = count
+        # Raised once the step's items exist: the sender clears it before it flushes, so an
+        # item created after a flush keeps it raised for the next one.
+        self._unsent = True
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None) -> None:
         """Waits until at most `block_until_num_items` items are unconfirmed."""
@@ -555,9 +594,7 @@ class PackedWindowWriter:
         if not self._unsent or self._closed:
             return
         self._unsent = False
-        # A timeout, or the writer's error, which its own flush and close raise.
-        with contextlib.suppress(Exception):
-            self._cpp.Flush(0, _SEND_WAIT_MS)
+        send_unsent(self._cpp)
 
     def close(self) -> None:
         """Closes the Reverb writer."""

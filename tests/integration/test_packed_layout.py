@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -827,3 +830,70 @@ def test_replay_server_restores_a_managers_default_buffer_in_its_layout(
             remote.close()
     finally:
         server.finish()
+
+
+def test_tf_agents_observer_items_reach_the_server_mid_episode(
+    make_manager: Any, steps: list[Any]
+) -> None:
+    """Items of TF-Agents' own observer on `py_client` are sent as the packed writers' are:
+    mid-episode, without a flush, as a nested table gets them (they had waited in the open
+    chunk of 64 steps: none visible to samplers, `num_frames()` or a checkpoint)."""
+    first_episode = list(itertools.takewhile(lambda t: not t.is_boundary(), steps))[:10]
+    assert len(first_episode) == 10
+    manager = make_manager(sequence_length=2)
+    manager.create_replay_buffer()
+    observer = reverb_utils.ReverbAddTrajectoryObserver(manager.py_client, manager.table_name, 2)
+    for trajectory in first_episode:
+        observer(trajectory)
+    deadline = time.monotonic() + 10
+    while manager.py_client.server_info()[manager.table_name].current_size < 9:
+        assert time.monotonic() < deadline, "the observer's items stayed unsent"
+        time.sleep(0.01)
+    observer.close()
+    assert manager.num_frames() == 9
+
+
+_EXIT_SCRIPT = """
+import tempfile
+from tf_agents.drivers import py_driver
+from tf_agents.environments import suite_gym
+from tf_agents.policies import random_py_policy
+from tf_agents.replay_buffers import reverb_utils
+from replay_service import ReplayBufferManager
+from replay_service.specs.nests import collect_data_spec
+
+env = suite_gym.load("CartPole-v0")
+policy = random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec(), seed=0)
+steps = []
+py_driver.PyDriver(env, policy, [steps.append], max_steps=60).run(env.reset())
+manager = ReplayBufferManager(collect_data_spec(env, policy), 100000, tempfile.mkdtemp())
+manager.create_replay_buffer()
+writers = [manager.observer() for _ in range(40)]
+writers += [
+    reverb_utils.ReverbAddTrajectoryObserver(manager.py_client, manager.table_name, 2)
+    for _ in range(10)
+]
+for _ in range(3):
+    for trajectory in steps:
+        for writer in writers:
+            writer(trajectory)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.heavy
+def test_a_process_with_packed_writers_left_open_exits_cleanly(tmp_path: Any) -> None:
+    """A script that leaves its packed writers and its manager open exits with status 0:
+    the sender thread ends at exit before the interpreter finalizes (it was inside Reverb's
+    flush then and the process aborted, "terminate called without an active exception")."""
+    result = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert "done" in result.stdout, result.stderr[-3000:]
+    assert "terminate called" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]
