@@ -819,6 +819,8 @@ def test_replay_server_restores_a_managers_default_buffer_in_its_layout(
     )
     try:
         server.wait_listening()
+        text = "".join(server.output)
+        assert "restoring" in text and "'packed' layout" in text, text
         remote = ReplayBufferManager(
             data_spec, 100000, server_address=f"localhost:{port}", timeouts=FAST_TIMEOUTS
         )

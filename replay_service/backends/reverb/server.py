@@ -48,6 +48,7 @@ from replay_service.errors import (
     ServerError,
     ServerUnavailableError,
 )
+from replay_service.specs.layouts import NESTED
 from replay_service.storage.schedule import ADOPT_POLL_S, CheckpointSchedule  # noqa: F401
 from replay_service.storage.store import (
     Checkpoint,
@@ -466,6 +467,15 @@ def serve_config(
         stored = store.stored_layout()
         if stored is not None:
             config = config.with_layout(stored)
+            if stored != NESTED:
+                _log.warning(
+                    "restoring %s in the %r layout its store recorded (the config names no "
+                    "layout): write with replay_service's observers and writers or a "
+                    "ReplayBufferManager's py_client; TF-Agents' observers on a plain "
+                    "reverb.Client write nested items, which this table cannot read",
+                    store.root,
+                    stored,
+                )
     common = {
         "port": config.server.port,
         "checkpoint_timeout": checkpoint_timeout,
