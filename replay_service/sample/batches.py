@@ -364,7 +364,9 @@ def step_of(tensor: torch.Tensor, index: int) -> torch.Tensor:
     torch's own calls; pinned memory stays pinned), else a view."""
     if math.prod(tensor.shape[2:]) * tensor.element_size() > STEP_COPY_BYTES:
         return tensor.select(1, index)
-    pinned = tensor.is_pinned()
+    # Only a process that initialized CUDA can hold pinned memory; asking an unpinned tensor
+    # initializes CUDA, which fails in a DataLoader worker forked from a process that had.
+    pinned = tensor.device.type == "cpu" and torch.cuda.is_initialized() and tensor.is_pinned()
     if tensor.device.type == "cpu" and not pinned:
         try:
             return torch.from_numpy(tensor.numpy()[:, index].copy())

@@ -147,6 +147,22 @@ def test_workers_sample_a_cpu_device_table(make):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_workers_sample_a_host_table_after_the_learner_initialized_cuda(make, device):
+    """A learner on the GPU (CUDA initialized) with a host table: the forked DataLoader workers
+    must not touch CUDA (asking a tensor whether it is pinned did: "initialization error")."""
+    torch.zeros(1, device="cuda")
+    assert torch.cuda.is_initialized()
+    manager = make(f"host-workers-{device}", device=device, seed=0)
+    manager.create_replay_buffer()
+    fill(manager)
+    loader = manager.torch_dataset(16, transitions=True).data_loader(num_workers=2)
+    for _, batch in zip(range(4), loader, strict=False):
+        states = batch.states.numpy()
+        np.testing.assert_array_equal(batch.next_states.numpy(), states + NEXT)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 def test_workers_refuse_a_cuda_table(make):
     manager = make("cuda-workers", device="cuda")
     manager.create_replay_buffer()
