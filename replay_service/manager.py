@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ from replay_service.errors import (
     BufferStateError,
     ConfigError,
     ManagerClosedError,
+    WriteTimeoutError,
 )
 from replay_service.integrations import tf_compat
 from replay_service.monitoring import summaries
@@ -70,6 +72,10 @@ if TYPE_CHECKING:
 
 
 _log = logging.getLogger(__name__)
+
+# `num_frames()` waits this long at a time for its writers' items to be confirmed before it
+# asks whether a rate limiter holds them back (a confirmation takes a round trip otherwise).
+_COUNT_WAIT_MS = 100
 
 
 class ReplayBufferManager:
@@ -602,16 +608,18 @@ class ReplayBufferManager:
         1, an episode of T steps gives T - sequence_length + 1 items), not one environment step.
         Every item this manager's observers and writers wrote counts: they are flushed first
         (a packed writer sends its items at episode ends and soon after, not at every step).
-        Items of other processes count once their writers sent them.
+        Items of other processes count once their writers sent them, and items a
+        `samples_per_insert` rate limiter holds back count once it lets them in: a count never
+        waits for samples (a learner that logs it while its collectors wait for it goes on).
 
         Raises:
           ConfigError: If `table` is not one of this buffer's tables.
           WriteTimeoutError: If this manager's writers cannot get their items confirmed
-            within `Timeouts.write` (the server is gone, or its rate limiter blocks inserts).
+            within `Timeouts.write` while no rate limiter holds them back (the server is gone).
         """
         name = find_table(self.tables, table).name
         client = self._require_client()
-        self._flush_writers()
+        self._flush_for_count()
         return self._backend.num_items(client, name)
 
     def clear(self) -> None:
@@ -719,6 +727,32 @@ class ReplayBufferManager:
     def _flush_writers(self) -> None:
         for observer in self._observers:
             observer.flush()
+
+    def _flush_for_count(self) -> None:
+        """Flushes this manager's writers for `num_frames`, in waits of `_COUNT_WAIT_MS`: it
+        stops waiting, without an error, once a table's rate limiter blocks inserts (their
+        items reach the table when samples let them in; waiting for them could only time
+        out).
+
+        Raises:
+          WriteTimeoutError: If the items are not confirmed within `Timeouts.write` while no
+            limiter blocks inserts.
+        """
+        if Capability.TRAIN_SCHEDULE not in self._backend.capabilities:
+            self._flush_writers()
+            return
+        write_s = self._timeouts.write
+        deadline = math.inf if write_s is None else time.monotonic() + write_s
+        while True:
+            try:
+                for observer in self._observers:
+                    observer.flush(_COUNT_WAIT_MS)
+                return
+            except WriteTimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                if any(not self._backend.limiter_state(t.name).can_insert() for t in self.tables):
+                    return
 
     def _hand_out(self, client: Any) -> tuple[Any, Any]:
         if self._layout_from_server:

@@ -188,8 +188,8 @@ class WriteTarget:
             return 0
         return padding_needed(num_steps, self.sequence_length, self.stride_length)
 
-    def wait(self, call: Callable[[], Any]) -> None:
-        """Runs a blocking writer call (given `timeout_ms`).
+    def wait(self, call: Callable[[], Any], timeout_ms: int | None = None) -> None:
+        """Runs a blocking writer call (given `timeout_ms`, or the target's `timeout_ms`).
 
         Raises:
           WriteTimeoutError: If the server does not confirm in time, naming table and server.
@@ -197,9 +197,10 @@ class WriteTarget:
         try:
             call()
         except _deadline_errors() as e:
+            waited = self.timeout_ms if timeout_ms is None else timeout_ms
             raise WriteTimeoutError(
                 f"table {self.table_name!r}: written items were not confirmed within "
-                f"{self.timeout_ms} ms; the server at {self.client.server_address!r} is down "
+                f"{waited} ms; the server at {self.client.server_address!r} is down "
                 "or its rate limiter blocks inserts (too few samples per insert)"
             ) from e
 
@@ -315,14 +316,19 @@ class TrajectoryObserver:
             since_flush = 0
         self._steps_since_flush = since_flush
 
-    def flush(self) -> None:
+    def flush(self, timeout_ms: int | None = None) -> None:
         """Blocks until every item written so far is confirmed by the server.
 
+        Args:
+          timeout_ms: Bound on the wait in milliseconds; None: the write timeout.
+
         Raises:
-          WriteTimeoutError: If that takes longer than the write timeout.
+          WriteTimeoutError: If that takes longer than the bound (the items stay on their way
+            to the server; the observer stays usable).
         """
         if self._writer is not None:
-            self._target.wait(lambda: self._writer.flush(timeout_ms=self._target.timeout_ms))
+            wait_ms = self._target.timeout_ms if timeout_ms is None else timeout_ms
+            self._target.wait(lambda: self._writer.flush(timeout_ms=wait_ms), wait_ms)
             self._steps_since_flush = 0
 
     def reset(self, write_cached_steps: bool = False) -> None:

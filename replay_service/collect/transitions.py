@@ -310,15 +310,20 @@ class TransitionWriter:
                 self._end_episode(index)
             self._has_expected[index] = False
 
-    def flush(self) -> None:
+    def flush(self, timeout_ms: int | None = None) -> None:
         """Blocks until every item written so far is confirmed by the server.
 
+        Args:
+          timeout_ms: Bound on each writer's wait in milliseconds; None: the write timeout.
+
         Raises:
-          WriteTimeoutError: If that takes longer than the write timeout.
+          WriteTimeoutError: If that takes longer than the bound (the items stay on their way
+            to the server; the writer stays usable).
         """
+        wait_ms = self._target.timeout_ms if timeout_ms is None else timeout_ms
         for index, writer in enumerate(self._writers):
             if writer is not None:
-                self._target.wait(lambda w=writer: w.flush(timeout_ms=self._target.timeout_ms))
+                self._target.wait(lambda w=writer: w.flush(timeout_ms=wait_ms), wait_ms)
                 self._since_flush[index] = 0
 
     def close(self) -> None:

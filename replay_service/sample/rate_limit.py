@@ -75,6 +75,13 @@ class LimiterState:
         """`inserts * samples_per_insert - samples`, which the limiter keeps in its band."""
         return self.inserts * self.samples_per_insert - self.samples
 
+    def can_insert(self, num_inserts: int = 1) -> bool:
+        """Whether `num_inserts` more items can be inserted now without waiting (Reverb's
+        rule: inserts pass freely until the table holds `min_size_to_sample` items)."""
+        if self.size + num_inserts <= self.min_size_to_sample:
+            return True
+        return self.diff + num_inserts * self.samples_per_insert <= self.max_diff
+
     def can_sample(self, num_samples: int = 1) -> bool:
         """Whether `num_samples` items can be sampled now without waiting (Reverb's rule)."""
         if self.size < self.min_size_to_sample:

@@ -4,11 +4,14 @@ collect/train loop with a samples-per-insert limiter finishes."""
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tf_agents.drivers import py_driver
+from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import FAST_TIMEOUTS, collect
 from replay_service import ConfigError, SamplingConfig, Timeouts
@@ -92,6 +95,42 @@ def drain(manager: Any) -> None:
     if allowed > 0:
         list(manager.py_client.sample(manager.table_name, num_samples=allowed))
     assert not limiter(manager).can_sample(1)
+
+
+def mid_step(value: float) -> Any:
+    """A CartPole-shaped step in the middle of an episode whose observation is `value`."""
+    return trajectory_lib.Trajectory(
+        step_type=np.int32(1),
+        observation=np.full([4], value, np.float32),
+        action=np.int64(0),
+        policy_info=(),
+        next_step_type=np.int32(1),
+        reward=np.float32(0.0),
+        discount=np.float32(1.0),
+    )
+
+
+@pytest.mark.parametrize("layout", ["auto", "nested"])
+def test_num_frames_does_not_wait_for_items_the_rate_limiter_holds_back(make_manager, layout):
+    # A learner that reads num_frames() while its collectors wait for it to sample: the count
+    # answers at once with what the table holds, and the held items come in once sampled.
+    sampling = SamplingConfig(samples_per_insert=1.0, min_size_to_sample=2, error_buffer=10.0)
+    write_s = 10.0
+    manager = make_manager(
+        layout=layout,
+        sampling=sampling,
+        timeouts=Timeouts(connect=5.0, write=write_s, sample=1.0, checkpoint=60.0),
+    )
+    _, observer = manager.create_replay_buffer()
+    for i in range(31):  # 30 items, more than the limiter lets in without samples
+        observer(mid_step(float(i)))
+    start = time.monotonic()
+    held_back = manager.num_frames()
+    assert time.monotonic() - start < write_s / 2
+    state = limiter(manager)
+    assert 0 < held_back == state.size < 30 and not state.can_insert()
+    list(manager.py_client.sample(manager.table_name, num_samples=25))
+    assert manager.num_frames() == 30  # the held items were inserted: none was lost
 
 
 @pytest.mark.heavy
