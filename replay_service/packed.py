@@ -9,6 +9,7 @@ from replay_service.specs.packed import (  # noqa: F401
     SEND_AFTER_S,
     PackedLayout,
     PackedWindowWriter,
+    SentWriter,
     check_layout,
     chunk_length,
     item_signature,

@@ -406,7 +406,7 @@ _SEND_WAIT_MS = 1
 class _Sender:
     """One daemon thread per process that flushes packed writers' unsent items every
     `SEND_AFTER_S` without making their writers wait. Writers (anything with
-    `_send_unsent()`: `PackedWindowWriter` and the `PackingClient`'s writers) are held
+    `_send_unsent()`: every `SentWriter`) are held
     weakly; a sender error is left to the writer's own flush. At interpreter exit (`stop`,
     registered with `atexit`) the thread ends before the interpreter finalizes: a daemon
     thread that asked for the GIL back from inside Reverb's flush after that aborted the
@@ -466,19 +466,40 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_SENDER.after_fork)
 
 
-def send_soon(writer: Any) -> None:
-    """Lets the process's sender flush `writer`'s unsent items (`writer._send_unsent()`)
-    soon after they were created, without the writer waiting."""
-    _SENDER.register(writer)
+class SentWriter:
+    """A packed writer over a Reverb `TrajectoryWriter` whose unsent items the process's
+    sender flushes soon after they were created, without the writer waiting
+    (`PackedWindowWriter`, and the `PackingClient`'s writers). A subclass calls
+    `_start_sending` with its Reverb writer and raises `_unsent` once an item exists (the
+    sender clears it before it flushes, so an item created after a flush keeps it raised)."""
 
+    _writer: Any
+    _cpp: Any
+    _unsent: bool
+    _closed: bool
 
-def send_unsent(cpp_writer: Any) -> None:
-    """(The sender's thread) finalizes the chunks of every item `cpp_writer` (a Reverb C++
-    `TrajectoryWriter`) created so far, so they go to the server, and waits for
-    confirmations only `_SEND_WAIT_MS`. A timeout, or the writer's error, is left to the
-    writer's own flush and close, which raise it."""
-    with contextlib.suppress(Exception):
-        cpp_writer.Flush(0, _SEND_WAIT_MS)
+    def _start_sending(self, writer: Any) -> None:
+        """Keeps `writer` (a Reverb Python `TrajectoryWriter`) and lets the sender flush it."""
+        self._writer = writer
+        self._cpp = writer._writer  # its C++ writer
+        self._unsent = False
+        self._closed = False
+        _SENDER.register(self)
+
+    def _send_unsent(self) -> None:
+        """(The sender's thread) finalizes the chunks of every item created so far, so they
+        go to the server, and waits for confirmations only `_SEND_WAIT_MS`. A timeout, or the
+        writer's error, is left to the writer's own flush and close, which raise it."""
+        if not self._unsent or self._closed:
+            return
+        self._unsent = False
+        with contextlib.suppress(Exception):
+            self._cpp.Flush(0, _SEND_WAIT_MS)
+
+    def close(self) -> None:
+        """Closes the Reverb writer."""
+        self._closed = True
+        self._writer.close()
 
 
 def plain_client(client: Any) -> Any:
@@ -488,7 +509,7 @@ def plain_client(client: Any) -> Any:
     return client if plain is None else plain
 
 
-class PackedWindowWriter:
+class PackedWindowWriter(SentWriter):
     """Writes packed steps and inserts the same windows as the StructuredWriter configs of
     `observers.window_configs` (the last `sequence_length` steps of the episode, every
     `stride_length` steps; padded tables at multiples of the stride), with the same API
@@ -519,19 +540,15 @@ class PackedWindowWriter:
         self._history = max(w[1] for w in self._windows)
         chunk = chunk_length(layout.step_bytes)
         keep = max(chunk, self._history)
-        self._writer = plain_client(client).trajectory_writer(num_keep_alive_refs=keep)
         # The wrapper's Python bookkeeping is bypassed: one column, appended and referenced
-        # through the C++ writer directly.
-        self._cpp = self._writer._writer
+        # through the C++ writer directly (`_cpp`).
+        self._start_sending(plain_client(client).trajectory_writer(num_keep_alive_refs=keep))
         self._cpp.ConfigureChunker(
             0, pybind.ConstantChunkerOptions(max_chunk_length=chunk, num_keep_alive_refs=keep)
         )
         self._refs: list[Any] = []
         self._step = 0
         self._since = [0] * len(self._windows)
-        self._unsent = False
-        self._closed = False
-        send_soon(self)
 
     def append(self, step: Any) -> None:
         """Appends one step (a nest shaped like the stored spec, or its flat leaves as a list)
@@ -583,16 +600,3 @@ class PackedWindowWriter:
         """
         self._refs = []
         self._step = 0
-
-    def _send_unsent(self) -> None:
-        """(The sender's thread) finalizes the chunks of every item created so far, so they go
-        to the server, and waits for confirmations only `_SEND_WAIT_MS`."""
-        if not self._unsent or self._closed:
-            return
-        self._unsent = False
-        send_unsent(self._cpp)
-
-    def close(self) -> None:
-        """Closes the Reverb writer."""
-        self._closed = True
-        self._writer.close()

@@ -25,7 +25,7 @@ import reverb
 import tree
 
 from replay_service.errors import SpecMismatchError
-from replay_service.specs.packed import PackedLayout, chunk_length, send_soon, send_unsent
+from replay_service.specs.packed import PackedLayout, SentWriter, chunk_length
 
 # The writer appends each row inside a one-element list: its column's path.
 _ROW_PATH = (0,)
@@ -61,12 +61,12 @@ class _FieldColumn:
         return len(self.column)
 
 
-class PackingTrajectoryWriter:
+class PackingTrajectoryWriter(SentWriter):
     """A Reverb `TrajectoryWriter`'s API over one packed column (see the module docstring).
 
     An item waits in its unfinished chunk (up to `MAX_CHUNK_LENGTH` steps) until the chunk
     fills or is flushed: as the packed writers of this project, the process's sender
-    (`specs.packed.send_soon`) flushes the writer's new items within `SEND_AFTER_S`, so
+    (`specs.packed.SentWriter`) flushes the writer's new items within `SEND_AFTER_S`, so
     that samplers, `num_frames()` and checkpoints see them mid-episode as a nested table's
     (whose chunks never outgrow the item) without the writer waiting.
 
@@ -77,14 +77,10 @@ class PackingTrajectoryWriter:
     """
 
     def __init__(self, writer: Any, layout: PackedLayout, lengths: Mapping[str, int]) -> None:
-        self._writer = writer
         self._layout = layout
         self._lengths = dict(lengths)
         self._structure: Any = None
-        self._cpp = writer._writer
-        self._unsent = False
-        self._closed = False
-        send_soon(self)
+        self._start_sending(writer)
 
     def __enter__(self) -> PackingTrajectoryWriter:
         return self
@@ -185,18 +181,6 @@ class PackingTrajectoryWriter:
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
         """Reverb's `end_episode`: flushes, and clears the history if `clear_buffers`."""
         self._writer.end_episode(clear_buffers, timeout_ms=timeout_ms)
-
-    def _send_unsent(self) -> None:
-        """(The sender's thread) sends the items created since its last round."""
-        if not self._unsent or self._closed:
-            return
-        self._unsent = False
-        send_unsent(self._cpp)
-
-    def close(self) -> None:
-        """Closes the Reverb writer."""
-        self._closed = True
-        self._writer.close()
 
 
 def _reconnect(address: str, layout: PackedLayout, lengths: Mapping[str, int]) -> PackingClient:
