@@ -140,7 +140,11 @@ def test_written_items_survive_checkpoint_close_and_load(make, backend, tmp_path
     collect(env, policy, observer, 30)
     observed = manager.num_frames()
     assert observed > 0
-    write_episode(manager.transition_writer(priority=2.0), 0, 5)
+    # Confirmed before the next writer writes: items of different writers reach the table in
+    # the order they are sent (a packed writer sends within 50 ms, or at its flush).
+    single = manager.transition_writer(priority=2.0)
+    write_episode(single, 0, 5)
+    single.flush()
     multi = manager.transition_writer()
     write_multi(multi, 3, 4)
     multi.flush()
