@@ -135,12 +135,16 @@ def test_checkpoints_and_exports_are_the_host_files(make, tmp_path, device):
         again.close()
 
 
-def test_workers_sample_a_cpu_device_table(make):
-    manager = make("workers", device="cpu", seed=0)
+def worker_batches(manager: ReplayBufferManager) -> list[Any]:
+    """Four transition batches of `manager`, filled, from a DataLoader with two workers."""
     manager.create_replay_buffer()
     fill(manager)
     loader = manager.torch_dataset(16, transitions=True).data_loader(num_workers=2)
-    for _, batch in zip(range(4), loader, strict=False):
+    return [batch for _, batch in zip(range(4), loader, strict=False)]
+
+
+def test_workers_sample_a_cpu_device_table(make):
+    for batch in worker_batches(make("workers", device="cpu", seed=0)):
         states = batch.states.numpy()
         np.testing.assert_array_equal(batch.next_states.numpy(), states + NEXT)
         np.testing.assert_array_equal(batch.rewards.numpy(), states[:, 1])
@@ -153,11 +157,7 @@ def test_workers_sample_a_host_table_after_the_learner_initialized_cuda(make, de
     must not touch CUDA (asking a tensor whether it is pinned did: "initialization error")."""
     torch.zeros(1, device="cuda")
     assert torch.cuda.is_initialized()
-    manager = make(f"host-workers-{device}", device=device, seed=0)
-    manager.create_replay_buffer()
-    fill(manager)
-    loader = manager.torch_dataset(16, transitions=True).data_loader(num_workers=2)
-    for _, batch in zip(range(4), loader, strict=False):
+    for batch in worker_batches(make(f"host-workers-{device}", device=device, seed=0)):
         states = batch.states.numpy()
         np.testing.assert_array_equal(batch.next_states.numpy(), states + NEXT)
 
