@@ -135,6 +135,40 @@ def test_memory_per_stored_step_does_not_grow_with_the_sequence_length(length):
     )
 
 
+def metadata_bytes(table: LocalTable) -> int:
+    """Bytes of every numpy array a table keeps besides its step ring (`nbytes` counts that
+    ring, with its per-step `_gap` and `_refs`): per-item arrays, its slots', its sum tree's."""
+    owners = [vars(table)[name] for name in ("_slots", "_tree") if vars(table).get(name)]
+    owners.append(table)
+    return sum(
+        value.nbytes
+        for owner in owners
+        for name, value in vars(owner).items()
+        if isinstance(value, np.ndarray) and name not in ("_gap", "_refs")
+    )
+
+
+@pytest.mark.parametrize("length", [2, 20])
+def test_a_full_uniform_table_with_its_item_metadata_holds_a_step_in_1_5x_its_bytes(length):
+    """Memory per stored step, everything counted: the ring, per-step and per-item arrays
+    (episodes of 200 steps, as the benchmark writes; one item per step but the first
+    `length - 1` of each episode)."""
+    capacity = 4000
+    table = LocalTable(TableConfig("t", capacity, length), FIELDS)
+    writer = LocalClient({"t": table}).window_writer([("t", length, 1, 1.0, False)])
+    steps = 0
+    while table.size < capacity:
+        writer.append(
+            [np.full(4, steps, np.float32), *(np.zeros((), f["dtype"]) for f in FIELDS[1:])]
+        )
+        steps += 1
+        if steps % 200 == 0:
+            writer.end_episode()
+    stored = steps  # nothing was evicted yet: every step written is stored
+    total = table.nbytes + metadata_bytes(table)
+    assert total <= 1.5 * RAW_STEP * stored, (total / stored, RAW_STEP)
+
+
 # ----------------------------------------------------------------------- windows read back
 
 

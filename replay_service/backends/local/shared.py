@@ -6,19 +6,19 @@ and readers in other processes, forked or spawned, sample it without any lock: a
 cannot take the owner's `threading` lock, and a lock shared between processes would make the
 collector wait for every worker's batch.
 
-Consistency is a seqlock per item slot. The owner bumps a slot's version before anything of
-the item it held is overwritten (the item is removed: the version becomes even) and again
-once a new item's steps and first step are written there (odd: held). A held item's steps are
-never overwritten (the ring has room for `capacity` whole windows, and the oldest items are
-evicted first). A reader draws slots from the occupied ones, reads each slot's version, its
-first step and its steps, then the version again, and keeps an item only if both versions
-are equal and odd; it draws again for the others. So every item a reader returns is exactly
-an item that was written, whole, and held by the table while it was read. The distribution is
-uniform over the items held, up to draws made while an insert or eviction was moving the
-occupied slots (a draw that landed on a slot being changed is redrawn). This relies on the
-stores of the owner becoming visible in program order (x86-64's total store order); the
-numpy calls between the version writes and reads are separate C calls that compilers do not
-reorder.
+Consistency comes from the order of the owner's writes. A shareable table removes its oldest
+items only (`slots.RingSlots`): it holds the items inserted `[oldest, next)`-th, item `n` in
+slot `n % capacity`, and publishes both counters in a shared cell. It raises `next` once a new
+item's steps and first step are written, and raises `oldest` when items are removed, before
+anything of theirs is overwritten; a held item's steps are never overwritten (the ring has room
+for `capacity` whole windows, and the oldest items are evicted first). A reader reads `oldest`
+and `next`, draws insertion numbers between them, reads each item's first step and its steps,
+then `oldest` again, and keeps an item only if it is still at least that; it draws again for
+the others. So every item a reader returns is exactly an item that was written, whole, and
+held by the table while it was read. The distribution is uniform over the items held, up to
+draws of items evicted while they were read (redrawn). This relies on the stores of the owner
+becoming visible in program order (x86-64's total store order); the numpy calls between the
+writes and reads are separate C calls that compilers do not reorder.
 
 Readers are read-only: they count no samples (`times_sampled` and the table's sample count
 are the owner's draws only) and remove nothing, which is why only uniform tables without
@@ -49,18 +49,20 @@ class SharedTable:
 
     Attributes:
       name: The table name.
+      capacity: Items the table holds at most (item `n` is in slot `n % capacity`).
       length: Steps per item.
       ring_size: Steps in the ring (fixed once shared): an item starting at serial `s` holds
         ring positions `(s + i) % ring_size`.
       min_size: Items the table must hold before a reader samples.
       columns: The step ring, one tensor `[ring_size, *field_shape]` per field.
-      metadata: The table's shared per-slot arrays by attribute name (`_first`, `_dense`,
-        `_version`, `_slot_key` as int64, `_priority`, `_times_sampled`) and `_cell` (size,
-        closed).
+      metadata: The table's shared per-slot arrays by attribute name (`_first`, `_priority`,
+        `_times_sampled`) and `_cell` (size, closed, the insertion numbers of the oldest held
+        and of the next item).
       seed: The table's seed; None: readers draw fresh entropy.
     """
 
     name: str
+    capacity: int
     length: int
     ring_size: int
     min_size: int
@@ -98,16 +100,14 @@ class SharedReader:
         self._columns = [t.numpy() for t in table.columns]
         meta = {name: t.numpy() for name, t in table.metadata.items()}
         self._first = meta["_first"]
-        self._dense = meta["_dense"]
-        self._version = meta["_version"]
-        self._key = meta["_slot_key"]
         self._priority = meta["_priority"]
         self._times_sampled = meta["_times_sampled"]
         self._cell = meta["_cell"]
         self._offsets = np.arange(table.length, dtype=np.int64)
 
-    def _wait(self, deadline: float | None, timeout: float | None) -> int:
-        """The table's size once it holds `min_size` items (at least 1).
+    def _wait(self, deadline: float | None, timeout: float | None) -> tuple[int, int]:
+        """`(oldest, size)`: the insertion number of the oldest item held and the number of
+        items held, once the table holds `min_size` items (at least 1).
 
         Raises:
           ManagerClosedError: If the table was closed.
@@ -119,9 +119,10 @@ class SharedReader:
                 raise ManagerClosedError(
                     f"the buffer of table {self.table.name!r} was closed; create or load a new one"
                 )
-            size = int(self._cell[0])
+            oldest = int(self._cell[2])
+            size = min(int(self._cell[3]) - oldest, self.table.capacity)
             if size >= need:
-                return size
+                return oldest, size
             if deadline is not None and time.monotonic() >= deadline:
                 raise BufferStateError(
                     f"no item could be sampled from table {self.table.name!r} within {timeout} "
@@ -155,32 +156,34 @@ class SharedReader:
         data = [
             np.empty((batch_size, self.table.length, *c.shape[1:]), c.dtype) for c in self._columns
         ]
-        slots_out = np.empty(batch_size, np.int64)
-        keys_out = np.empty(batch_size, np.int64)
+        capacity = self.table.capacity
+        numbers_out = np.empty(batch_size, np.int64)
         sizes_out = np.empty(batch_size, np.int64)
         pending = np.arange(batch_size)
         for _ in range(MAX_ROUNDS):
-            size = self._wait(deadline, timeout)
+            oldest, size = self._wait(deadline, timeout)
             count = len(pending)
-            slots = self._dense.take(self.rng.integers(0, size, count))
-            before = self._version.take(slots)
-            keys = self._key.take(slots)
+            numbers = self.rng.integers(0, size, count) + oldest
+            slots = numbers % capacity
             positions = self._first.take(slots)[:, None] + self._offsets
             np.remainder(positions, self.table.ring_size, out=positions)
             for target, column in zip(data, self._columns, strict=True):
                 target[pending] = column.take(positions, axis=0)
-            after = self._version.take(slots)
-            good = (before == after) & (before % 2 == 1)
+            good = numbers >= self._cell[2]  # not removed while read
             done = pending[good]
-            slots_out[done] = slots[good]
-            keys_out[done] = keys[good]
+            numbers_out[done] = numbers[good]
             sizes_out[done] = size
             pending = pending[~good]
             if not len(pending):
                 info: dict[str, np.ndarray] = {}
                 if with_info:
+                    slots_out = numbers_out % capacity
                     info = {
-                        "key": keys_out.view(np.uint64),
+                        "key": (
+                            numbers_out.astype(np.uint64) * np.uint64(capacity)
+                            + slots_out.astype(np.uint64)
+                            + np.uint64(1)
+                        ),
                         "probability": 1.0 / sizes_out,
                         "table_size": sizes_out,
                         "priority": self._priority.take(slots_out),

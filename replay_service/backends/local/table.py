@@ -66,6 +66,7 @@ import numpy as np
 import torch
 
 from replay_service.backends.local.shared import SharedTable
+from replay_service.backends.local.slots import RingSlots, slots_for
 from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
 from replay_service.errors import (
@@ -85,21 +86,10 @@ _SCRATCH_FILE = re.compile(r"field[0-9]+\.memmap")
 # A growing step ring takes at least this fraction of its size more (a growth copies the ring).
 _GROWTH = 0.125
 
-# The per-slot arrays (and the size cell) a `SharedTable` reads, moved to shared memory.
-_SHARED_FIELDS = (
-    "_first",
-    "_dense",
-    "_version",
-    "_slot_key",
-    "_priority",
-    "_times_sampled",
-    "_cell",
-)
-
-# Reverb's item keys are uint64. An item's key is `sequence * capacity + slot + 1`, its
-# sequence the number of items inserted before it: never 0, unique for the table's life, and
-# it tells the item's slot without a map.
-_FIRST_KEY = 1
+# The per-slot arrays (and the cell of counters) a `SharedTable` reads, moved to shared memory.
+_SHARED_FIELDS = ("_first", "_priority", "_times_sampled", "_cell")
+# `_cell`: items held, closed, insertion numbers of the oldest held and of the next item.
+_SIZE, _CLOSED, _OLDEST, _NEXT = range(4)
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -247,42 +237,34 @@ class LocalTable:
         # numpy views of `_tensors`, or with a `device` the tensors themselves.
         self._columns: list[Any] | None = None
         self._tensors: list[torch.Tensor] = []
-        self._gap = np.zeros(0, dtype=np.int32)
-        self._refs = np.zeros(0, dtype=np.int32)
+        # `_gap` exists once a writer's steps interleave with another's (None: every gap 1);
+        # `_refs` is uint8 until a step is the first of 255 items.
+        self._gap: np.ndarray | None = None
+        self._refs = np.zeros(0, dtype=np.uint8)
         self._head = 0
         self._written = 0
         self._oldest = 0
         self._offsets = np.arange(length, dtype=np.int64)
-        # Per item slot: its first step's serial, whether its steps are consecutive serials,
-        # key, priority, samples, and its neighbours in insertion order (-1: none).
+        # Per item slot: its first step's serial and samples; its priority once items differ
+        # (before: `_flat_priority`, every item's); whether its steps are consecutive serials
+        # once an item's are not. Which slots are held, their order and keys: `_slots`.
         self._first = np.zeros(capacity, dtype=np.int64)
-        self._consecutive = np.ones(capacity, dtype=np.bool_)
-        self._scattered = 0  # held items whose steps are not consecutive
-        self._slot_key = np.zeros(capacity, dtype=np.uint64)
-        self._priority = np.zeros(capacity, dtype=np.float64)
         self._times_sampled = np.zeros(capacity, dtype=np.int32)
-        self._draw_marks = np.zeros(capacity, dtype=np.int32)  # scratch of `_count_draws`
-        self._newer = np.full(capacity, -1, dtype=np.int64)
-        self._older = np.full(capacity, -1, dtype=np.int64)
-        self._oldest_slot = -1
-        self._newest_slot = -1
-        # The occupied slots, densely: `_dense[:size]`; `_where[slot]` is the slot's position.
-        self._dense = np.arange(capacity, dtype=np.int64)
-        self._where = np.arange(capacity, dtype=np.int64)
-        self._size = 0
-        self._sequence = 0
+        self._priority: np.ndarray | None = None
+        self._flat_priority = 1.0
+        self._consecutive: np.ndarray | None = None
+        self._scattered = 0  # held items whose steps are not consecutive
+        self._slots = slots_for(config)
         self._tree = SumTree(capacity) if config.sampling.sampler == "prioritized" else None
+        self._exponent = config.sampling.priority_exponent
         self._rng = np.random.default_rng(seed)
         self._seed = (
             seed
             if seed is None or isinstance(seed, np.random.SeedSequence)
             else np.random.SeedSequence(seed)
         )
-        # Per slot, a version that readers in other processes check (`SharedTable`): odd
-        # while the slot holds an item, bumped when it is removed and when an item is
-        # inserted there (after its steps are written). `_cell`: size, closed.
-        self._version = np.zeros(capacity, dtype=np.int64)
-        self._cell = np.zeros(2, dtype=np.int64)
+        # What readers in other processes check (`SharedTable`), see `_publish`.
+        self._cell = np.zeros(4, dtype=np.int64)
         self._shared: SharedTable | None = None
         self._changed = threading.Condition()
         self._closed = False
@@ -306,7 +288,11 @@ class LocalTable:
     @property
     def size(self) -> int:
         """Items held."""
-        return self._size
+        return self._slots.size
+
+    @property
+    def _size(self) -> int:
+        return self._slots.size
 
     @property
     def step_bytes(self) -> int:
@@ -332,13 +318,14 @@ class LocalTable:
         the first insert in RAM)."""
         if self._columns is None:
             return 0
-        return self._ring_size * self.step_bytes + self._gap.nbytes + self._refs.nbytes
+        gap = 0 if self._gap is None else self._gap.nbytes
+        return self._ring_size * self.step_bytes + gap + self._refs.nbytes
 
     def close(self) -> None:
         """Wakes and fails every waiting sampler; the items stay readable for a checkpoint."""
         with self._changed:
             self._closed = True
-            self._cell[1] = 1
+            self._cell[_CLOSED] = 1
             self._changed.notify_all()
 
     # ---------------------------------------------------------------------------- writing
@@ -423,7 +410,8 @@ class LocalTable:
             for step in steps[length - new :]:
                 for column, value in zip(columns, step):  # noqa: B905 (checked by the writer)
                     column[position] = torch.as_tensor(value) if on_device else value
-                gap[position] = 1
+                if gap is not None:
+                    gap[position] = 1
                 position += 1
                 if position == size:
                     position = 0
@@ -434,7 +422,8 @@ class LocalTable:
                 self._oldest = end - size
             if keep >= 0:
                 last = serials[-1]
-                gap[(last - written + head) % size] = written - last
+                if written - last != 1:
+                    self._gaps()[(last - written + head) % size] = written - last
                 first = keep
                 if stream is not None:
                     serials = serials[fresh - length :]
@@ -444,35 +433,31 @@ class LocalTable:
                 first = written
                 if stream is not None:
                     stream.serials = list(range(written, end))
-            slot = int(self._dense[self._size])
-            self._size += 1
-            self._refs[(first - written + head) % size] += 1
+            refs = self._refs
+            at = (first - written + head) % size
+            refs[at] += 1
+            if refs[at] == np.iinfo(refs.dtype).max:
+                self._refs = refs.astype(np.int32)
+            slots, keys = self._slots.allocate(1)
+            slot = int(slots[0])
+            key = int(keys[0])
             self._first[slot] = first
             consecutive = first + length == end
-            self._consecutive[slot] = consecutive
             if not consecutive:
+                self._consecutives()[slot] = False
                 self._scattered += 1
-            key = self._sequence * self.config.capacity + slot + _FIRST_KEY
-            self._sequence += 1
-            self._slot_key[slot] = key
+            elif self._consecutive is not None:
+                self._consecutive[slot] = True
             self._times_sampled[slot] = 0
-            self._priority[slot] = priority
-            newest = self._newest_slot
-            self._older[slot] = newest
-            self._newer[slot] = -1
-            if newest >= 0:
-                self._newer[newest] = slot
-            else:
-                self._oldest_slot = slot
-            self._newest_slot = slot
+            if self._priority is not None:
+                self._priority[slot] = priority
+                if self._tree is not None:
+                    self._tree.set(slots, np.array([priority**self._exponent]))
+            elif priority != self._flat_priority or self._tree is not None:
+                self._set_priorities(slots, np.array([priority]))
             if stream is not None:
                 stream.key = key
-            if self._tree is not None:
-                self._tree.set(
-                    np.array([slot]), np.array([priority**self.config.sampling.priority_exponent])
-                )
-            self._version[slot] += 1  # held: its steps and first serial are written
-            self._cell[0] = self._size
+            self._publish()  # held: its steps and first serial are written
             self.inserts += 1
             self._changed.notify()
         return key
@@ -483,16 +468,13 @@ class LocalTable:
         Returns:
           How many items were updated.
         """
-        pairs = [(int(k), p) for k, p in updates.items() if _FIRST_KEY <= int(k) < 1 << 64]
+        pairs = [(int(k), p) for k, p in updates.items() if 1 <= int(k) < 1 << 64]
         if not pairs:
             return 0
         keys = np.array([k for k, _ in pairs], dtype=np.uint64)
         values = np.array([p for _, p in pairs], dtype=np.float64)
         with self._changed:
-            slots = ((keys - np.uint64(_FIRST_KEY)) % np.uint64(self.config.capacity)).astype(
-                np.int64
-            )
-            held = (self._slot_key[slots] == keys) & (self._where[slots] < self._size)
+            slots, held = self._slots.find(keys)
             if held.any():
                 self._set_priorities(slots[held], values[held])
             return int(held.sum())
@@ -548,6 +530,7 @@ class LocalTable:
                 return self._shared
             if self._storage_kind == "memory":
                 self._share_ring()
+            self._priorities_by_slot()  # readers read them per slot
             tensors = {}
             for name in _SHARED_FIELDS:
                 array = getattr(self, name)
@@ -556,8 +539,10 @@ class LocalTable:
                 view = tensor.numpy()
                 setattr(self, name, view.view(np.uint64) if array.dtype == np.uint64 else view)
                 tensors[name] = tensor
+            assert isinstance(self._slots, RingSlots)  # uniform, no `max_times_sampled`
             self._shared = SharedTable(
                 name=self.name,
+                capacity=self.config.capacity,
                 length=self._length,
                 ring_size=self._ring_size,
                 min_size=self.config.sampling.min_size_to_sample,
@@ -583,11 +568,10 @@ class LocalTable:
                 self._tensors, windows, self._step_shapes, strict=True
             ):
                 tensor[:count] = window.reshape(count, *shape)
-        self._gap[:count] = 1
         firsts = np.arange(len(held), dtype=np.int64) * length
         self._refs[firsts] = 1
         self._first[held] = firsts
-        self._consecutive[:] = True
+        self._consecutive = None
         self._scattered = 0
         self._head = count % steps
         self._written = count
@@ -664,34 +648,32 @@ class LocalTable:
         removes those that reached `max_times_sampled`."""
         slots, probability = self._select(batch_size)
         # Counts every draw, a slot drawn twice in the batch too.
-        _count_draws(self._times_sampled, slots, self._draw_marks)
+        _count_draws(self._times_sampled, slots)
         info = {}
         if with_info:
             info = {
-                "key": self._slot_key.take(slots),
+                "key": self._slots.keys(slots),
                 "probability": (
                     np.full(batch_size, 1.0 / self._size) if probability is None else probability
                 ),
                 "table_size": np.full(batch_size, self._size, dtype=np.int64),
-                "priority": self._priority.take(slots),
+                "priority": self._priorities(slots),
                 "times_sampled": self._times_sampled.take(slots),
             }
         data = self._read_slots(slots) if steps is None else self._read_steps(slots, steps)
         self.samples += batch_size
         limit = self.config.sampling.max_times_sampled
         if limit:
-            self._remove(np.unique(slots[self._times_sampled[slots] >= limit]))
+            done = np.unique(slots[self._times_sampled[slots] >= limit])
+            if len(done):
+                self._remove(done)
         return data, info
 
     def _select(self, batch_size: int) -> tuple[np.ndarray, np.ndarray | None]:
         """`batch_size` slots drawn by the sampler and their probabilities (None: uniform)."""
         sampler = self.config.sampling.sampler
-        size = self._size
         if sampler == "fifo":
-            return (
-                np.full(batch_size, self._oldest_slot, dtype=np.int64),
-                np.ones(batch_size),
-            )
+            return np.repeat(self._slots.oldest(1), batch_size), np.ones(batch_size)
         if sampler == "prioritized" and self._tree is not None and self._tree.total > 0:
             total = self._tree.total
             targets = self._rng.random(batch_size) * total
@@ -699,10 +681,10 @@ class LocalTable:
             weights = self._tree.get(slots)
             bad = weights <= 0  # rounding at a boundary: take the slot's left neighbour's mass
             if bad.any():
-                slots[bad] = self._dense[self._rng.integers(0, size, int(bad.sum()))]
+                slots[bad] = self._slots.draw(self._rng, int(bad.sum()))
                 weights = self._tree.get(slots)
             return slots, weights / total
-        return self._dense.take(self._rng.integers(0, size, batch_size)), None
+        return self._slots.draw(self._rng, batch_size), None
 
     def read_newest(
         self, batch_size: int, window: int, rng: np.random.Generator
@@ -728,10 +710,7 @@ class LocalTable:
             count = min(int(window), self._size)
             if count <= 0:
                 raise BufferStateError(f"table {self.name!r} holds no items to read")
-            held = self._dense[: self._size]
-            if count < self._size:  # keys grow with the insertion order: the largest are newest
-                cut = self._size - count
-                held = held[np.argpartition(self._slot_key[held], cut)[cut:]]
+            held = self._slots.newest(count)
             return self._read_slots(held[rng.integers(0, count, batch_size)])
 
     # ------------------------------------------------------------------------ checkpoints
@@ -754,7 +733,7 @@ class LocalTable:
                 ]
             else:
                 data = [t.numpy(force=True) for t in self._read_slots(slots)]  # host copies
-            return data, self._priority[slots].copy(), self._times_sampled[slots].copy()
+            return data, self._priorities(slots), self._times_sampled[slots].copy()
 
     def frozen(self) -> Any:
         """A context manager holding the table's lock: no insert, sample or removal meanwhile
@@ -845,38 +824,30 @@ class LocalTable:
                     column[positions] = steps
                 else:
                     column[self._index(positions)] = torch.from_numpy(steps).to(self._device)
-            self._gap[positions] = 1
+            if self._gap is not None:
+                self._gap[positions] = 1
             firsts = written + np.cumsum(new_steps) - length
             self._head = (self._head + total) % size
             self._written = written + total
             self._oldest = max(self._oldest, self._written - size)
-            slots = self._dense[self._size : self._size + count].copy()
-            self._size += count
-            np.add.at(self._refs, self._positions(firsts), 1)
+            at = self._positions(firsts)
+            if self._refs.dtype == np.uint8 and int(self._refs[at].max()) + count >= 255:
+                self._refs = self._refs.astype(np.int32)
+            np.add.at(self._refs, at, 1)
+            slots, keys = self._slots.allocate(count)
             self._first[slots] = firsts
-            self._consecutive[slots] = True
-            keys = (
-                (self._sequence + np.arange(count, dtype=np.uint64)) * np.uint64(capacity)
-                + slots.astype(np.uint64)
-                + np.uint64(_FIRST_KEY)
-            )
-            self._sequence += count
-            self._slot_key[slots] = keys
+            if self._consecutive is not None:
+                self._consecutive[slots] = True
             self._times_sampled[slots] = 0
-            self._link(slots)
             self._set_priorities(slots, np.asarray(priorities, dtype=np.float64))
-            self._version[slots] += 1  # held: their steps and first serials are written
-            self._cell[0] = self._size
+            self._publish()  # held: their steps and first serials are written
             self.inserts += count
             self._changed.notify_all()
         return keys, slots
 
     def _holds(self, key: int) -> bool:
         """Whether the item of `key` (> 0) is held."""
-        if key < _FIRST_KEY:
-            return False
-        slot = (key - _FIRST_KEY) % self.config.capacity
-        return int(self._slot_key[slot]) == key and int(self._where[slot]) < self._size
+        return key >= 1 and self._slots.holds(key)
 
     def _positions(self, serials: np.ndarray) -> np.ndarray:
         """Ring positions of steps still in the ring, by serial number."""
@@ -944,32 +915,29 @@ class LocalTable:
                 columns.append(grown)
             tensors.append(tensor)
         self._tensors = tensors
-        gap = np.zeros(steps, dtype=np.int32)
-        gap[:held] = self._gap[order]
-        refs = np.zeros(steps, dtype=np.int32)
+        if self._gap is not None:
+            gap = np.ones(steps, dtype=np.int32)
+            gap[:held] = self._gap[order]
+            self._gap = gap
+        refs = np.zeros(steps, dtype=self._refs.dtype)
         refs[:held] = self._refs[order]
-        self._columns, self._gap, self._refs = columns, gap, refs
+        self._columns, self._refs = columns, refs
         self._ring_size = steps
         self._head = held % steps
 
-    def _link(self, slots: np.ndarray) -> None:
-        """Appends `slots` (oldest first) to the insertion order."""
-        first = int(slots[0])
-        newest = self._newest_slot
-        self._older[first] = newest
-        if newest >= 0:
-            self._newer[newest] = first
-        else:
-            self._oldest_slot = first
-        self._older[slots[1:]] = slots[:-1]
-        self._newer[slots[:-1]] = slots[1:]
-        self._newest_slot = int(slots[-1])
-        self._newer[self._newest_slot] = -1
-
     def _ordered_slots(self) -> np.ndarray:
-        """The held slots, oldest first (keys grow with the insertion order)."""
-        held = self._dense[: self._size]
-        return held[np.argsort(self._slot_key[held], kind="stable")]
+        """The held slots, oldest first."""
+        return self._slots.ordered()
+
+    def _publish(self) -> None:
+        """Writes the counters readers in other processes check (`SharedTable`): after an
+        insert's steps and first serials are written, and after a removal, before anything of
+        the removed items is overwritten."""
+        cell, slots = self._cell, self._slots
+        cell[_SIZE] = slots.size
+        if isinstance(slots, RingSlots):
+            cell[_OLDEST] = slots.first
+            cell[_NEXT] = slots.next
 
     def _evict_oldest(self, excess: int) -> None:
         if excess <= 0:
@@ -979,63 +947,71 @@ class LocalTable:
             self.evictions += self._size
             self._clear_items()
             return
-        doomed = np.empty(excess, dtype=np.int64)
-        slot = self._oldest_slot
-        for index in range(excess):
-            doomed[index] = slot
-            slot = int(self._newer[slot])
-        self._remove(doomed)
+        self._remove(None, excess)
         self.evictions += excess
 
     def _clear_items(self) -> None:
         """Drops every item (the steps stay in the ring for the writers' next windows)."""
-        capacity = self.config.capacity
-        self._version[self._dense[: self._size]] += 1  # free, before anything is overwritten
-        self._size = 0
-        self._cell[0] = 0
+        self._slots.clear()
+        self._publish()  # free, before anything is overwritten
         self._scattered = 0
-        self._dense[:] = np.arange(capacity, dtype=np.int64)  # in place: may be shared
-        self._where[:] = np.arange(capacity, dtype=np.int64)
         self._refs[:] = 0
-        self._newer[:] = -1
-        self._older[:] = -1
-        self._oldest_slot = self._newest_slot = -1
         if self._tree is not None:
-            self._tree = SumTree(capacity)
+            self._tree = SumTree(self.config.capacity)
 
-    def _remove(self, slots: np.ndarray) -> None:
-        if not len(slots):
-            return
-        self._version[slots] += 1  # free, before anything is overwritten
+    def _remove(self, slots: np.ndarray | None, oldest: int = 0) -> None:
+        """Removes the items of `slots` (distinct, held), or with `slots=None` the `oldest`
+        items."""
+        if slots is None:
+            slots = self._slots.remove_oldest(oldest)
+        else:
+            self._slots.remove(slots)
+        self._publish()  # free, before anything is overwritten
         np.subtract.at(self._refs, self._positions(self._first[slots]), 1)
         if self._scattered:
+            assert self._consecutive is not None
             self._scattered -= int(np.count_nonzero(~self._consecutive[slots]))
-        dense, where, newer, older = self._dense, self._where, self._newer, self._older
-        for slot in slots.tolist():
-            before, after = int(older[slot]), int(newer[slot])
-            if before >= 0:
-                newer[before] = after
-            else:
-                self._oldest_slot = after
-            if after >= 0:
-                older[after] = before
-            else:
-                self._newest_slot = before
-            position = int(where[slot])
-            last = self._size - 1
-            moved = int(dense[last])
-            dense[position], dense[last] = moved, slot
-            where[moved], where[slot] = position, last
-            self._size -= 1
-        self._cell[0] = self._size
         if self._tree is not None:
             self._tree.set(slots, np.zeros(len(slots)))
         self.deletes += len(slots)
 
     def _set_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        self._priority[slots] = priorities
+        """Sets the priorities of the held `slots` (distinct); while every item has the same
+        one, only that one is kept."""
+        if self._priority is None and len(priorities):
+            first = float(priorities[0])
+            if len(slots) == self._size and bool((priorities == first).all()):
+                self._flat_priority = first  # the only items held
+            elif bool((priorities != self._flat_priority).any()):
+                self._priorities_by_slot()
+        if self._priority is not None:
+            self._priority[slots] = priorities
         if self._tree is not None:
-            self._tree.set(slots, priorities**self.config.sampling.priority_exponent)
+            self._tree.set(slots, priorities**self._exponent)
+
+    def _priorities_by_slot(self) -> np.ndarray:
+        """`_priority`, made once items' priorities differ (before: `_flat_priority`)."""
+        if self._priority is None:
+            self._priority = np.full(self.config.capacity, self._flat_priority)
+        return self._priority
+
+    def _priorities(self, slots: np.ndarray) -> np.ndarray:
+        """The priorities of the held `slots`, a new array."""
+        if self._priority is None:
+            return np.full(len(slots), self._flat_priority)
+        return self._priority.take(slots)
+
+    def _gaps(self) -> np.ndarray:
+        """`_gap`, made when a writer's steps first interleave with another's."""
+        if self._gap is None:
+            self._gap = np.ones(self._ring_size, dtype=np.int32)
+        return self._gap
+
+    def _consecutives(self) -> np.ndarray:
+        """`_consecutive`, made when an item's steps first are not consecutive serials."""
+        if self._consecutive is None:
+            self._consecutive = np.ones(self.config.capacity, dtype=np.bool_)
+        return self._consecutive
 
     def _read_slots(self, slots: np.ndarray) -> list[torch.Tensor]:
         """The items of `slots` gathered from the ring, one tensor per field."""
@@ -1135,28 +1111,23 @@ class LocalTable:
             tensors.append(tensor)
         self._columns = columns
         self._tensors = tensors
-        self._gap = np.zeros(steps, dtype=np.int32)
-        self._refs = np.zeros(steps, dtype=np.int32)
+        self._gap = None
+        self._refs = np.zeros(steps, dtype=np.uint8)
 
 
-def _count_draws(counts: np.ndarray, slots: np.ndarray, marks: np.ndarray) -> None:
+def _count_draws(counts: np.ndarray, slots: np.ndarray) -> None:
     """Adds one to `counts` per occurrence of each slot, as `np.add.at` without its cost.
 
-    A fancy `+=` counts each distinct slot once. Writing every occurrence's index into `marks`
-    (scratch, as long as `counts`) leaves one index per distinct slot, whichever numpy keeps;
-    the occurrences whose index was not kept are the repeats, counted the same way in turn (a
-    batch repeats few slots; a table of few items falls back to `np.add.at`).
+    A fancy `+=` counts each distinct slot once; in the sorted slots, the occurrences equal to
+    the one before them are the repeats, counted the same way in turn (a batch repeats few).
     """
-    while len(slots) > 1:
-        counts[slots] += 1
-        order = np.arange(len(slots), dtype=marks.dtype)
-        marks[slots] = order
-        repeats = slots[marks[slots] != order]
-        if len(repeats) * 4 > len(slots):
-            np.add.at(counts, repeats, 1)
-            return
-        slots = repeats
     counts[slots] += 1
+    if len(slots) > 1:
+        ordered = np.sort(slots)
+        repeats = ordered[1:][ordered[1:] == ordered[:-1]]
+        while len(repeats):
+            counts[repeats] += 1
+            repeats = repeats[1:][repeats[1:] == repeats[:-1]]
 
 
 def check_scratch_dir(directory: str) -> None:
