@@ -88,7 +88,8 @@ _MEMORY_SCALE = flags.DEFINE_integer(
 _MEASURE_MEMORY = flags.DEFINE_string(
     "measure_memory",
     None,
-    "Internal, 'workload:backend:layout' (layout 'tf-agents': TF-Agents' observer on a "
+    "Internal, 'workload:backend:layout:sequence_length' (layout 'tf-agents': TF-Agents' "
+    "observer on a "
     "nested table): only measure the RSS while one observer fills a "
     "fresh buffer, in this process, and print the readings (every memory row runs this in a "
     "process of its own: a process reuses the memory earlier measurements freed).",
@@ -635,10 +636,23 @@ def local_rows(workload: Workload, steps: list[Any], batches: int, root: str) ->
     rows.append(Row(name, "local", "raw item bytes", float(item_bytes), "B"))
     rows.append(Row(name, "local", "local RSS per stored item", per_item, "B", "raw item bytes"))
     # The whole buffer, full: from before it was created (its per-item arrays included) to
-    # the last item, per item held; an item of a step ring adds one step.
-    full = (rss[-4] - rss[-3]) / rss[-1]
+    # the last item, per stored step (its capacity holds every item written: every step
+    # written is stored), at the benchmark's sequence length and at 20.
     rows.append(Row(name, "local", "raw step bytes", float(step_bytes(spec)), "B"))
-    rows.append(Row(name, "local", "  same, full buffer incl. tables", full, "B", "raw step bytes"))
+    for length in (SEQUENCE_LENGTH, 20):
+        if length != SEQUENCE_LENGTH:
+            rss = fresh_process_memory(workload, "local", "nested", length)
+        full = (rss[-4] - rss[-3]) / rss[-2]
+        rows.append(
+            Row(
+                name,
+                "local",
+                f"  full buffer incl. tables, per stored step, sequence_length {length}",
+                full,
+                "B",
+                "raw step bytes",
+            )
+        )
     manager.clear()
     cpprb = cpprb_rates(steps, capacity, batches)
     add_rate = len(steps) / insert_transition_writer(manager, steps)
@@ -893,13 +907,15 @@ def anchor_rows(workload: Workload, steps: list[Any], root: str) -> list[Row]:
     return [Row(workload.name, "insert", "tf-agents observer", len(steps) / seconds, "steps/s")]
 
 
-def fresh_process_memory(workload: Workload, backend: str, layout: str) -> list[int]:
+def fresh_process_memory(
+    workload: Workload, backend: str, layout: str, length: int = SEQUENCE_LENGTH
+) -> list[int]:
     """`measure_memory` run in a new process, on `--memory_scale` times `workload`'s steps:
     the RSS readings of `insert_with`, then the steps written and the items stored."""
     command = [
         sys.executable,
         os.path.abspath(__file__),
-        f"--measure_memory={workload.name}:{backend}:{layout}",
+        f"--measure_memory={workload.name}:{backend}:{layout}:{length}",
         f"--steps={_STEPS.value * _MEMORY_SCALE.value}",
         f"--image_steps={_IMAGE_STEPS.value * _MEMORY_SCALE.value}",
         f"--episode={EPISODE}",
@@ -911,10 +927,13 @@ def fresh_process_memory(workload: Workload, backend: str, layout: str) -> list[
     return json.loads(lines[-1][4:])
 
 
-def measure_memory(workload: Workload, backend: str, layout: str) -> list[int]:
-    """The RSS readings of one observer filling a fresh buffer (`insert_with`), then the RSS
-    before the buffer was created, the steps written and the items the buffer holds. Layout
-    "tf-agents" fills a nested table with TF-Agents' observer."""
+def measure_memory(
+    workload: Workload, backend: str, layout: str, length: int = SEQUENCE_LENGTH
+) -> list[int]:
+    """The RSS readings of one observer filling a fresh buffer of items of `length` steps
+    (`insert_with`), then the RSS before the buffer was created, the steps written and the
+    items the buffer holds. Layout "tf-agents" fills a nested table with TF-Agents'
+    observer."""
     steps = workload.trajectories()
     with tempfile.TemporaryDirectory(prefix="replay_bench_memory_") as root:
         # Modules a first buffer imports and caches it fills are loaded by a small one first,
@@ -937,7 +956,7 @@ def measure_memory(workload: Workload, backend: str, layout: str) -> list[int]:
             # capacity, its RSS per item counts each of them once.
             len(steps) if backend == "local" else 2 * workload.steps,
             os.path.join(root, "ckpt"),
-            SEQUENCE_LENGTH,
+            length,
             timeouts=Timeouts(sample=120),
             backend=backend,
             layout="nested" if layout == "tf-agents" else layout,
@@ -947,7 +966,7 @@ def measure_memory(workload: Workload, backend: str, layout: str) -> list[int]:
             rss: list[int] = []
             if layout == "tf-agents":
                 observer = reverb_utils.ReverbAddTrajectoryObserver(
-                    manager.py_client, manager.table_name, SEQUENCE_LENGTH
+                    manager.py_client, manager.table_name, length
                 )
                 insert_with(observer, steps, rss)
                 observer.close()
@@ -1104,8 +1123,8 @@ def main(argv: list[str]) -> None:
     global EPISODE
     EPISODE = _EPISODE.value
     if _MEASURE_MEMORY.value:
-        name, backend, layout = _MEASURE_MEMORY.value.split(":")
-        print("RSS " + json.dumps(measure_memory(workloads[name], backend, layout)))
+        name, backend, layout, length = _MEASURE_MEMORY.value.split(":")
+        print("RSS " + json.dumps(measure_memory(workloads[name], backend, layout, int(length))))
         return
     runs = []
     for _ in range(_REPEATS.value):

@@ -61,6 +61,10 @@ class Slots(abc.ABC):
         """
 
     @abc.abstractmethod
+    def allocate_one(self) -> tuple[int, int]:
+        """`allocate(1)` as Python ints `(slot, key)`, without arrays (a collector's insert)."""
+
+    @abc.abstractmethod
     def remove(self, slots: np.ndarray) -> None:
         """Frees the held `slots` (distinct).
 
@@ -73,6 +77,10 @@ class Slots(abc.ABC):
         slots = self.oldest(count)
         self.remove(slots)
         return slots
+
+    @abc.abstractmethod
+    def remove_oldest_one(self) -> int:
+        """`remove_oldest(1)` as a Python int, without arrays (size > 0)."""
 
     @abc.abstractmethod
     def clear(self) -> None:
@@ -103,11 +111,9 @@ class Slots(abc.ABC):
         """Every held slot, oldest first."""
         return self.oldest(self.size)
 
+    @abc.abstractmethod
     def holds(self, key: int) -> bool:
-        """Whether the item of `key` is held."""
-        if key < 1 or key >= 1 << 64:
-            return False
-        return bool(self.find(np.array([key], dtype=np.uint64))[1][0])
+        """Whether the item of `key` (any int) is held."""
 
 
 class RingSlots(Slots):
@@ -124,6 +130,19 @@ class RingSlots(Slots):
         self.next += count
         self.size += count
         return slots, self.keys_for(numbers, slots)
+
+    def allocate_one(self) -> tuple[int, int]:
+        number = self.next
+        slot = number % self.capacity
+        self.next += 1
+        self.size += 1
+        return slot, number * self.capacity + slot + 1
+
+    def holds(self, key: int) -> bool:
+        if key < 1 or key >= 1 << 64:
+            return False
+        number = (key - 1) // self.capacity
+        return self.first <= number < self.next
 
     def remove(self, slots: np.ndarray) -> None:
         count = len(slots)
@@ -143,6 +162,12 @@ class RingSlots(Slots):
         self.first += count
         self.size -= count
         return slots
+
+    def remove_oldest_one(self) -> int:
+        slot = self.first % self.capacity
+        self.first += 1
+        self.size -= 1
+        return slot
 
     def clear(self) -> None:
         self.first = self.next
@@ -184,6 +209,28 @@ class ListSlots(Slots):
         self._dense = np.arange(capacity, dtype=np.int64)
         self._where = np.arange(capacity, dtype=np.int64)
 
+    def allocate_one(self) -> tuple[int, int]:
+        slot = int(self._dense[self.size])
+        key = self.next * self.capacity + slot + 1
+        self._key[slot] = key
+        self.next += 1
+        self.size += 1
+        newest = self._newest
+        self._older[slot] = newest
+        self._newer[slot] = -1
+        if newest >= 0:
+            self._newer[newest] = slot
+        else:
+            self._oldest = slot
+        self._newest = slot
+        return slot, key
+
+    def holds(self, key: int) -> bool:
+        if key < 1 or key >= 1 << 64:
+            return False
+        slot = (key - 1) % self.capacity
+        return int(self._key[slot]) == key and int(self._where[slot]) < self.size
+
     def allocate(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         slots = self._dense[self.size : self.size + count].copy()
         numbers = np.arange(self.next, self.next + count, dtype=np.int64)
@@ -204,7 +251,12 @@ class ListSlots(Slots):
         self._newer[self._newest] = -1
         return slots, keys
 
-    def remove(self, slots: np.ndarray) -> None:
+    def remove_oldest_one(self) -> int:
+        slot = self._oldest
+        self.remove([slot])
+        return slot
+
+    def remove(self, slots: np.ndarray | list[int]) -> None:
         dense, where, newer, older = self._dense, self._where, self._newer, self._older
         for slot in np.asarray(slots, dtype=np.int64).tolist():
             before, after = int(older[slot]), int(newer[slot])

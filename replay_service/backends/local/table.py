@@ -5,7 +5,11 @@ steps, as Reverb's chunks and TorchRL's slice sampler keep them: every field of 
 spec is one tensor `[step_capacity, *field_shape]` in which each step is stored once, however
 many items it belongs to, and an item is the serial number of its first step plus, where the
 writers of a table interleave their steps, the distance from each step to its writer's next one
-(`gap`, per step). Per-item and per-step metadata are numpy arrays: no Python object per item.
+(`gap`, per step, made when writers first interleave). Per-item and per-step metadata are numpy
+arrays: no Python object per item. Per item slot a table keeps its first step's serial and its
+sample count (12 bytes), its priority only once the items' priorities differ, and which slots
+are held, in which order and under which keys through `slots.Slots` (nothing per item where
+items leave oldest first; see `slots.slots_for`).
 
 Steps are written as the items that hold them are inserted: a collector's writer
 (`WindowStream`, one per writer and table) writes only the steps its previous item did not
@@ -436,11 +440,9 @@ class LocalTable:
             refs = self._refs
             at = (first - written + head) % size
             refs[at] += 1
-            if refs[at] == np.iinfo(refs.dtype).max:
+            if refs[at] >= 255 and refs.dtype == np.uint8:
                 self._refs = refs.astype(np.int32)
-            slots, keys = self._slots.allocate(1)
-            slot = int(slots[0])
-            key = int(keys[0])
+            slot, key = self._slots.allocate_one()
             self._first[slot] = first
             consecutive = first + length == end
             if not consecutive:
@@ -449,12 +451,10 @@ class LocalTable:
             elif self._consecutive is not None:
                 self._consecutive[slot] = True
             self._times_sampled[slot] = 0
-            if self._priority is not None:
+            if self._priority is not None and self._tree is None:
                 self._priority[slot] = priority
-                if self._tree is not None:
-                    self._tree.set(slots, np.array([priority**self._exponent]))
             elif priority != self._flat_priority or self._tree is not None:
-                self._set_priorities(slots, np.array([priority]))
+                self._set_priorities(np.array([slot]), np.array([priority]))
             if stream is not None:
                 stream.key = key
             self._publish()  # held: its steps and first serial are written
@@ -941,6 +941,18 @@ class LocalTable:
 
     def _evict_oldest(self, excess: int) -> None:
         if excess <= 0:
+            return
+        if excess == 1 and self._size > 1:
+            # A full table's collector evicts one item per insert: no arrays.
+            slot = self._slots.remove_oldest_one()
+            self._publish()  # free, before anything is overwritten
+            self._refs[(int(self._first[slot]) - self._written + self._head) % self._ring_size] -= 1
+            if self._scattered and self._consecutive is not None and not self._consecutive[slot]:
+                self._scattered -= 1
+            if self._tree is not None:
+                self._tree.set(np.array([slot]), np.zeros(1))
+            self.deletes += 1
+            self.evictions += 1
             return
         if excess >= self._size:
             self.deletes += self._size
