@@ -49,7 +49,7 @@ from replay_service.errors import (
     SpecMismatchError,
 )
 from replay_service.manager import ReplayBufferManager
-from replay_service.monitoring.report import TableStatus, server_status
+from replay_service.monitoring.report import TableStatus, server_status, table_line
 from replay_service.monitoring.stats import BufferStats, TableStats, total_table
 from replay_service.storage.store import Checkpoint, CheckpointStore
 
@@ -277,24 +277,16 @@ def _total(table_name: str, shards: Sequence[ShardStatus]) -> TableStatus:
         samples=sum(t.samples for t in tables),
         sampler="/".join(dict.fromkeys(t.sampler for t in tables)),
         remover="/".join(dict.fromkeys(t.remover for t in tables)),
-    )
-
-
-def _table_line(table: TableStatus) -> str:
-    ratio = "n/a" if table.samples_per_insert is None else f"{table.samples_per_insert:.2f}"
-    return (
-        f"table {table.name}: {table.size}/{table.capacity} items, {table.inserts} inserts, "
-        f"{table.samples} samples, samples/insert {ratio}, sampler {table.sampler}, "
-        f"remover {table.remover}"
+        layout="/".join(dict.fromkeys(t.layout for t in tables)),
     )
 
 
 def format_sharded_status(status: ShardedStatus) -> str:
     """Renders `sharded_status` output: the totals, then one block per shard."""
-    lines = [f"sharded buffer, {len(status.shards)} shard(s), total {_table_line(status.total)}"]
+    lines = [f"sharded buffer, {len(status.shards)} shard(s), total {table_line(status.total)}"]
     for index, shard in enumerate(status.shards):
         lines.append(f"  shard {index} {shard.address}")
-        lines.extend(f"    {_table_line(t)}" for t in shard.tables)
+        lines.extend(f"    {table_line(t)}" for t in shard.tables)
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from replay_service.backends.reverb.connection import connect, server_info
+from replay_service.specs.layouts import signature_layout
 from replay_service.storage.store import CheckpointStore
 
 
@@ -26,6 +27,9 @@ class TableStatus:
       samples: Completed samples, counted the same way.
       sampler: Sampler name.
       remover: Remover name.
+      layout: How its items store steps, from its signature: "packed" (a `uint8` row per
+        step, which only clients from this package's `py_client` or managers write) or
+        "nested"; "none" for a table without a signature.
     """
 
     name: str
@@ -35,6 +39,7 @@ class TableStatus:
     samples: int
     sampler: str
     remover: str
+    layout: str = "none"
 
     @property
     def samples_per_insert(self) -> float | None:
@@ -62,6 +67,7 @@ def _table_status(info: Any) -> TableStatus:
         samples=int(limiter.sample_stats.completed),
         sampler=_selector_name(info.sampler_options),
         remover=_selector_name(info.remover_options),
+        layout=signature_layout(info.signature) or "none",
     )
 
 
@@ -75,15 +81,20 @@ def _selector_name(options: Any) -> str:
     return kind
 
 
+def table_line(table: TableStatus) -> str:
+    """One table's line of the status report."""
+    ratio = "n/a" if table.samples_per_insert is None else f"{table.samples_per_insert:.2f}"
+    return (
+        f"table {table.name}: {table.size}/{table.capacity} items, {table.inserts} inserts, "
+        f"{table.samples} samples, samples/insert {ratio}, sampler {table.sampler}, "
+        f"remover {table.remover}, layout {table.layout}"
+    )
+
+
 def format_status(address: str, tables: list[TableStatus], checkpoint_dir: str | None) -> str:
     """Renders `server_status` output (and the last checkpoint, if a directory is given)."""
     lines = [f"server {address}"]
-    for t in tables:
-        ratio = "n/a" if t.samples_per_insert is None else f"{t.samples_per_insert:.2f}"
-        lines.append(
-            f"  table {t.name}: {t.size}/{t.capacity} items, {t.inserts} inserts, "
-            f"{t.samples} samples, samples/insert {ratio}, sampler {t.sampler}, remover {t.remover}"
-        )
+    lines.extend(f"  {table_line(t)}" for t in tables)
     if checkpoint_dir is None:
         lines.append("  last checkpoint: unknown (pass --checkpoint_dir to read it)")
     else:

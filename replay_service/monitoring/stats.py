@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from replay_service.backends.reverb.connection import connect, server_info
 from replay_service.errors import ConfigError
+from replay_service.specs.layouts import signature_layout
 from replay_service.storage.store import Checkpoint
 
 DEFAULT_WINDOW_S = 60.0
@@ -101,6 +102,9 @@ class TableStats:
       samples_per_insert: `samples / inserts` since the start; None before the first insert.
       window_samples_per_insert: The same over the window; None without inserts in it.
       rate_limiter: The rate limiter's settings and blocking.
+      layout: How a Reverb table's items store steps, from its signature: "packed" or
+        "nested" (see `specs.layouts.signature_layout`); None without a signature (the local
+        backend's tables).
     """
 
     name: str
@@ -114,6 +118,7 @@ class TableStats:
     samples_per_insert: float | None
     window_samples_per_insert: float | None
     rate_limiter: RateLimiterStats
+    layout: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,6 +309,7 @@ def _table_stats(
     size = int(info.current_size)
     window_inserts = inserts - before[0]
     return TableStats(
+        layout=signature_layout(getattr(info, "signature", None)),
         name=str(info.name),
         size=size,
         capacity=capacity,
@@ -414,7 +420,9 @@ def total_table(name: str, tables: Sequence[TableStats]) -> TableStats:
     samples_per_s = _sum_or_none([t.samples_per_s for t in tables])
     limiters = [t.rate_limiter for t in tables]
     first = limiters[0]
+    layouts = {t.layout for t in tables}
     return TableStats(
+        layout=layouts.pop() if len(layouts) == 1 else "/".join(sorted(map(str, layouts))),
         name=name,
         size=size,
         capacity=capacity,

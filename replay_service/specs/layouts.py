@@ -281,6 +281,23 @@ def steps_of(signature: Any) -> Any:
     )
 
 
+def signature_layout(signature: Any) -> str | None:
+    """The layout of a Reverb table from its signature: "packed" for one `uint8[sequence_length,
+    step_bytes]` tensor (a packed table's), "nested" for any other signature, None for a table
+    without one.
+
+    Args:
+      signature: A table's `signature` (its `TableInfo.signature`): a nest of `tf.TensorSpec`s.
+    """
+    if signature is None:
+        return None
+    dtype = getattr(signature, "dtype", None)
+    shape = getattr(signature, "shape", None)
+    if getattr(dtype, "name", None) == "uint8" and shape is not None and len(shape) == 2:
+        return PACKED
+    return NESTED
+
+
 def resolve_layout(name: str, stored_spec: Any, where: str = "layout") -> Layout:
     """The layout called `name` of a table storing `stored_spec` steps: a `NestedLayout`, or
     the (cached, see `packed.layout_of`) `PackedLayout` of `stored_spec`.

@@ -378,6 +378,22 @@ def test_replay_server_and_shards_with_a_packed_config(
         address = servers[0][1]
         info = reverb.Client(address).server_info(timeout=5)["uniform_table"]
         assert info.signature.dtype == tf.uint8
+        # An operator sees the layout before attaching TF-Agents' observers with a plain client.
+        status = subprocess.run(
+            [
+                os.path.join(os.path.dirname(sys.executable), "replay-server"),
+                "status",
+                f"--address={address}",
+                "--timeout=30",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr[-2000:]
+        assert "table uniform_table: 0/" in status.stdout
+        assert status.stdout.rstrip().splitlines()[1].endswith("remover fifo, layout packed")
         remote = ReplayBufferManager(
             data_spec, 100000, server_address=address, timeouts=FAST_TIMEOUTS, layout="packed"
         )

@@ -162,6 +162,7 @@ def test_status_json_of_a_running_server(start_server, tmp_path, env, policy, da
     stats = json.loads(result.stdout)
     (table,) = stats["tables"]
     assert (table["name"], table["size"], table["capacity"]) == (TABLE, count, 100_000)
+    assert table["layout"] == "nested"  # a new replay-server's table
     assert table["inserts"] == count and table["inserts_per_s"] == 0.0
     assert stats["window_s"] == pytest.approx(0.5, abs=0.3)
     assert stats["checkpoint"]["num_items"] == count

@@ -172,7 +172,7 @@ def test_status_reports_tables_and_last_checkpoint(start_server, tmp_path, env, 
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"table {TABLE}: {count}/100000 items, {count} inserts, 0 samples" in result.stdout
-    assert "sampler uniform, remover fifo" in result.stdout
+    assert "sampler uniform, remover fifo, layout nested" in result.stdout
     assert "ckpt-00000001" in result.stdout
 
 

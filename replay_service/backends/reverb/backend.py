@@ -25,7 +25,7 @@ from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
 from replay_service.integrations import tf_compat
 from replay_service.specs import nests as specs
-from replay_service.specs.layouts import NESTED, PACKED, Layout
+from replay_service.specs.layouts import NESTED, PACKED, Layout, signature_layout
 from replay_service.storage import export as export_lib
 from replay_service.storage.store import Checkpoint, CheckpointStore
 
@@ -508,13 +508,8 @@ class RemoteBackend(ReverbBackend):
           SpecMismatchError: If the server has no such table.
           ServerUnavailableError: If it does not answer within `timeouts.connect`.
         """
-        import tensorflow as tf
-
         info = check_table_exists(client, self._tables[0].name, self._timeouts.connect)
-        signature = info.signature
-        if isinstance(signature, tf.TensorSpec) and signature.dtype == tf.uint8:
-            return PACKED
-        return NESTED
+        return PACKED if signature_layout(info.signature) == PACKED else NESTED
 
     def take_layout(self, layout: Layout, tables: Sequence[TableConfig]) -> None:
         """Uses `layout` for `tables` from now on (nothing was built with the old one yet)."""
