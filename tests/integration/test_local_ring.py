@@ -365,3 +365,38 @@ def test_a_memory_mapped_table_of_interleaved_writers_holds_its_newest_windows(t
             windows.append(window)
     data, _, _ = table.items()
     assert data[0].tolist() == windows[-capacity:]
+
+
+# -------------------------------------------------------------------------------- keys
+
+
+@pytest.mark.parametrize(
+    "sampler, max_times_sampled",
+    [("prioritized", 0), ("uniform", 0), ("fifo", 1), ("prioritized", 3)],
+)
+def test_update_priorities_ignores_keys_that_name_no_item_it_handed_out(sampler, max_times_sampled):
+    """A key the table never handed out (a key of another table, one mangled on its way, e.g.
+    through a float32 tensor) updates nothing, even where it names a held item's insertion
+    number with another slot: only the items' own keys set their priorities."""
+    capacity = 10
+    table = LocalTable(
+        TableConfig(
+            "t",
+            capacity,
+            1,
+            sampling=SamplingConfig(sampler=sampler, max_times_sampled=max_times_sampled),
+        ),
+        [{"path": "step", "dtype": "int64", "shape": []}],
+    )
+    keys = table.insert([np.arange(14, dtype=np.int64).reshape(14, 1)], np.ones(14))
+    held = [int(k) for k in keys[-capacity:]]
+    handed = {int(k) for k in keys}
+    # Every number below the next key that is not a key handed out: among them, for each held
+    # item, the keys of its insertion number with every other slot.
+    never = [k for k in range(1, held[-1] + capacity) if k not in handed]
+    assert table.update_priorities(dict.fromkeys(never, 9.0)) == 0
+    _, priorities, _ = table.items()
+    np.testing.assert_array_equal(priorities, np.ones(capacity))
+    assert table.update_priorities({held[3]: 4.0}) == 1
+    _, priorities, _ = table.items()
+    np.testing.assert_array_equal(priorities, [1.0] * 3 + [4.0] + [1.0] * 6)
