@@ -148,6 +148,25 @@ def metadata_bytes(table: LocalTable) -> int:
     )
 
 
+def test_a_restored_table_keeps_a_step_in_as_few_bytes_as_the_table_it_was_saved_from():
+    """A checkpoint's items, restored (more than a byte's worth of them, in one insert), take
+    the bytes per step their writer's table took: one more than the raw step."""
+    capacity, length = 600, 2
+    table = LocalTable(TableConfig("t", capacity, length), FIELDS)
+    writer = LocalClient({"t": table}).window_writer([("t", length, 1, 1.0, False)])
+    for step in range(capacity + length - 1):
+        writer.append(
+            [np.full(4, step, np.float32), *(np.zeros((), f["dtype"]) for f in FIELDS[1:])]
+        )
+    restored = LocalTable(TableConfig("t", capacity, length), FIELDS)
+    restored.restore(*table.items())
+    assert restored.size == table.size == capacity
+    for each in (table, restored):
+        assert each.nbytes == each.step_capacity * (RAW_STEP + 1), each.nbytes
+    for saved, loaded in zip(table.items()[0], restored.items()[0], strict=True):
+        np.testing.assert_array_equal(loaded, saved)
+
+
 @pytest.mark.parametrize("length", [2, 20])
 def test_a_full_uniform_table_with_its_item_metadata_holds_a_step_in_1_5x_its_bytes(length):
     """Memory per stored step, everything counted: the ring, per-step and per-item arrays

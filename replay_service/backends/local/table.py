@@ -830,10 +830,10 @@ class LocalTable:
             self._head = (self._head + total) % size
             self._written = written + total
             self._oldest = max(self._oldest, self._written - size)
-            at = self._positions(firsts)
-            if self._refs.dtype == np.uint8 and int(self._refs[at].max()) + count >= 255:
+            at = self._positions(firsts)  # distinct: the first serials grow
+            if self._refs.dtype == np.uint8 and int(self._refs[at].max()) >= 254:
                 self._refs = self._refs.astype(np.int32)
-            np.add.at(self._refs, at, 1)
+            self._refs[at] += 1
             slots, keys = self._slots.allocate(count)
             self._first[slots] = firsts
             if self._consecutive is not None:
