@@ -419,3 +419,19 @@ def test_update_priorities_ignores_keys_that_name_no_item_it_handed_out(sampler,
     assert table.update_priorities({held[3]: 4.0}) == 1
     _, priorities, _ = table.items()
     np.testing.assert_array_equal(priorities, [1.0] * 3 + [4.0] + [1.0] * 6)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingConfig(), SamplingConfig(sampler="prioritized", max_times_sampled=2)],
+    ids=["ring", "list"],
+)
+def test_an_empty_buffers_export_imports_as_an_empty_buffer(make, tmp_path, sampling):
+    empty = make("empty", sampling=sampling)
+    empty.create_replay_buffer()
+    empty.export(tmp_path / "export")
+    manager = make("imported", sampling=sampling)
+    manager.import_buffer(tmp_path / "export")
+    assert manager.num_frames() == 0
+    interleave(manager, {0: [3]})
+    assert manager.num_frames() == 3

@@ -786,6 +786,10 @@ class LocalTable:
         """`insert`; returns the new items' keys and slots."""
         count = len(priorities)
         self._check_data(data, count)
+        if not count:  # an empty export: nothing to insert, nothing evicted
+            with self._changed:
+                self._require_open()
+            return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
         capacity = self.config.capacity
         length = self._length
         if count > capacity:  # only the newest `capacity` would survive
