@@ -148,6 +148,25 @@ def metadata_bytes(table: LocalTable) -> int:
     )
 
 
+def test_a_restored_table_keeps_a_step_in_as_few_bytes_as_the_table_it_was_saved_from():
+    """A checkpoint's items, restored (more than a byte's worth of them, in one insert), take
+    the bytes per step their writer's table took: one more than the raw step."""
+    capacity, length = 600, 2
+    table = LocalTable(TableConfig("t", capacity, length), FIELDS)
+    writer = LocalClient({"t": table}).window_writer([("t", length, 1, 1.0, False)])
+    for step in range(capacity + length - 1):
+        writer.append(
+            [np.full(4, step, np.float32), *(np.zeros((), f["dtype"]) for f in FIELDS[1:])]
+        )
+    restored = LocalTable(TableConfig("t", capacity, length), FIELDS)
+    restored.restore(*table.items())
+    assert restored.size == table.size == capacity
+    for each in (table, restored):
+        assert each.nbytes == each.step_capacity * (RAW_STEP + 1), each.nbytes
+    for saved, loaded in zip(table.items()[0], restored.items()[0], strict=True):
+        np.testing.assert_array_equal(loaded, saved)
+
+
 @pytest.mark.parametrize("length", [2, 20])
 def test_a_full_uniform_table_with_its_item_metadata_holds_a_step_in_1_5x_its_bytes(length):
     """Memory per stored step, everything counted: the ring, per-step and per-item arrays
@@ -365,3 +384,54 @@ def test_a_memory_mapped_table_of_interleaved_writers_holds_its_newest_windows(t
             windows.append(window)
     data, _, _ = table.items()
     assert data[0].tolist() == windows[-capacity:]
+
+
+# -------------------------------------------------------------------------------- keys
+
+
+@pytest.mark.parametrize(
+    "sampler, max_times_sampled",
+    [("prioritized", 0), ("uniform", 0), ("fifo", 1), ("prioritized", 3)],
+)
+def test_update_priorities_ignores_keys_that_name_no_item_it_handed_out(sampler, max_times_sampled):
+    """A key the table never handed out (a key of another table, one mangled on its way, e.g.
+    through a float32 tensor) updates nothing, even where it names a held item's insertion
+    number with another slot: only the items' own keys set their priorities."""
+    capacity = 10
+    table = LocalTable(
+        TableConfig(
+            "t",
+            capacity,
+            1,
+            sampling=SamplingConfig(sampler=sampler, max_times_sampled=max_times_sampled),
+        ),
+        [{"path": "step", "dtype": "int64", "shape": []}],
+    )
+    keys = table.insert([np.arange(14, dtype=np.int64).reshape(14, 1)], np.ones(14))
+    held = [int(k) for k in keys[-capacity:]]
+    handed = {int(k) for k in keys}
+    # Every number below the next key that is not a key handed out: among them, for each held
+    # item, the keys of its insertion number with every other slot.
+    never = [k for k in range(1, held[-1] + capacity) if k not in handed]
+    assert table.update_priorities(dict.fromkeys(never, 9.0)) == 0
+    _, priorities, _ = table.items()
+    np.testing.assert_array_equal(priorities, np.ones(capacity))
+    assert table.update_priorities({held[3]: 4.0}) == 1
+    _, priorities, _ = table.items()
+    np.testing.assert_array_equal(priorities, [1.0] * 3 + [4.0] + [1.0] * 6)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingConfig(), SamplingConfig(sampler="prioritized", max_times_sampled=2)],
+    ids=["ring", "list"],
+)
+def test_an_empty_buffers_export_imports_as_an_empty_buffer(make, tmp_path, sampling):
+    empty = make("empty", sampling=sampling)
+    empty.create_replay_buffer()
+    empty.export(tmp_path / "export")
+    manager = make("imported", sampling=sampling)
+    manager.import_buffer(tmp_path / "export")
+    assert manager.num_frames() == 0
+    interleave(manager, {0: [3]})
+    assert manager.num_frames() == 3

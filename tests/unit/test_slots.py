@@ -84,6 +84,16 @@ def test_keys_that_no_table_hands_out_are_not_held(kind, key):
     assert not slots.holds(key)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_held_items_number_with_another_slot_is_no_key_of_it(kind):
+    slots = kind(5)
+    _, keys = fill(slots, 12)
+    forged = [k for k in range(1, keys[-1] + 5) if k not in keys]
+    assert not any(slots.holds(k) for k in forged)
+    assert not slots.find(np.array(forged, dtype=np.uint64))[1].any()
+    assert all(slots.holds(k) for k in keys[-5:])
+
+
 def test_list_slots_remove_out_of_order_and_keep_the_order_of_the_rest():
     slots = ListSlots(6)
     handed, keys = fill(slots, 6)

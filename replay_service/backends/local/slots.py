@@ -141,8 +141,8 @@ class RingSlots(Slots):
     def holds(self, key: int) -> bool:
         if key < 1 or key >= 1 << 64:
             return False
-        number = (key - 1) // self.capacity
-        return self.first <= number < self.next
+        number, slot = divmod(key - 1, self.capacity)
+        return self.first <= number < self.next and slot == number % self.capacity
 
     def remove(self, slots: np.ndarray) -> None:
         count = len(slots)
@@ -191,7 +191,9 @@ class RingSlots(Slots):
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         numbers, slots = self.split(keys)
-        return slots, (numbers >= self.first) & (numbers < self.next)
+        # Item `n` is in slot `n % capacity`: a key with another slot was never handed out.
+        held = (numbers >= self.first) & (numbers < self.next) & (slots == numbers % self.capacity)
+        return slots, held
 
 
 class ListSlots(Slots):

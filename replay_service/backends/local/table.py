@@ -786,6 +786,10 @@ class LocalTable:
         """`insert`; returns the new items' keys and slots."""
         count = len(priorities)
         self._check_data(data, count)
+        if not count:  # an empty export: nothing to insert, nothing evicted
+            with self._changed:
+                self._require_open()
+            return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
         capacity = self.config.capacity
         length = self._length
         if count > capacity:  # only the newest `capacity` would survive
@@ -830,10 +834,10 @@ class LocalTable:
             self._head = (self._head + total) % size
             self._written = written + total
             self._oldest = max(self._oldest, self._written - size)
-            at = self._positions(firsts)
-            if self._refs.dtype == np.uint8 and int(self._refs[at].max()) + count >= 255:
+            at = self._positions(firsts)  # distinct: the first serials grow
+            if self._refs.dtype == np.uint8 and int(self._refs[at].max()) >= 254:
                 self._refs = self._refs.astype(np.int32)
-            np.add.at(self._refs, at, 1)
+            self._refs[at] += 1
             slots, keys = self._slots.allocate(count)
             self._first[slots] = firsts
             if self._consecutive is not None:
