@@ -496,8 +496,9 @@ class LocalTable:
         (the memory-mapped layout: every window written whole, so `capacity` items always
         fit), in shared memory (`Tensor.share_memory_`; "memmap" files are shared mappings
         already); the items held are copied into it, keys, priorities and order unchanged.
-        The per-item metadata that readers need (first step, key, priority, times sampled,
-        the occupied slots, a version per slot, size) moves to shared memory too. Writes stay
+        The per-item metadata that readers need (first step, priority, times sampled) and
+        the cell of counters (size, closed, the insertion numbers of the oldest held and of the
+        next item, which give the held slots and keys) move to shared memory too. Writes stay
         in this process; a `SharedTable` reads without the lock (see its docstring). Calling
         it again returns the same object.
 
