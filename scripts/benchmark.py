@@ -1045,6 +1045,7 @@ def reverb_rows(workload: Workload, steps: list[Any], batches: int, root: str) -
             os.path.join(root, "ckpt_anchor"),
             SEQUENCE_LENGTH,
             timeouts=Timeouts(sample=120),
+            layout="nested",  # the anchors write and read a nested table (the default is packed)
         )
         anchor_manager.create_replay_buffer()
     for name, insert in anchors.items():
