@@ -521,6 +521,25 @@ def test_memmap_storage_on_a_full_disk_is_a_config_error_before_any_item(make, t
     assert loaded.num_frames() == 5
 
 
+def test_memmap_storage_larger_than_the_free_space_takes_no_block_of_it(make, tmpfs, monkeypatch):
+    """A reservation that fails part way holds the disk full meanwhile, for every other writer
+    on it (a checkpoint of another buffer there fails then): storage that cannot fit is refused
+    before any block is reserved."""
+    root = tmpfs.path / "ckpt"
+    tmpfs.leave_free(16 * BLOCK)
+    reserved: list[int] = []
+    allocate = os.posix_fallocate
+    monkeypatch.setattr(
+        os, "posix_fallocate", lambda fd, at, size: (reserved.append(size), allocate(fd, at, size))
+    )
+    manager = make(root, observation_space=BIG, storage="memmap", capacity=MEMMAP_CAPACITY)
+    with pytest.raises(ConfigError, match="cannot reserve .* need more than is free") as raised:
+        manager.create_replay_buffer()
+    assert reserved == [], "blocks were reserved for storage that cannot fit"
+    assert "field0.memmap" in str(raised.value)
+    assert not memmap_files(root), "a refused table left memory-mapped files"
+
+
 FILL_THE_DISK_THEN_WRITE = """
 import os, sys
 import numpy as np

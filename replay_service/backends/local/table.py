@@ -1247,9 +1247,21 @@ def _reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
 
     Raises:
       ConfigError: If a file cannot be created or its space cannot be reserved (a full disk, a
-        quota); it names the file, the bytes needed and those free. The files this call created
-        are removed again.
+        quota); it names the file, the bytes needed and those free. Files that need more than
+        the disk has free are refused before any is created; the files this call created are
+        removed again.
     """
+    needed = sum(n for _, n in files)
+    directory = os.path.dirname(files[0][0]) if files else "."
+    free = _free_bytes(directory)
+    if free is not None and needed > free:
+        # Refused before any block is taken: a reservation that fails part way holds the
+        # disk full meanwhile, for every other writer on it too.
+        raise ConfigError(
+            f"cannot reserve {needed} bytes on disk for {what} in {directory!r} ({free} bytes "
+            f"free there): files {[os.path.basename(p) for p, _ in files]} need more than is "
+            "free; free disk space, lower the capacity or use storage='memory'"
+        )
     created: list[str] = []
     path, size = "", 0
     try:
@@ -1266,14 +1278,20 @@ def _reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
         for done in created:
             with contextlib.suppress(OSError):
                 os.unlink(done)
-        needed = sum(n for _, n in files)
-        try:
-            stats = os.statvfs(os.path.dirname(path) or ".")
-            free = f"{stats.f_bavail * stats.f_frsize} bytes free there"
-        except OSError:
-            free = "free space unknown"
+        left = _free_bytes(os.path.dirname(path) or ".")
+        free = "free space unknown" if left is None else f"{left} bytes free there"
         raise ConfigError(
             f"cannot reserve {needed} bytes on disk for {what} in "
             f"{os.path.dirname(path)!r} ({free}): {path!r} ({size} bytes): {e.strerror or e}; "
             "free disk space, lower the capacity or use storage='memory'"
         ) from e
+
+
+def _free_bytes(directory: str) -> int | None:
+    """Bytes an unprivileged process may still write on the disk of `directory`; None if
+    unknown."""
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
