@@ -33,6 +33,7 @@ import time
 import numpy as np
 import torch
 
+from replay_service.backends.local.slots import item_keys
 from replay_service.errors import BufferStateError, ManagerClosedError
 
 # How often a reader waiting for `min_size_to_sample` items looks again.
@@ -179,11 +180,7 @@ class SharedReader:
                 if with_info:
                     slots_out = numbers_out % capacity
                     info = {
-                        "key": (
-                            numbers_out.astype(np.uint64) * np.uint64(capacity)
-                            + slots_out.astype(np.uint64)
-                            + np.uint64(1)
-                        ),
+                        "key": item_keys(numbers_out, slots_out, capacity),
                         "probability": 1.0 / sizes_out,
                         "table_size": sizes_out,
                         "priority": self._priority.take(slots_out),

@@ -28,6 +28,12 @@ import numpy as np
 from replay_service.config.options import TableConfig
 
 
+def item_keys(numbers: np.ndarray, slots: np.ndarray, capacity: int) -> np.ndarray:
+    """The keys of the items inserted `numbers`-th into `slots` of a table of `capacity`
+    items, uint64 (see the module docstring)."""
+    return numbers.astype(np.uint64) * np.uint64(capacity) + slots.astype(np.uint64) + np.uint64(1)
+
+
 class Slots(abc.ABC):
     """The held slots of a table of `capacity` items (see the module docstring).
 
@@ -42,8 +48,7 @@ class Slots(abc.ABC):
 
     def keys_for(self, numbers: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """The keys of the items inserted `numbers`-th into `slots`, uint64."""
-        capacity = np.uint64(self.capacity)
-        return numbers.astype(np.uint64) * capacity + slots.astype(np.uint64) + np.uint64(1)
+        return item_keys(numbers, slots, self.capacity)
 
     def split(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`(insertion numbers, slots)` of `keys` (uint64, each >= 1), both int64."""

@@ -295,10 +295,6 @@ class LocalTable:
         return self._slots.size
 
     @property
-    def _size(self) -> int:
-        return self._slots.size
-
-    @property
     def step_bytes(self) -> int:
         """Bytes of one step's data (every field)."""
         return sum(
@@ -384,8 +380,8 @@ class LocalTable:
                 self._require_open()
             if self._columns is None:
                 self._allocate()
-            if self._size >= self.config.capacity:
-                self._evict_oldest(self._size + 1 - self.config.capacity)
+            if self.size >= self.config.capacity:
+                self._evict_oldest(self.size + 1 - self.config.capacity)
             new = length
             keep = -1
             serials: list[int] = []
@@ -396,7 +392,7 @@ class LocalTable:
                 if (
                     len(serials) >= length - fresh
                     and serials[fresh - length] >= self._oldest
-                    and self._holds(stream.key)
+                    and self._slots.holds(stream.key)
                 ):
                     new = fresh
                     keep = serials[fresh - length]
@@ -483,7 +479,7 @@ class LocalTable:
         """Removes every item (keys are not reused) and counts the reset in `resets`."""
         with self._changed:
             self.resets += 1
-            self.deletes += self._size
+            self.deletes += self.size
             self._clear_items()
 
     # ---------------------------------------------------------------- worker processes
@@ -558,7 +554,7 @@ class LocalTable:
         oldest first, one whole window each (the lock held)."""
         length = self._length
         steps = self.config.capacity * length
-        held = self._ordered_slots()
+        held = self._slots.ordered()
         windows = self._read_slots(held) if self._columns is not None and len(held) else None
         self._shares = False  # the shared ring never grows: each window is written whole
         self._ring_size = self._max_steps = steps
@@ -628,13 +624,13 @@ class LocalTable:
 
     def _wait_for_items(self, deadline: float | None, timeout: float | None) -> None:
         need = self.config.sampling.min_size_to_sample
-        while self._size < max(need, 1) or self._closed:
+        while self.size < max(need, 1) or self._closed:
             self._require_open()
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise BufferStateError(
                     f"no item could be sampled from table {self.name!r} within {timeout} s: "
-                    f"it holds {self._size} items and sampling starts at "
+                    f"it holds {self.size} items and sampling starts at "
                     f"min_size_to_sample={need}; collect more first"
                 )
             self._changed.wait(remaining)
@@ -655,9 +651,9 @@ class LocalTable:
             info = {
                 "key": self._slots.keys(slots),
                 "probability": (
-                    np.full(batch_size, 1.0 / self._size) if probability is None else probability
+                    np.full(batch_size, 1.0 / self.size) if probability is None else probability
                 ),
-                "table_size": np.full(batch_size, self._size, dtype=np.int64),
+                "table_size": np.full(batch_size, self.size, dtype=np.int64),
                 "priority": self._priorities(slots),
                 "times_sampled": self._times_sampled.take(slots),
             }
@@ -708,7 +704,7 @@ class LocalTable:
         """
         with self._changed:
             self._require_open()
-            count = min(int(window), self._size)
+            count = min(int(window), self.size)
             if count <= 0:
                 raise BufferStateError(f"table {self.name!r} holds no items to read")
             held = self._slots.newest(count)
@@ -727,7 +723,7 @@ class LocalTable:
         """
         del copy
         with self._changed:
-            slots = self._ordered_slots()
+            slots = self._slots.ordered()
             if len(slots) == 0 or self._columns is None:
                 data: list[Any] = [
                     np.zeros((0, *s), d) for s, d in zip(self._shapes, self._dtypes, strict=True)
@@ -750,7 +746,7 @@ class LocalTable:
           BufferStateError: If the table is not empty.
           SpecMismatchError: If a field's shape or dtype differs.
         """
-        if self._size:
+        if self.size:
             raise BufferStateError(f"table {self.name!r} is not empty; restore needs an empty one")
         if len(priorities) == 0:
             return
@@ -816,7 +812,7 @@ class LocalTable:
             self._require_open()
             if self._columns is None:
                 self._allocate()
-            self._evict_oldest(self._size + count - capacity)
+            self._evict_oldest(self.size + count - capacity)
             self._claim(total, -1)
             columns = self._columns
             assert columns is not None
@@ -849,10 +845,6 @@ class LocalTable:
             self.inserts += count
             self._changed.notify_all()
         return keys, slots
-
-    def _holds(self, key: int) -> bool:
-        """Whether the item of `key` (> 0) is held."""
-        return key >= 1 and self._slots.holds(key)
 
     def _positions(self, serials: np.ndarray) -> np.ndarray:
         """Ring positions of steps still in the ring, by serial number."""
@@ -895,7 +887,7 @@ class LocalTable:
                 return False
             # Oldest first, as the FIFO remover, until no held item starts in those steps.
             lost = self._positions(np.arange(oldest, cutoff, dtype=np.int64))
-            while self._size and self._refs[lost].any():
+            while self.size and self._refs[lost].any():
                 self._evict_oldest(1)
             return True
 
@@ -930,10 +922,6 @@ class LocalTable:
         self._ring_size = steps
         self._head = held % steps
 
-    def _ordered_slots(self) -> np.ndarray:
-        """The held slots, oldest first."""
-        return self._slots.ordered()
-
     def _publish(self) -> None:
         """Writes the counters readers in other processes check (`SharedTable`): after an
         insert's steps and first serials are written, and after a removal, before anything of
@@ -947,7 +935,7 @@ class LocalTable:
     def _evict_oldest(self, excess: int) -> None:
         if excess <= 0:
             return
-        if excess == 1 and self._size > 1:
+        if excess == 1 and self.size > 1:
             # A full table's collector evicts one item per insert: no arrays.
             slot = self._slots.remove_oldest_one()
             self._publish()  # free, before anything is overwritten
@@ -959,9 +947,9 @@ class LocalTable:
             self.deletes += 1
             self.evictions += 1
             return
-        if excess >= self._size:
-            self.deletes += self._size
-            self.evictions += self._size
+        if excess >= self.size:
+            self.deletes += self.size
+            self.evictions += self.size
             self._clear_items()
             return
         self._remove(None, excess)
@@ -997,7 +985,7 @@ class LocalTable:
         one, only that one is kept."""
         if self._priority is None and len(priorities):
             first = float(priorities[0])
-            if len(slots) == self._size and bool((priorities == first).all()):
+            if len(slots) == self.size and bool((priorities == first).all()):
                 self._flat_priority = first  # the only items held
             elif bool((priorities != self._flat_priority).any()):
                 self._priorities_by_slot()
