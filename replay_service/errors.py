@@ -33,6 +33,14 @@ class BackendMismatchError(CheckpointError):
     """A checkpoint was written by the other backend ("reverb" or "local"); nothing is moved."""
 
 
+class UnknownFormatError(CheckpointError):
+    """A file's format tag is unknown, or of a newer version than this replay_service reads.
+
+    The file is not damaged: it is refused and left in place, never moved to `corrupt/`
+    (see `storage.formats`).
+    """
+
+
 class ServerError(ReplayServiceError):
     """The Reverb server could not be started or reached."""
 

@@ -63,6 +63,7 @@ from replay_service.errors import (
     WriteTimeoutError,
 )
 from replay_service.specs import nests as specs
+from replay_service.storage import formats
 from replay_service.storage.file_modes import make_dirs, open_private, sync_file
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
     from replay_service.backends.reverb.handles import TableHandle
     from replay_service.specs.layouts import Layout
 
-FORMAT = "replay_service.storage.export/1"
+FORMAT = formats.EXPORT.tag
 DEFAULT_PREFIX = "buffer_"
 STATE_SUFFIX = "state.safetensors"
 METADATA_SUFFIX = "metadata.json"
@@ -414,7 +415,8 @@ def read_metadata(path: str) -> dict[str, Any]:
     """Reads and checks an export's metadata file.
 
     Raises:
-      CheckpointError: If it is missing, not JSON, or not a replay_service export.
+      UnknownFormatError: If its format tag is unknown or of a newer version (not damage).
+      CheckpointError: If it is missing, not JSON, or malformed.
     """
     try:
         with open(path, encoding="utf-8") as f:
@@ -423,9 +425,9 @@ def read_metadata(path: str) -> dict[str, Any]:
         raise CheckpointError(f"export metadata {path!r} does not exist") from e
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"export metadata {path!r} is corrupt or truncated: {e}") from e
-    found = data.get("format") if isinstance(data, dict) else type(data).__name__
-    if found != FORMAT:
-        raise CheckpointError(f"{path!r} is not a {FORMAT} file (format: {found!r})")
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path!r} is not a {FORMAT} file: {type(data).__name__}")
+    formats.EXPORT.check(data.get("format"), repr(path))
     missing = [k for k in ("sequence_length", "num_items", "data_spec") if k not in data]
     if missing:
         raise CheckpointError(f"export metadata {path!r} is malformed: it lacks {missing}")

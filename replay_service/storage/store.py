@@ -38,7 +38,9 @@ metadata file was synced. Reverb writes `DONE` even after a truncated file (a fu
 
 A checkpoint directory that later fails a check (damaged or missing metadata, a file whose
 digest changed, fewer items restored than recorded) is moved to `corrupt/`, never deleted, and
-the previous checkpoint is used. While `checkpoints/` holds no checkpoint, those in `corrupt/`
+the previous checkpoint is used. A file whose format tag is unknown or of a newer version
+(`storage.formats`) is not damage: the load is refused with `UnknownFormatError` and nothing is
+moved. While `checkpoints/` holds no checkpoint, those in `corrupt/`
 still count as data: a new buffer there needs overwrite, and `replay-server --restore_if_exists`
 keeps refusing to start empty. Retention deletes a checkpoint only when at least `keep` newer
 verified ones exist.
@@ -74,8 +76,10 @@ from replay_service.errors import (
     NoCheckpointError,
     ReplayServiceError,
     SpecMismatchError,
+    UnknownFormatError,
 )
 from replay_service.specs.nests import FieldDescription, describe_spec, diff_descriptions
+from replay_service.storage import formats
 from replay_service.storage.file_modes import (
     FILE_MODE,
     fsync_dir,
@@ -89,7 +93,7 @@ _T = TypeVar("_T")
 if TYPE_CHECKING:
     from replay_service.config.options import TableConfig, VariableTableConfig
 
-FORMAT = "replay_service.checkpoint_dir/1"
+FORMAT = formats.STORE.tag
 STORE_FILE = "replay_service.json"
 CHECKPOINTS_DIR = "checkpoints"
 REVERB_DIR = ".reverb"
@@ -219,11 +223,12 @@ class StoreMetadata:
         no such tables.
 
         Raises:
+          UnknownFormatError: If the format tag is unknown or of a newer version (not damage).
           CheckpointError: If the format tag or a field is missing or wrong.
         """
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            found = data.get("format") if isinstance(data, dict) else type(data).__name__
-            raise CheckpointError(f"{source} is not a {FORMAT} file (format: {found!r})")
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{source} is not a {FORMAT} file: {type(data).__name__}")
+        formats.STORE.check(data.get("format"), source)
         try:
             return cls(
                 table_name=str(data["table_name"]),
@@ -470,6 +475,7 @@ class CheckpointStore:
         """Reads the metadata of the checkpoint directory `path`.
 
         Raises:
+          UnknownFormatError: If the metadata file's format is unknown or newer (not damage).
           CheckpointError: If `DONE` or the metadata file is missing or unreadable.
         """
         if not is_reverb_checkpoint(path):
@@ -482,6 +488,7 @@ class CheckpointStore:
             raise CheckpointError(f"cannot read {meta_path!r}: {e}") from e
         if not isinstance(info, dict):
             raise CheckpointError(f"{meta_path!r} is malformed: {type(info).__name__}")
+        formats.STORE.check(info.get("format"), repr(meta_path))
         return Checkpoint(path=path, sequence=sequence, info=info)
 
     def checkpoints(self) -> list[Checkpoint]:
@@ -640,6 +647,8 @@ class CheckpointStore:
         for path in self.staged():
             try:
                 adopted.append(self.adopt(path, metadata))
+            except UnknownFormatError:
+                raise  # not damage: left in place
             except CheckpointError as e:
                 if os.path.isdir(path):
                     moved = self.quarantine_path(path)
@@ -667,6 +676,8 @@ class CheckpointStore:
         for path in self.staged(settled_only=True):
             try:
                 adopted.append(self.adopt(path, metadata))
+            except UnknownFormatError:
+                raise  # not damage: left in place
             except CheckpointError as e:
                 if not os.path.isdir(path):
                     raise
@@ -853,7 +864,9 @@ class CheckpointStore:
         (damage) calls `discard()` to drop what was half loaded, moves that checkpoint to
         `corrupt/` with a warning naming it and the one tried next, and tries the previous one.
         A `SpecMismatchError` (a configuration mistake, not damage) stops the search, and so
-        does a checkpoint written by the other backend, before `load` sees it.
+        does a checkpoint written by the other backend, before `load` sees it, and one whose
+        file format is unknown or newer (`UnknownFormatError`: written by a newer release; it is
+        left in place and the load refused).
 
         Args:
           load: Verifies and loads one checkpoint; raises `CheckpointError` for damage.
@@ -867,6 +880,8 @@ class CheckpointStore:
           NoCheckpointError: If none is left that loads (naming those moved aside).
           BackendMismatchError: If the newest readable checkpoint was written by the other
             backend (nothing is moved).
+          UnknownFormatError: If a file of the checkpoint tried has an unknown or newer format
+            tag (nothing is moved).
           SpecMismatchError: From `load`.
           CheckpointError: If a damaged checkpoint cannot be moved aside.
         """
@@ -877,6 +892,9 @@ class CheckpointStore:
                 _check_backend(checkpoint, backend)
                 load(checkpoint)
             except (SpecMismatchError, BackendMismatchError):
+                raise
+            except UnknownFormatError:
+                discard()  # a newer release's checkpoint: refused, left in place
                 raise
             except CheckpointError as e:
                 discard()

@@ -534,6 +534,8 @@ class LocalBackend(Backend):
             raise CheckpointError(f"{path!r} records no file digests")
         from replay_service.backends.reverb.internals import check_recorded_files
 
+        # The index's digest first: a damaged index is damage, never a format to refuse.
+        check_recorded_files(path, checkpoint.files, [local_checkpoint.INDEX_FILE])
         check_recorded_files(path, checkpoint.files, local_checkpoint.small_files(path))
         names = local_checkpoint.read_index(path)
         if names != [c.name for c in self._configs]:

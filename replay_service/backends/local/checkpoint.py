@@ -24,9 +24,10 @@ from replay_service.backends.reverb.internals import DONE_FILE, file_sha256
 from replay_service.config.options import TableConfig
 from replay_service.errors import CheckpointError
 from replay_service.storage import export as export_lib
+from replay_service.storage import formats
 from replay_service.storage.file_modes import DIR_MODE, write_synced
 
-FORMAT = "replay_service.backends.local.checkpoint/1"
+FORMAT = formats.LOCAL_CHECKPOINT.tag
 INDEX_FILE = "local_checkpoint.json"
 
 
@@ -94,7 +95,8 @@ def read_index(path: str) -> list[str]:
     """The table names of the local checkpoint at `path`, in order.
 
     Raises:
-      CheckpointError: If the index is missing, unreadable or not this format.
+      UnknownFormatError: If its format tag is unknown or of a newer version (not damage).
+      CheckpointError: If the index is missing, unreadable or malformed.
     """
     index_path = os.path.join(path, INDEX_FILE)
     try:
@@ -102,13 +104,11 @@ def read_index(path: str) -> list[str]:
             data = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint index {index_path!r} cannot be read: {e}") from e
-    tables = data.get("tables") if isinstance(data, dict) else None
-    if (
-        not isinstance(data, dict)
-        or data.get("format") != FORMAT
-        or not isinstance(tables, list)
-        or not all(isinstance(t, str) for t in tables)
-    ):
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{index_path!r} is not a {FORMAT} index: {data!r}")
+    formats.LOCAL_CHECKPOINT.check(data.get("format"), repr(index_path))
+    tables = data.get("tables")
+    if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
         raise CheckpointError(f"{index_path!r} is not a {FORMAT} index: {data!r}")
     return tables
 
