@@ -1036,10 +1036,13 @@ class ReplayBufferManager:
         epoch is a new random permutation of the items cut into batches of `batch_size`
         (`len(manager) // batch_size` full batches and, unless `drop_last`, one shorter
         batch of the rest). The items are the table's at this call: a snapshot read once
-        (Reverb: from a checkpoint taken now, which becomes the newest checkpoint, as with
-        `export()`, and needs the checkpoint files on this machine; local: a copy), held in
-        memory and never sampled from the table, so rate limiters and `times_sampled` are
-        untouched. Batches are torch tensors like `torch_batches` (see
+        (embedded Reverb: a snapshot checkpoint read from `<checkpoint_dir>/.snapshots/` and
+        deleted, never a checkpoint: it neither counts towards `keep_checkpoints` nor becomes
+        the newest, checkpoints go on while it is read, and one a killed process left is
+        deleted on the next start; remote: a checkpoint taken now, which becomes the newest,
+        as with `export()`, and needs the checkpoint files on this machine; local: a copy),
+        held in memory and never sampled from the table, so rate limiters and `times_sampled`
+        are untouched. Batches are torch tensors like `torch_batches` (see
         `replay_service.sample.epochs.EpochBatches`).
 
         Args:

@@ -85,14 +85,16 @@ class CheckpointSchedule:
         return checkpoint
 
     def snapshot(self, write: WriteCheckpoint, read: Callable[[str], _T]) -> _T:
-        """A checkpoint that is read and deleted, never adopted (`CheckpointStore.snapshot`),
-        taken under the lock: no checkpoint of the schedule's runs meanwhile.
+        """A checkpoint that is read and deleted, never adopted (`CheckpointStore.snapshot`).
+
+        It is written and moved out of the staging root under the lock (no checkpoint of the
+        schedule's runs meanwhile) and read after the lock is released: checkpoints and
+        adoptions go on while it is read.
 
         Raises:
           CheckpointError: As `CheckpointStore.snapshot`.
         """
-        with self._lock:
-            return self._store.snapshot(self._metadata, write, read)
+        return self._store.snapshot(self._metadata, write, read, guard=self._lock)
 
     def adopt_staged(self) -> list[Checkpoint]:
         """Adopts complete checkpoints that clients requested (`CheckpointStore.adopt_staged`).

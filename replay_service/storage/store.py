@@ -16,6 +16,8 @@
       .lock                        held by the one process serving this directory
       corrupt/                     checkpoints that failed to restore, moved aside
       .memmap/                     the local backend's memory-mapped tables (storage="memmap")
+      .snapshots/                  snapshots being read (`CheckpointStore.snapshot`): never
+        snapshot-<pid>-<hex>/      checkpoints, each marked by replay_service_snapshot.json
 
 Every directory replay_service writes or deletes in (`OWN_DIRS`) must be a real directory: a
 symbolic link there is refused when the directory is locked, before anything is written, so no
@@ -56,6 +58,8 @@ import json
 import logging
 import os
 import shutil
+import stat
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -81,6 +85,7 @@ from replay_service.errors import (
 from replay_service.specs.nests import FieldDescription, describe_spec, diff_descriptions
 from replay_service.storage import formats
 from replay_service.storage.file_modes import (
+    DIR_MODE,
     FILE_MODE,
     fsync_dir,
     make_dirs,
@@ -101,13 +106,22 @@ RESTORE_DIR = ".restore"
 LOCK_FILE = ".lock"
 CORRUPT_DIR = "corrupt"
 MEMMAP_DIR = ".memmap"
+SNAPSHOTS_DIR = ".snapshots"
 # The directories of a store that replay_service writes and deletes in: never symbolic links.
-OWN_DIRS = (CHECKPOINTS_DIR, REVERB_DIR, RESTORE_DIR, CORRUPT_DIR, MEMMAP_DIR)
+OWN_DIRS = (CHECKPOINTS_DIR, REVERB_DIR, RESTORE_DIR, CORRUPT_DIR, MEMMAP_DIR, SNAPSHOTS_DIR)
 BACKENDS = ("reverb", "local")
 CHECKPOINT_META_FILE = "replay_service_checkpoint.json"
 REVERB_DONE_FILE = DONE_FILE
 CHECKPOINT_PREFIX = "ckpt-"
 DEFAULT_KEEP = 3
+# A snapshot (`CheckpointStore.snapshot`): `.snapshots/snapshot-<pid>-<32 hex>/`, holding the
+# marker file (written before anything else) and, once written, the checkpoint read.
+SNAPSHOT_FORMAT = "replay_service.snapshot/1"
+SNAPSHOT_PREFIX = "snapshot-"
+SNAPSHOT_MARKER_FILE = "replay_service_snapshot.json"
+SNAPSHOT_DATA_DIR = "checkpoint"
+# Writes of one snapshot before giving up, when a client's save deletes each one first.
+SNAPSHOT_WRITES = 3
 
 _log = logging.getLogger(__name__)
 
@@ -605,6 +619,7 @@ class CheckpointStore:
         """
         self.check_new(overwrite)
         self.check_own_dirs()
+        self.clean_snapshots()
         try:
             make_dirs(self.root)
             remove_path(self.restore_dir)
@@ -779,33 +794,149 @@ class CheckpointStore:
                 f"{e}; the checkpoint was discarded and the buffer still holds its items"
             ) from e
 
+    @property
+    def snapshots_dir(self) -> str:
+        """Where snapshots are read (`snapshot`); never a place checkpoints are listed from."""
+        return os.path.join(self.root, SNAPSHOTS_DIR)
+
     def snapshot(
-        self, metadata: StoreMetadata, write: WriteCheckpoint, read: Callable[[str], _T]
+        self,
+        metadata: StoreMetadata,
+        write: WriteCheckpoint,
+        read: Callable[[str], _T],
+        *,
+        guard: contextlib.AbstractContextManager[Any] | None = None,
     ) -> _T:
-        """Writes a checkpoint into the staging root, reads it with `read`, then deletes it.
+        """Writes a checkpoint, moves it out of the staging root, reads it with `read`, then
+        deletes it.
 
         A read-only pass over the items (e.g. `epoch_batches`): the snapshot is never adopted,
         so it neither counts towards `keep` (no checkpoint of the user's is pruned for it) nor
-        becomes the newest checkpoint; it is deleted whatever `read` does. The caller holds its
-        checkpoint lock, so no other checkpoint cleans the staging root while it is read.
+        becomes the newest checkpoint. As soon as the write returns, it is renamed into its own
+        `.snapshots/snapshot-<pid>-<hex>/` directory, whose marker file was written first:
+        nothing that lists checkpoints (a load, `clean_staging`, retention) looks there, and a
+        client's save (`py_client.checkpoint()`), which deletes the older entries of the
+        staging root, cannot delete it while it is read. A write that such a save deleted
+        before the move is written again (up to `SNAPSHOT_WRITES` times). The snapshot is
+        deleted whatever `read` does; one left by a killed process is deleted on the next
+        start (`clean_snapshots`).
 
         Args:
           metadata: Store metadata (the directory must still be this buffer's).
           write: As in `commit`.
           read: Reads the written checkpoint directory.
+          guard: Held while the snapshot is written and moved (the caller's checkpoint lock:
+            no other checkpoint cleans the staging root meanwhile), released before `read`,
+            so checkpoints go on while it reads.
 
         Returns:
           What `read` returns.
 
         Raises:
-          CheckpointError: If the directory was replaced, or `write` fails (the staging root
-            is emptied); whatever `read` raises.
+          CheckpointError: If the directory was replaced, the snapshot cannot be written or
+            moved (the staging root and the snapshot directory are emptied); whatever `read`
+            raises.
         """
-        path, _ = self._write_staged(metadata, write, "snapshot")
+        holder = self._new_snapshot_dir()
         try:
+            with guard if guard is not None else contextlib.nullcontext():
+                path = self._write_snapshot(metadata, write, holder)
             return read(path)
         finally:
-            remove_path(path)
+            shutil.rmtree(holder, ignore_errors=True)
+
+    def _new_snapshot_dir(self) -> str:
+        """Creates an empty `.snapshots/snapshot-<pid>-<hex>/` with its marker file.
+
+        Raises:
+          CheckpointError: If it cannot be created.
+        """
+        name = f"{SNAPSHOT_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+        holder = os.path.join(self.snapshots_dir, name)
+        marker = {
+            "format": SNAPSHOT_FORMAT,
+            "pid": os.getpid(),
+            "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
+        }
+        try:
+            self.check_own_dirs()
+            make_dirs(self.snapshots_dir)
+            os.mkdir(holder, DIR_MODE)
+            os.chmod(holder, DIR_MODE)
+            write_json_atomic(os.path.join(holder, SNAPSHOT_MARKER_FILE), marker)
+        except OSError as e:
+            shutil.rmtree(holder, ignore_errors=True)
+            raise CheckpointError(f"cannot create snapshot directory {holder!r}: {e}") from e
+        return holder
+
+    def _write_snapshot(self, metadata: StoreMetadata, write: WriteCheckpoint, holder: str) -> str:
+        """Writes a checkpoint into the staging root and renames it to `<holder>/checkpoint`.
+
+        Returns:
+          The snapshot's checkpoint directory.
+
+        Raises:
+          CheckpointError: If writing fails, or each of `SNAPSHOT_WRITES` writes was deleted
+            before it could be moved (by clients' saves), or it cannot be moved.
+        """
+        target = os.path.join(holder, SNAPSHOT_DATA_DIR)
+        for attempt in range(1, SNAPSHOT_WRITES + 1):
+            path, _ = self._write_staged(metadata, write, "snapshot")
+            try:
+                os.rename(path, target)
+            except FileNotFoundError:
+                # A client's save that finished after this one deleted it (Reverb keeps only
+                # the newest entry of its root): its checkpoint is newer, write again.
+                _log.warning(
+                    "snapshot %s was deleted by another save before it was moved (write %d of %d)",
+                    path,
+                    attempt,
+                    SNAPSHOT_WRITES,
+                )
+                continue
+            except OSError as e:
+                remove_path(path)
+                raise CheckpointError(f"cannot move snapshot {path!r} to {target!r}: {e}") from e
+            with contextlib.suppress(OSError):  # the staging root no longer lists it
+                fsync_dir(self.reverb_root)
+            return target
+        raise CheckpointError(
+            f"snapshot into {self.reverb_root!r} failed: each of {SNAPSHOT_WRITES} snapshots was "
+            "deleted by another save (py_client.checkpoint()) before it could be moved; try "
+            "again when clients checkpoint less often"
+        )
+
+    def clean_snapshots(self) -> list[str]:
+        """Deletes the snapshots left by a process that was killed while it read one.
+
+        Called with the directory locked, when a buffer starts in it: no snapshot of another
+        process can be in use. Only what is provably a snapshot is deleted: an entry of
+        `.snapshots/` named `snapshot-<pid>-<hex>` that is a real directory (not a link) and
+        holds a regular `replay_service_snapshot.json` with the snapshot format tag, or holds
+        nothing but that file's partial write (the process was killed while creating it).
+        Anything else there is left alone with a warning. Links are never followed.
+
+        Returns:
+          The snapshot directories deleted.
+
+        Raises:
+          CheckpointError: If `.snapshots/` is a link or cannot be listed.
+        """
+        self.check_own_dirs()
+        removed = []
+        for name in sorted(_listdir(self.snapshots_dir)):
+            path = os.path.join(self.snapshots_dir, name)
+            if _is_own_snapshot(path, name):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+                _log.warning("deleted snapshot %s left by a process that stopped reading it", path)
+            else:
+                _log.warning(
+                    "%s is not a replay_service snapshot; leaving it in place (remove it if it "
+                    "is not needed)",
+                    path,
+                )
+        return removed
 
     def _write_staged(
         self, metadata: StoreMetadata, write: WriteCheckpoint, what: str
@@ -837,7 +968,8 @@ class CheckpointStore:
     ) -> Checkpoint:
         """Restores a buffer from the locked directory: the steps every backend shares.
 
-        Creates `checkpoints/` and `.reverb/` if missing, adopts or clears what the staging
+        Creates `checkpoints/` and `.reverb/` if missing, deletes the snapshots a killed
+        process left (`clean_snapshots`: never checkpoints), adopts or clears what the staging
         root holds (`clean_staging`), then loads the newest checkpoint that `load` accepts
         (`restore_newest`).
 
@@ -849,9 +981,10 @@ class CheckpointStore:
           The checkpoint `restore_newest` loaded.
 
         Raises:
-          As `ensure_dirs`, `clean_staging` and `restore_newest`.
+          As `ensure_dirs`, `clean_snapshots`, `clean_staging` and `restore_newest`.
         """
         self.ensure_dirs()
+        self.clean_snapshots()
         self.clean_staging(metadata)
         return self.restore_newest(load, discard, backend=backend)
 
@@ -1221,6 +1354,40 @@ def remove_path(path: str) -> None:
     else:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
+
+
+def _is_own_snapshot(path: str, name: str) -> bool:
+    """Whether `path` (an entry `name` of `.snapshots/`) is provably a snapshot directory that
+    `CheckpointStore.snapshot` created: see `CheckpointStore.clean_snapshots`."""
+    middle = name.removeprefix(SNAPSHOT_PREFIX)
+    pid, _, token = middle.partition("-")
+    if not (
+        name.startswith(SNAPSHOT_PREFIX)
+        and pid.isascii()
+        and pid.isdigit()
+        and len(token) == 32
+        and all(c in "0123456789abcdef" for c in token)
+    ):
+        return False
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
+        entries = set(os.listdir(path))
+        marker = os.path.join(path, SNAPSHOT_MARKER_FILE)
+        if SNAPSHOT_MARKER_FILE not in entries:
+            # Killed between creating the directory and its marker: only its partial write.
+            partial = f"{SNAPSHOT_MARKER_FILE}.tmp"
+            return entries <= {partial} and all(
+                stat.S_ISREG(os.lstat(os.path.join(path, e)).st_mode) for e in entries
+            )
+        if not stat.S_ISREG(os.lstat(marker).st_mode):
+            return False
+        fd = os.open(marker, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == SNAPSHOT_FORMAT
 
 
 def _parse_sequence(name: str) -> int | None:

@@ -346,7 +346,9 @@ class CheckpointedServer:
 
     def snapshot(self, read: Callable[[str], _T]) -> _T:
         """Reads a checkpoint taken now that is deleted afterwards, never adopted: it does not
-        count towards `keep_checkpoints` nor become the newest checkpoint.
+        count towards `keep_checkpoints` nor become the newest checkpoint. It is read from its
+        own directory under `.snapshots/` (`CheckpointStore.snapshot`), so checkpoints (this
+        owner's and clients' `py_client.checkpoint()`) go on while it is read.
 
         Args:
           read: Reads the checkpoint directory.
