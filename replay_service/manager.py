@@ -26,6 +26,7 @@ from replay_service.backends import (
 from replay_service.backends.reverb.tables import check_extra_tables, check_mix_weights, find_table
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
+from replay_service.config.devices import require_device
 from replay_service.config.options import (
     DEFAULT_TABLE_NAME,
     SamplingConfig,
@@ -36,6 +37,7 @@ from replay_service.config.options import (
     validate_manager_options,
     validate_path,
 )
+from replay_service.config.sizes import require_batch_size
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
@@ -558,8 +560,13 @@ class ReplayBufferManager:
         """
         replay_buffer = self._require_buffer()
         config = find_table(self.tables, table)
-        for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
-            require_positive_int(name, value)
+        require_positive_int("prefetch", prefetch)
+        require_batch_size(
+            "batch_size",
+            batch_size,
+            self._item_bytes(num_steps if isinstance(num_steps, int) else None),
+            what=f"table {config.name!r}",
+        )
         if num_steps not in (None, config.sequence_length):
             self._require(
                 Capability.SPLIT_SEQUENCES,
@@ -599,6 +606,7 @@ class ReplayBufferManager:
         replay_buffer = self._require_buffer()
         self._require(Capability.MIXED_DATASET, "mixed_dataset")
         require_positive_int("prefetch", prefetch)
+        require_batch_size("batch_size", batch_size, self._item_bytes(), what="the mixed tables")
         return self._backend.mixed_dataset(replay_buffer, weights, batch_size, seed, prefetch)
 
     def num_frames(self, *, table: str | None = None) -> int:
@@ -1066,6 +1074,15 @@ class ReplayBufferManager:
 
         config = find_table(self.tables, table)
         epochs.check_options(batch_size, num_epochs, seed, drop_last, transitions)
+        # Before the snapshot is read: a batch holds at most the table's items.
+        require_batch_size(
+            "batch_size",
+            batch_size,
+            self._item_bytes(config.sequence_length),
+            what=f"table {config.name!r}",
+            held=config.capacity,
+        )
+        require_device(device)
         self._require_client()
         self._flush_writers()
         items = self._backend.read_items(config)
@@ -1126,9 +1143,16 @@ class ReplayBufferManager:
         from replay_service.sample import recent
 
         recent.check_options(batch_size, num_updates, eta, c_min, seed, transitions)
+        config = find_table(self.tables, table)
+        require_batch_size(
+            "batch_size",
+            batch_size,
+            self._item_bytes(config.sequence_length),
+            what=f"table {config.name!r}",
+        )
+        require_device(device)
         self._require_client()
         self._require(Capability.RECENT_SAMPLING, f"recent_batches(eta={eta!r}, c_min={c_min!r})")
-        config = find_table(self.tables, table)
         backend = self._backend
         return recent.RecentBatches(
             lambda size, window, rng: backend.read_newest(config, size, window, rng),
@@ -1144,6 +1168,15 @@ class ReplayBufferManager:
             table_name=config.name,
             sequence_length=config.sequence_length,
         )
+
+    def _item_bytes(self, steps: int | None = None) -> int:
+        """Bytes of one item of `steps` steps (None: the longest sequence length of the
+        tables) as a batch holds it: every field of the stored spec, every step."""
+        from replay_service.specs.packed import layout_of
+
+        if steps is None:
+            steps = max(t.sequence_length for t in self.tables)
+        return layout_of(self._stored_spec).step_bytes * steps
 
     def _torch_source(self, table: str | None) -> Any:
         replay_buffer = self._require_buffer()

@@ -72,6 +72,7 @@ import torch
 from replay_service.backends.local.shared import SharedTable
 from replay_service.backends.local.slots import RingSlots, slots_for
 from replay_service.backends.local.sum_tree import SumTree
+from replay_service.config.devices import available_devices, require_device
 from replay_service.config.options import TableConfig
 from replay_service.errors import (
     BufferStateError,
@@ -116,25 +117,17 @@ def check_device(device: str | torch.device) -> torch.device:
         target = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as e:
         raise ConfigError(
-            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}; "
+            f"available here: {available_devices()}"
         ) from e
     if target.type not in ("cpu", "cuda"):
         raise ConfigError(
             f"device={device!r}: a local table's storage lives on 'cpu' or a CUDA device "
-            f"('cuda', 'cuda:0'), not on {target.type!r}"
+            f"('cuda', 'cuda:0'), not on {target.type!r}; available here: {available_devices()}"
         )
-    if target.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"device={device!r} was asked for, but CUDA is not available here; use "
-                "device='cpu' or leave device unset"
-            )
-        if target.index is not None and target.index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA devices"
-            )
-        if target.index is None:
-            target = torch.device("cuda", torch.cuda.current_device())
+    require_device(device)  # on this machine
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
     return target
 
 
