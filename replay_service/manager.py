@@ -554,7 +554,8 @@ class ReplayBufferManager:
           table: Table to sample; None is the primary table.
 
         Raises:
-          ConfigError: If a size is not a positive integer or `table` is unknown.
+          ConfigError: If a size is not a positive integer, `batch_size` is above its ceiling
+            (`config.sizes.require_batch_size`: items, memory), or `table` is unknown.
           tf.errors.InvalidArgumentError: When iterating, if nothing can be sampled within
             `timeouts.sample`, the server is lost, or the manager was closed (see above).
         """
@@ -600,7 +601,8 @@ class ReplayBufferManager:
           prefetch: Batches prefetched.
 
         Raises:
-          ConfigError: If a weight, name, size or the sequence lengths are invalid.
+          ConfigError: If a weight, name, size or the sequence lengths are invalid, or
+            `batch_size` is above its ceiling (`config.sizes.require_batch_size`).
           tf.errors.InvalidArgumentError: When iterating, as `get_dataset`.
         """
         replay_buffer = self._require_buffer()
@@ -915,7 +917,9 @@ class ReplayBufferManager:
             be sampled within `Timeouts.sample`.
           ServerUnavailableError: When iterating, if the server is lost (see above).
           ManagerClosedError: When iterating, once this manager (or the stream) is closed.
-          ConfigError: If an option is invalid or `table` is unknown.
+          ConfigError: If an option is invalid (a `batch_size` above its ceiling,
+            `config.sizes.require_batch_size`; a device that holds no data or is not on this
+            machine, `config.devices.require_device`) or `table` is unknown.
         """
         from replay_service.sample import torch_streams as torch_sampling
 
@@ -949,7 +953,9 @@ class ReplayBufferManager:
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
-          ConfigError: If an option is invalid or `table` is unknown.
+          ConfigError: If an option is invalid (a `batch_size` above its ceiling,
+            `config.sizes.require_batch_size`; a device that holds no data or is not on this
+            machine, `config.devices.require_device`) or `table` is unknown.
         """
         from replay_service.sample import torch_streams as torch_sampling
 
@@ -1001,7 +1007,8 @@ class ReplayBufferManager:
         Raises:
           BufferStateError: If no buffer was created or loaded; when iterating, if a table
             yields nothing within `Timeouts.sample` (named).
-          ConfigError: If a weight, table name, size, seed or option is invalid, or the
+          ConfigError: If a weight, table name, size, seed or option is invalid (batch size
+            and device as `torch_batches`), or the
             tables' sequence lengths differ.
           ServerUnavailableError, ManagerClosedError: When iterating, as `torch_batches`.
         """
@@ -1065,7 +1072,8 @@ class ReplayBufferManager:
           An `EpochBatches` (iterable, `len()` is the number of batches of all epochs).
 
         Raises:
-          ConfigError: If a size, seed, flag or device is invalid, `table` is unknown,
+          ConfigError: If a size, seed, flag or device is invalid (batch size and device as
+            `torch_batches`, checked before the snapshot is read), `table` is unknown,
             `transitions` does not apply to the table's items, or `drop_last` leaves no batch.
           BufferStateError: If no buffer was created or loaded, or the table holds no items.
           CheckpointError: Reverb: if the snapshot's checkpoint cannot be taken or read.
@@ -1135,7 +1143,8 @@ class ReplayBufferManager:
           `c_k`).
 
         Raises:
-          ConfigError: If an option is invalid (named with its value), `table` is unknown, or
+          ConfigError: If an option is invalid (named with its value; batch size and device
+            as `torch_batches`), `table` is unknown, or
             the backend cannot sample the newest items (Reverb: use backend='local').
           BufferStateError: If no buffer was created or loaded; when iterating, if the table
             is empty.

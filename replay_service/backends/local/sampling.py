@@ -139,6 +139,7 @@ class LocalSampleSource:
         empty dict without `with_info`).
 
         Raises:
+          ConfigError: If `batch_size` is above its ceiling (`config.sizes.require_batch_size`).
           ManagerClosedError: If the manager was closed.
           BufferStateError: If nothing can be sampled within `sample_timeout`.
         """
@@ -409,7 +410,8 @@ class LocalReplayBuffer:
           single_deterministic_pass: Must be False.
 
         Raises:
-          ConfigError: For options the local backend does not have, or without TensorFlow.
+          ConfigError: For options the local backend does not have, a `sample_batch_size`
+            above its ceiling (`config.sizes.require_batch_size`), or without TensorFlow.
         """
         del num_parallel_calls
         length = self._source.sequence_length
