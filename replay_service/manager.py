@@ -26,6 +26,7 @@ from replay_service.backends import (
 from replay_service.backends.reverb.tables import check_extra_tables, check_mix_weights, find_table
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
+from replay_service.config.devices import require_device
 from replay_service.config.options import (
     DEFAULT_TABLE_NAME,
     SamplingConfig,
@@ -36,6 +37,7 @@ from replay_service.config.options import (
     validate_manager_options,
     validate_path,
 )
+from replay_service.config.sizes import require_batch_size
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
@@ -552,14 +554,20 @@ class ReplayBufferManager:
           table: Table to sample; None is the primary table.
 
         Raises:
-          ConfigError: If a size is not a positive integer or `table` is unknown.
+          ConfigError: If a size is not a positive integer, `batch_size` is above its ceiling
+            (`config.sizes.require_batch_size`: items, memory), or `table` is unknown.
           tf.errors.InvalidArgumentError: When iterating, if nothing can be sampled within
             `timeouts.sample`, the server is lost, or the manager was closed (see above).
         """
         replay_buffer = self._require_buffer()
         config = find_table(self.tables, table)
-        for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
-            require_positive_int(name, value)
+        require_positive_int("prefetch", prefetch)
+        require_batch_size(
+            "batch_size",
+            batch_size,
+            self._item_bytes(num_steps if isinstance(num_steps, int) else None),
+            what=f"table {config.name!r}",
+        )
         if num_steps not in (None, config.sequence_length):
             self._require(
                 Capability.SPLIT_SEQUENCES,
@@ -593,12 +601,14 @@ class ReplayBufferManager:
           prefetch: Batches prefetched.
 
         Raises:
-          ConfigError: If a weight, name, size or the sequence lengths are invalid.
+          ConfigError: If a weight, name, size or the sequence lengths are invalid, or
+            `batch_size` is above its ceiling (`config.sizes.require_batch_size`).
           tf.errors.InvalidArgumentError: When iterating, as `get_dataset`.
         """
         replay_buffer = self._require_buffer()
         self._require(Capability.MIXED_DATASET, "mixed_dataset")
         require_positive_int("prefetch", prefetch)
+        require_batch_size("batch_size", batch_size, self._item_bytes(), what="the mixed tables")
         return self._backend.mixed_dataset(replay_buffer, weights, batch_size, seed, prefetch)
 
     def num_frames(self, *, table: str | None = None) -> int:
@@ -907,7 +917,9 @@ class ReplayBufferManager:
             be sampled within `Timeouts.sample`.
           ServerUnavailableError: When iterating, if the server is lost (see above).
           ManagerClosedError: When iterating, once this manager (or the stream) is closed.
-          ConfigError: If an option is invalid or `table` is unknown.
+          ConfigError: If an option is invalid (a `batch_size` above its ceiling,
+            `config.sizes.require_batch_size`; a device that holds no data or is not on this
+            machine, `config.devices.require_device`) or `table` is unknown.
         """
         from replay_service.sample import torch_streams as torch_sampling
 
@@ -941,7 +953,9 @@ class ReplayBufferManager:
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
-          ConfigError: If an option is invalid or `table` is unknown.
+          ConfigError: If an option is invalid (a `batch_size` above its ceiling,
+            `config.sizes.require_batch_size`; a device that holds no data or is not on this
+            machine, `config.devices.require_device`) or `table` is unknown.
         """
         from replay_service.sample import torch_streams as torch_sampling
 
@@ -993,7 +1007,8 @@ class ReplayBufferManager:
         Raises:
           BufferStateError: If no buffer was created or loaded; when iterating, if a table
             yields nothing within `Timeouts.sample` (named).
-          ConfigError: If a weight, table name, size, seed or option is invalid, or the
+          ConfigError: If a weight, table name, size, seed or option is invalid (batch size
+            and device as `torch_batches`), or the
             tables' sequence lengths differ.
           ServerUnavailableError, ManagerClosedError: When iterating, as `torch_batches`.
         """
@@ -1060,7 +1075,8 @@ class ReplayBufferManager:
           An `EpochBatches` (iterable, `len()` is the number of batches of all epochs).
 
         Raises:
-          ConfigError: If a size, seed, flag or device is invalid, `table` is unknown,
+          ConfigError: If a size, seed, flag or device is invalid (batch size and device as
+            `torch_batches`, checked before the snapshot is read), `table` is unknown,
             `transitions` does not apply to the table's items, or `drop_last` leaves no batch.
           BufferStateError: If no buffer was created or loaded, or the table holds no items.
           CheckpointError: Reverb: if the snapshot's checkpoint cannot be taken or read.
@@ -1069,6 +1085,15 @@ class ReplayBufferManager:
 
         config = find_table(self.tables, table)
         epochs.check_options(batch_size, num_epochs, seed, drop_last, transitions)
+        # Before the snapshot is read: a batch holds at most the table's items.
+        require_batch_size(
+            "batch_size",
+            batch_size,
+            self._item_bytes(config.sequence_length),
+            what=f"table {config.name!r}",
+            held=config.capacity,
+        )
+        require_device(device)
         self._require_client()
         self._flush_writers()
         items = self._backend.read_items(config)
@@ -1121,7 +1146,8 @@ class ReplayBufferManager:
           `c_k`).
 
         Raises:
-          ConfigError: If an option is invalid (named with its value), `table` is unknown, or
+          ConfigError: If an option is invalid (named with its value; batch size and device
+            as `torch_batches`), `table` is unknown, or
             the backend cannot sample the newest items (Reverb: use backend='local').
           BufferStateError: If no buffer was created or loaded; when iterating, if the table
             is empty.
@@ -1129,9 +1155,16 @@ class ReplayBufferManager:
         from replay_service.sample import recent
 
         recent.check_options(batch_size, num_updates, eta, c_min, seed, transitions)
+        config = find_table(self.tables, table)
+        require_batch_size(
+            "batch_size",
+            batch_size,
+            self._item_bytes(config.sequence_length),
+            what=f"table {config.name!r}",
+        )
+        require_device(device)
         self._require_client()
         self._require(Capability.RECENT_SAMPLING, f"recent_batches(eta={eta!r}, c_min={c_min!r})")
-        config = find_table(self.tables, table)
         backend = self._backend
         return recent.RecentBatches(
             lambda size, window, rng: backend.read_newest(config, size, window, rng),
@@ -1147,6 +1180,15 @@ class ReplayBufferManager:
             table_name=config.name,
             sequence_length=config.sequence_length,
         )
+
+    def _item_bytes(self, steps: int | None = None) -> int:
+        """Bytes of one item of `steps` steps (None: the longest sequence length of the
+        tables) as a batch holds it: every field of the stored spec, every step."""
+        from replay_service.specs.packed import layout_of
+
+        if steps is None:
+            steps = max(t.sequence_length for t in self.tables)
+        return layout_of(self._stored_spec).step_bytes * steps
 
     def _torch_source(self, table: str | None) -> Any:
         replay_buffer = self._require_buffer()

@@ -152,6 +152,8 @@ class MixedSampleSource:
         self.table_name = "+".join(self._names)
         self.sequence_length = first.sequence_length
         self.signature = first.signature
+        # The tables have one spec and sequence length (`check_mix_weights`).
+        self.item_bytes = getattr(first, "item_bytes", None)
 
     def closed_error(self) -> ManagerClosedError | None:
         """The error of the first source whose manager was closed, else None."""

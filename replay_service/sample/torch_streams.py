@@ -51,7 +51,9 @@ from replay_service.backends.reverb.torch_source import (  # noqa: F401
     SampleSource,
     tensor_to_torch,
 )
-from replay_service.config.options import require_int, require_positive_int
+from replay_service.config.devices import require_device
+from replay_service.config.options import require_int
+from replay_service.config.sizes import require_batch_size
 from replay_service.errors import BufferStateError, ConfigError, ManagerClosedError
 from replay_service.sample.batches import (  # noqa: F401
     DRAW_BYTES,
@@ -510,7 +512,9 @@ def _put(out: queue.Queue[tuple[str, Any]], entry: tuple[str, Any], stop: thread
 def _check_sizes(batch_size: int, transitions: bool, source: TorchSampleSource) -> int:
     """Checks a stream's batch size and `transitions` against its source; returns the batch
     size as an `int`."""
-    batch_size = require_positive_int("batch_size", batch_size, maximum=None)
+    batch_size = require_batch_size(
+        "batch_size", batch_size, _item_bytes(source), what=f"table {source.table_name!r}"
+    )
     if not isinstance(transitions, (bool, np.bool_)):
         raise ConfigError(f"transitions must be True or False, got {transitions!r}")
     sequence_length = source.sequence_length
@@ -528,16 +532,25 @@ def _check_sizes(batch_size: int, transitions: bool, source: TorchSampleSource) 
     return batch_size
 
 
-def _resolve_device(device: str | torch.device) -> torch.device:
+def _item_bytes(source: TorchSampleSource) -> int:
+    """Bytes of one item of `source` as a batch holds it: its `item_bytes` where it has one
+    (the local sources), else from its item signature (`sequence_length` steps); 0 if
+    neither is known (then only the fixed ceiling of `require_batch_size` applies)."""
+    known = getattr(source, "item_bytes", None)
+    if known is not None:
+        return int(known)
+    from replay_service.specs.packed import step_layout
+
     try:
-        target = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ConfigError(
-            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
-        ) from e
-    if target.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} was asked for, but CUDA is not available")
-    return target
+        return step_layout(source.signature).step_bytes * source.sequence_length
+    except Exception:  # a source of another kind: its items' size is not known here
+        return 0
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    """The device batches are placed on (`require_device`: refused at the call if it holds no
+    data or is not on this machine, never at the first batch)."""
+    return require_device(device)
 
 
 def _resolve_pin_memory(pin_memory: bool) -> bool:

@@ -20,6 +20,7 @@ from torch.utils.data import get_worker_info
 
 from replay_service.backends.local.shared import SharedTable
 from replay_service.backends.local.table import LocalTable
+from replay_service.config.sizes import require_batch_size
 from replay_service.errors import ConfigError, ManagerClosedError
 
 # A torch stream of a uniform local table draws up to this many items and batches per table
@@ -88,6 +89,11 @@ class LocalSampleSource:
         self._structure = stored_spec
         self._shared: SharedTable | None = None
 
+    @property
+    def item_bytes(self) -> int:
+        """Bytes of one item as a batch holds it (every field, every step)."""
+        return self.table.item_bytes
+
     def prepare_workers(self) -> None:
         """Moves the table into shared memory (`LocalTable.share_memory`) for DataLoader
         worker processes.
@@ -133,12 +139,16 @@ class LocalSampleSource:
         empty dict without `with_info`).
 
         Raises:
+          ConfigError: If `batch_size` is above its ceiling (`config.sizes.require_batch_size`).
           ManagerClosedError: If the manager was closed.
           BufferStateError: If nothing can be sampled within `sample_timeout`.
         """
         closed = self.closed_error()
         if closed is not None:
             raise closed
+        require_batch_size(
+            "batch_size", batch_size, self.table.item_bytes, what=f"table {self.table_name!r}"
+        )
         return self.table.sample(batch_size, self.sample_timeout, with_info=with_info, steps=steps)
 
     def clears(self) -> int:
@@ -400,7 +410,8 @@ class LocalReplayBuffer:
           single_deterministic_pass: Must be False.
 
         Raises:
-          ConfigError: For options the local backend does not have, or without TensorFlow.
+          ConfigError: For options the local backend does not have, a `sample_batch_size`
+            above its ceiling (`config.sizes.require_batch_size`), or without TensorFlow.
         """
         del num_parallel_calls
         length = self._source.sequence_length
@@ -413,6 +424,12 @@ class LocalReplayBuffer:
             raise ConfigError(
                 "sequence_preprocess_fn and single_deterministic_pass need backend='reverb'"
             )
+        require_batch_size(
+            "sample_batch_size",
+            sample_batch_size,
+            self._source.item_bytes,
+            what=f"table {self._source.table_name!r}",
+        )
         return tf_dataset(self._source, sample_batch_size)
 
     def clear(self) -> None:

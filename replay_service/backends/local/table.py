@@ -72,6 +72,7 @@ import torch
 from replay_service.backends.local.shared import SharedTable
 from replay_service.backends.local.slots import RingSlots, slots_for
 from replay_service.backends.local.sum_tree import SumTree
+from replay_service.config.devices import available_devices, require_device
 from replay_service.config.options import TableConfig
 from replay_service.errors import (
     BufferStateError,
@@ -94,6 +95,8 @@ _GROWTH = 0.125
 _SHARED_FIELDS = ("_first", "_priority", "_times_sampled", "_cell")
 # `_cell`: items held, closed, insertion numbers of the oldest held and of the next item.
 _SIZE, _CLOSED, _OLDEST, _NEXT = range(4)
+# Where torch places shared memory (POSIX shared memory, a tmpfs: Docker gives it 64 MB).
+SHM_DIR = "/dev/shm"
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -114,25 +117,17 @@ def check_device(device: str | torch.device) -> torch.device:
         target = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as e:
         raise ConfigError(
-            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+            f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}; "
+            f"available here: {available_devices()}"
         ) from e
     if target.type not in ("cpu", "cuda"):
         raise ConfigError(
             f"device={device!r}: a local table's storage lives on 'cpu' or a CUDA device "
-            f"('cuda', 'cuda:0'), not on {target.type!r}"
+            f"('cuda', 'cuda:0'), not on {target.type!r}; available here: {available_devices()}"
         )
-    if target.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"device={device!r} was asked for, but CUDA is not available here; use "
-                "device='cpu' or leave device unset"
-            )
-        if target.index is not None and target.index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA devices"
-            )
-        if target.index is None:
-            target = torch.device("cuda", torch.cuda.current_device())
+    require_device(device)  # on this machine
+    if target.type == "cuda" and target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
     return target
 
 
@@ -503,7 +498,10 @@ class LocalTable:
 
         Raises:
           ConfigError: If the table's sampling changes the table when sampled or needs state
-            of this process: a sampler other than "uniform", or `max_times_sampled`.
+            of this process: a sampler other than "uniform", or `max_times_sampled`; or if
+            shared memory cannot hold the table (the message names the bytes needed and those
+            free in /dev/shm). Nothing is changed then: the table stays as it was, writable,
+            sampled and checkpointed in this process.
           ManagerClosedError: If the table was closed.
         """
         sampling = self.config.sampling
@@ -525,17 +523,18 @@ class LocalTable:
             self._require_open()
             if self._shared is not None:
                 return self._shared
-            if self._storage_kind == "memory":
-                self._share_ring()
-            self._priorities_by_slot()  # readers read them per slot
-            tensors = {}
-            for name in _SHARED_FIELDS:
-                array = getattr(self, name)
-                signed = array.view(np.int64) if array.dtype == np.uint64 else array
-                tensor = torch.from_numpy(signed.copy()).share_memory_()
+            # Everything is allocated first, then swapped in: a failure (too little shared
+            # memory) leaves the table exactly as it was, still writable and checkpointable.
+            ring = self._new_shared_ring() if self._storage_kind == "memory" else None
+            tensors = self._new_shared_metadata(ring)
+            if ring is not None:
+                self._install_shared_ring(ring)
+            for name, tensor in tensors.items():
+                unsigned = (
+                    getattr(self, name) is not None and getattr(self, name).dtype == np.uint64
+                )
                 view = tensor.numpy()
-                setattr(self, name, view.view(np.uint64) if array.dtype == np.uint64 else view)
-                tensors[name] = tensor
+                setattr(self, name, view.view(np.uint64) if unsigned else view)
             assert isinstance(self._slots, RingSlots)  # uniform, no `max_times_sampled`
             self._shared = SharedTable(
                 name=self.name,
@@ -549,25 +548,107 @@ class LocalTable:
             )
             return self._shared
 
-    def _share_ring(self) -> None:
+    def _shared_bytes(self) -> int:
+        """Bytes `share_memory` places in shared memory: the RAM ring at its largest size
+        ("memmap" files are shared already) and the per-slot metadata."""
+        capacity = self.config.capacity
+        ring = capacity * self._length * self.step_bytes if self._storage_kind == "memory" else 0
+        per_slot = sum(
+            np.dtype(d).itemsize for d in (np.int64, np.float64, self._times_sampled.dtype)
+        )
+        return ring + capacity * per_slot + self._cell.nbytes
+
+    def _share_failure(self, cause: BaseException | None) -> ConfigError:
+        """The error of a table that does not fit in shared memory: the bytes it needs, those
+        free in `SHM_DIR`, and the ways out."""
+        needed = self._shared_bytes()
+        free = _free_bytes(SHM_DIR)
+        where = f"{SHM_DIR} has {'an unknown number of' if free is None else free} bytes free"
+        reason = "" if cause is None else f" ({cause})"
+        return ConfigError(
+            f"table {self.name!r} cannot move into shared memory for DataLoader worker "
+            f"processes: it needs {needed} bytes ({self.config.capacity} items of "
+            f"{self._length} steps of {self.step_bytes} bytes, and per-item metadata), "
+            f"{where}{reason}. The table is unchanged. Use num_workers=0 (a local table is "
+            "sampled in-process in microseconds), lower the capacity, or give the machine "
+            "more shared memory (docker run --shm-size=..., a larger /dev/shm)"
+        )
+
+    def _new_shared_ring(self) -> tuple[list[torch.Tensor], np.ndarray, np.ndarray, int]:
         """The RAM ring at its largest size in shared memory, the held items copied into it
-        oldest first, one whole window each (the lock held)."""
+        oldest first, one whole window each; nothing of the table changes (the lock held).
+
+        Returns:
+          The ring's tensors, its `_refs`, the held slots (oldest first) and their steps.
+
+        Raises:
+          ConfigError: If shared memory cannot hold the ring (`_share_failure`).
+        """
         length = self._length
         steps = self.config.capacity * length
+        needed, free = self._shared_bytes(), _free_bytes(SHM_DIR)
+        if free is not None and needed > free:
+            raise self._share_failure(None)
         held = self._slots.ordered()
-        windows = self._read_slots(held) if self._columns is not None and len(held) else None
+        count = len(held) * length
+        try:
+            tensors = [
+                torch.empty(
+                    (steps, *shape), dtype=torch.from_numpy(np.zeros(0, dtype)).dtype
+                ).share_memory_()
+                for shape, dtype in zip(self._step_shapes, self._dtypes, strict=True)
+            ]
+            refs = np.zeros(steps, dtype=np.uint8)
+        except (RuntimeError, MemoryError) as e:
+            raise self._share_failure(e) from e
+        if self._columns is not None and count:
+            positions = self._window_positions(held).reshape(count)
+            for tensor, column in zip(tensors, self._columns, strict=True):
+                if self._device is not None:
+                    tensor[:count] = column[self._index(positions)]
+                else:
+                    np.take(column, positions, axis=0, out=tensor.numpy()[:count])
+        refs[np.arange(len(held), dtype=np.int64) * length] = 1
+        return tensors, refs, held, count
+
+    def _new_shared_metadata(
+        self, ring: tuple[list[torch.Tensor], np.ndarray, np.ndarray, int] | None
+    ) -> dict[str, torch.Tensor]:
+        """Copies in shared memory of the per-slot arrays readers need (`_SHARED_FIELDS`), as
+        they are once `ring` is installed; nothing of the table changes.
+
+        Raises:
+          ConfigError: If shared memory cannot hold them (`_share_failure`).
+        """
+        arrays = {name: getattr(self, name) for name in _SHARED_FIELDS}
+        if arrays["_priority"] is None:  # readers read priorities per slot
+            arrays["_priority"] = np.full(self.config.capacity, self._flat_priority)
+        if ring is not None:
+            _, _, held, _ = ring
+            first = arrays["_first"].copy()
+            first[held] = np.arange(len(held), dtype=np.int64) * self._length
+            arrays["_first"] = first
+        tensors = {}
+        try:
+            for name, array in arrays.items():
+                signed = array.view(np.int64) if array.dtype == np.uint64 else array
+                tensors[name] = torch.from_numpy(signed.copy()).share_memory_()
+        except (RuntimeError, MemoryError) as e:
+            raise self._share_failure(e) from e
+        return tensors
+
+    def _install_shared_ring(
+        self, ring: tuple[list[torch.Tensor], np.ndarray, np.ndarray, int]
+    ) -> None:
+        """Swaps in the ring of `_new_shared_ring` (nothing here can fail)."""
+        tensors, refs, _, count = ring
+        steps = len(refs)
         self._shares = False  # the shared ring never grows: each window is written whole
         self._ring_size = self._max_steps = steps
-        self._allocate(shared=True)
-        count = len(held) * length
-        if windows is not None:
-            for tensor, window, shape in zip(
-                self._tensors, windows, self._step_shapes, strict=True
-            ):
-                tensor[:count] = window.reshape(count, *shape)
-        firsts = np.arange(len(held), dtype=np.int64) * length
-        self._refs[firsts] = 1
-        self._first[held] = firsts
+        self._tensors = tensors
+        self._columns = tensors if self._device is not None else [t.numpy() for t in tensors]
+        self._gap = None
+        self._refs = refs
         self._consecutive = None
         self._scattered = 0
         self._head = count % steps
@@ -1063,13 +1144,13 @@ class LocalTable:
         """Ring positions as an index tensor on the table's device."""
         return torch.from_numpy(np.ascontiguousarray(positions)).to(self._device)
 
-    def _allocate(self, shared: bool = False) -> None:
+    def _allocate(self) -> None:
         """The step ring: one tensor per field, `[ring size, *field_shape]`, as numpy views.
 
-        RAM: `torch.empty` (pages are committed as steps are written), in shared memory with
-        `shared`. "memmap": tensordict's `MemoryMappedTensor` files under `scratch_dir` (shared
-        mappings), so the buffer can exceed RAM, their whole size reserved on disk first
-        (`_reserve_files`).
+        RAM: `torch.empty` (pages are committed as steps are written; `share_memory` makes
+        its own ring in shared memory). "memmap": tensordict's `MemoryMappedTensor` files
+        under `scratch_dir` (shared mappings), so the buffer can exceed RAM, their whole size
+        reserved on disk first (`_reserve_files`).
 
         Raises:
           ConfigError: If the disk of `scratch_dir` cannot hold the memory-mapped files.
@@ -1110,8 +1191,6 @@ class LocalTable:
                 )
             else:
                 tensor = torch.empty((steps, *shape), dtype=torch_dtype, device=self._device)
-                if shared:
-                    tensor.share_memory_()
             columns.append(tensor if self._device is not None else tensor.numpy())
             tensors.append(tensor)
         self._columns = columns

@@ -15,7 +15,9 @@ from tf_agents.replay_buffers import reverb_replay_buffer
 from replay_service.backends.reverb.liveness import Lifeline
 from replay_service.backends.reverb.sampling_errors import bound_sampling, sampling_timeout_message
 from replay_service.config.options import to_ms
+from replay_service.config.sizes import require_batch_size
 from replay_service.specs.layouts import NESTED, Layout, as_layout
+from replay_service.specs.packed import layout_of
 
 
 class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
@@ -89,6 +91,13 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
         # else sees it.
         layout = self._layout
         data_spec = self._data_spec
+        if sample_batch_size is not None:  # before TF-Agents builds anything for it
+            require_batch_size(
+                "sample_batch_size",
+                sample_batch_size,
+                layout_of(data_spec).step_bytes * (num_steps or self._sequence_length),
+                what=f"table {self._table_name!r}",
+            )
         self._data_spec = layout.step_spec()
         try:
             dataset = super()._as_dataset(
