@@ -12,7 +12,10 @@ the same window of rows, so those items are the ones this project's own observer
 cannot be packed is refused at the writer with `SpecMismatchError` naming it: a step that does
 not match the table's spec, an item that is not every field of the same consecutive steps,
 an item whose length is not its table's sequence length, partial steps, and the legacy
-`writer()`/`insert()`/`structured_writer()` calls (which write nested columns).
+`writer()`/`insert()`/`structured_writer()` calls (which write nested columns). As every client
+the manager hands out it is a `bounded_client.BoundedClient`: its writers' `flush` and
+`end_episode` (which TF-Agents' observers call without a timeout) raise `WriteTimeoutError` after
+`Timeouts.write` instead of waiting forever for a dead server.
 """
 
 from __future__ import annotations
