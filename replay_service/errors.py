@@ -63,3 +63,7 @@ class ManagerClosedError(ReplayServiceError, RuntimeError):
 
 class BufferStateError(ReplayServiceError, RuntimeError):
     """An operation was called in the wrong order (e.g. sampling before a buffer exists)."""
+
+
+class SampleTimeoutError(ReplayServiceError, TimeoutError):
+    """No item could be sampled within the timeout (empty table, rate limiter, server gone)."""

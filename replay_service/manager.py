@@ -641,8 +641,10 @@ class ReplayBufferManager:
 
         Raises:
           CheckpointError: If that checkpoint fails (the tables are empty either way).
+          WriteTimeoutError: If the server does not empty a table within `timeouts.write`.
         """
-        client = self._require_client()
+        self._require_client()
+        client = self.py_client  # its `reset` is bounded by `timeouts.write`
         for table in self.tables:
             client.reset(table.name)
         self._backend.note_clear(self._require_buffer())

@@ -180,7 +180,13 @@ class WriteTarget:
         local = getattr(self.client, "window_writer", None)
         if local is not None:
             return local(self.windows)
-        return self.layout.window_writer(self.client, self.windows, lambda: self.configs)
+        writer = self.layout.window_writer(self.client, self.windows, lambda: self.configs)
+        # A packed writer (`specs.packed.SentWriter`) never closed waits for its items at
+        # interpreter exit at most the write timeout.
+        bound_waits = getattr(writer, "bound_waits", None)
+        if bound_waits is not None:
+            bound_waits(self.timeout_ms)
+        return writer
 
     def padding(self, num_steps: int) -> int:
         """Padding steps that end an episode of `num_steps` steps (0 unless padded)."""

@@ -25,7 +25,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -401,6 +403,63 @@ SEND_AFTER_S = 0.05
 # The sender's flush waits this long for confirmations before it moves on (the items are on
 # their way; the writer's own flush and close wait for them).
 _SEND_WAIT_MS = 1
+# How long a writer that was never closed waits for its items at interpreter exit (or when it
+# is dropped) unless it was given its `Timeouts.write` (`SentWriter.bound_waits`): the
+# default `Timeouts.write`.
+EXIT_WAIT_S = 30.0
+
+
+def _is_timeout(error: Exception) -> bool:
+    """Whether a Reverb `Flush` error is its timeout (not a failed writer)."""
+    return "Timeout exceeded" in str(error) or type(error).__name__ == "DeadlineExceededError"
+
+
+def count_pending(cpp_writer: Any, limit: int = 1 << 20) -> int | None:
+    """How many items of a Reverb C++ writer are unconfirmed: the smallest `n` for which
+    `Flush(n)` returns at once (about 2 log2(n) calls of 1 ms); None if the writer fails
+    otherwise (its stream broke) or more than `limit` are."""
+
+    def settled(n: int) -> bool | None:
+        try:
+            cpp_writer.Flush(n, 1)
+            return True
+        except Exception as e:  # Reverb raises RuntimeError
+            return False if _is_timeout(e) else None
+
+    high = 1
+    while True:
+        done = settled(high)
+        if done is None:
+            return None
+        if done:
+            break
+        if high >= limit:
+            return None
+        high *= 2
+    low = 0 if high == 1 else high // 2 + 1
+    while low < high:
+        middle = (low + high) // 2
+        done = settled(middle)
+        if done is None:
+            return None
+        if done:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def warn_unconfirmed(count: int | None, writers: int, waited_s: float) -> None:
+    """Prints (stderr) that `count` items of `writers` unclosed packed writers were not
+    confirmed by the server within `waited_s` seconds, so they may be lost."""
+    items = "an unknown number of items" if count is None else f"{count} item(s)"
+    print(
+        f"replay_service: WARNING: {items} written by {writers} packed writer(s) that were "
+        f"never closed were not confirmed by the server within {waited_s:g} s and may be "
+        "lost; close observers and writers (or flush them) before the process exits",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class _Sender:
@@ -430,14 +489,37 @@ class _Sender:
                 self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Ends the thread and waits for it up to `timeout_s` (at exit; items not sent yet
-        wait for their writer's own flush or close, as without the sender)."""
+        """Ends the thread and waits for it up to `timeout_s`, then (at exit) sends every
+        unclosed writer's items and waits for them (`confirm_all`)."""
         with self._lock:
             self._stopped = True
             thread = self._thread
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
+        self.confirm_all()
+
+    def confirm_all(self) -> None:
+        """Waits until every item of every writer not closed is confirmed, each writer at
+        most its write timeout (all at once: the wait is the longest of them), and prints
+        a warning with the number of items that were not (`warn_unconfirmed`)."""
+        with self._lock:
+            writers = [w for w in self._writers if not w._closed]
+        start = time.monotonic()
+        unconfirmed: int | None = 0
+        failed = 0
+        longest = 0.0
+        for writer in writers:
+            wait_s = writer.exit_wait_s()
+            longest = max(longest, wait_s)
+            pending = writer.confirm(start + wait_s)
+            if pending != 0:
+                failed += 1
+                unconfirmed = (
+                    None if pending is None or unconfirmed is None else (unconfirmed + pending)
+                )
+        if failed:
+            warn_unconfirmed(unconfirmed, failed, longest)
 
     def after_fork(self) -> None:
         """In a forked child: no thread runs; the next registration starts one."""
@@ -477,6 +559,48 @@ class SentWriter:
     _cpp: Any
     _unsent: bool
     _closed: bool
+    _exit_wait_s: float | None = None
+
+    def bound_waits(self, timeout_ms: int | None) -> None:
+        """Makes `timeout_ms` (`Timeouts.write`) the bound of the wait for this writer's
+        items at interpreter exit, or when it is dropped, unclosed (None: `EXIT_WAIT_S`)."""
+        self._exit_wait_s = None if timeout_ms is None else timeout_ms / 1000
+
+    def exit_wait_s(self) -> float:
+        """How long this writer's items are waited for at exit (`bound_waits`)."""
+        return EXIT_WAIT_S if self._exit_wait_s is None else self._exit_wait_s
+
+    def confirm(self, deadline: float) -> int | None:
+        """Sends every item created so far and waits until `deadline` (`time.monotonic()`)
+        for their confirmations.
+
+        Returns:
+          0 if every item is confirmed (or the writer is closed), else how many are not
+          (None: unknown, the writer failed).
+        """
+        if self._closed:
+            return 0
+        self._unsent = False
+        wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        try:
+            self._cpp.Flush(0, wait_ms)
+            return 0
+        except Exception as e:  # Reverb raises RuntimeError
+            return count_pending(self._cpp) if _is_timeout(e) else None
+
+    def __del__(self) -> None:
+        # A writer dropped without `close()` (its collector ended without closing it): its
+        # items in an unfinished chunk would never be sent. (At exit the sender has done this
+        # for every writer, `_Sender.confirm_all`.)
+        try:
+            if self._closed or _SENDER._stopped:
+                return
+            wait_s = self.exit_wait_s()
+            pending = self.confirm(time.monotonic() + wait_s)
+            if pending != 0:
+                warn_unconfirmed(pending, 1, wait_s)
+        except Exception:  # a finalizer cannot raise (e.g. a half-built writer)
+            pass
 
     def _start_sending(self, writer: Any) -> None:
         """Keeps `writer` (a Reverb Python `TrajectoryWriter`) and lets the sender flush it."""

@@ -3,8 +3,12 @@ this file as a script (`python tests/system/_collector.py collect|embedded ...`)
 
 `collect ADDRESS THREADS OUT_JSON` writes from several observers into a running replay-server
 until it stops confirming; `embedded CHECKPOINT_DIR` collects into an embedded manager with
-periodic checkpoints until killed. The tests import `step`, `remote_manager` and the constants
-from here, so the subprocess and the checks agree on them.
+periodic checkpoints until killed; `unclosed ADDRESS WRITER STEPS [wait]` writes STEPS steps of
+one episode with WRITER ("observer": the manager's; "tf_agents": TF-Agents'
+`ReverbAddTrajectoryObserver` on `manager.py_client`) and exits without closing anything (with
+`wait`: then waits for a line on stdin and writes STEPS more steps first). The tests import
+`step`, `remote_manager` and the constants from here, so the subprocess and the checks agree on
+them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import FAST_TIMEOUTS
 from replay_service import ReplayBufferManager
+from replay_service.config.options import Timeouts
 
 MID = 1
 COLLECTOR_THREADS = 3
@@ -130,8 +135,45 @@ def _collect_embedded(checkpoint_dir: str) -> int:
         time.sleep(1.0 / EMBEDDED_STEPS_PER_S)
 
 
+UNCLOSED_TIMEOUTS = Timeouts(connect=5.0, write=2.0, sample=1.0, checkpoint=60.0)
+
+
+def _write_unclosed(address: str, writer: str, steps: int, wait: bool) -> int:
+    """Writes `steps` steps (ids 0, 1, ...) of one episode and returns without closing the
+    observer or the manager: what remains unsent is the interpreter exit's to send."""
+    manager = ReplayBufferManager(
+        _cartpole_spec(),
+        100_000,
+        table_name="uniform_table",
+        server_address=address,
+        timeouts=UNCLOSED_TIMEOUTS,
+    )
+    _, observer = manager.load_replay_buffer()
+    if writer == "tf_agents":
+        from tf_agents.replay_buffers.reverb_utils import ReverbAddTrajectoryObserver
+
+        observer = ReverbAddTrajectoryObserver(
+            manager.py_client, manager.table_name, manager.sequence_length
+        )
+    for counter in range(steps):
+        observer(step(counter))
+    print("written", flush=True)
+    if wait:
+        sys.stdin.readline()
+        for counter in range(steps, 2 * steps):
+            observer(step(counter))
+    _KEPT.append((manager, observer))  # alive until the interpreter exits
+    return 0
+
+
+_KEPT: list[Any] = []
+
+
 def main(argv: list[str]) -> int:
-    """`collect ADDRESS THREADS OUT_JSON` or `embedded CHECKPOINT_DIR`."""
+    """`collect ADDRESS THREADS OUT_JSON`, `embedded CHECKPOINT_DIR` or
+    `unclosed ADDRESS WRITER STEPS [wait]`."""
+    if argv[0] == "unclosed":
+        return _write_unclosed(argv[1], argv[2], int(argv[3]), argv[4:] == ["wait"])
     if argv[0] == "collect":
         return _collect_remote(argv[1], int(argv[2]), argv[3])
     if argv[0] == "embedded":

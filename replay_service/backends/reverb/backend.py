@@ -121,15 +121,20 @@ class ReverbBackend(Backend):
         return replay_buffer
 
     def users_client(self, client: Any) -> Any:
-        """A packed layout's tables get a `PackingClient` (its trajectory writers pack what
-        TF-Agents' observers append); a nested layout's the client itself."""
+        """The client handed to users (and TF-Agents' observers): a `BoundedClient`, whose
+        blocking calls are bounded by this buffer's timeouts; on a packed layout a
+        `PackingClient` (one, whose trajectory writers also pack what TF-Agents' observers
+        append)."""
+        from replay_service.backends.reverb.bounded_client import BoundedClient
         from replay_service.backends.reverb.packing_client import PackingClient
         from replay_service.specs.packed import PackedLayout
 
-        if not isinstance(self._layout, PackedLayout) or isinstance(client, PackingClient):
+        if isinstance(client, BoundedClient):
             return client
+        if not isinstance(self._layout, PackedLayout):
+            return BoundedClient(client, self._timeouts)
         lengths = {table.name: table.sequence_length for table in self._tables}
-        return PackingClient(client, self._layout, lengths)
+        return PackingClient(client, self._layout, lengths, self._timeouts)
 
     def _check_table(self, client: Any, table: TableConfig) -> None:
         info = check_table_exists(client, table.name, self._timeouts.connect)

@@ -12,7 +12,10 @@ the same window of rows, so those items are the ones this project's own observer
 cannot be packed is refused at the writer with `SpecMismatchError` naming it: a step that does
 not match the table's spec, an item that is not every field of the same consecutive steps,
 an item whose length is not its table's sequence length, partial steps, and the legacy
-`writer()`/`insert()`/`structured_writer()` calls (which write nested columns).
+`writer()`/`insert()`/`structured_writer()` calls (which write nested columns). As every client
+the manager hands out it is a `bounded_client.BoundedClient`: its writers' `flush` and
+`end_episode` (which TF-Agents' observers call without a timeout) raise `WriteTimeoutError` after
+`Timeouts.write` instead of waiting forever for a dead server.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import numpy as np
 import reverb
 import tree
 
+from replay_service.backends.reverb.bounded_client import BoundedClient, WriteBound
+from replay_service.config.options import Timeouts
 from replay_service.errors import SpecMismatchError
 from replay_service.specs.packed import PackedLayout, SentWriter, chunk_length
 
@@ -74,13 +79,24 @@ class PackingTrajectoryWriter(SentWriter):
       writer: A Reverb `TrajectoryWriter` whose column `(0,)` is configured in constant chunks.
       layout: The tables' `PackedLayout`.
       lengths: Sequence length of each table of the server, by name.
+      bound: The client's write timeout: `writer` (a `BoundedTrajectoryWriter`) bounds its
+        `flush` and `end_episode` by it, and an unclosed writer's items are waited for at
+        most that long at exit (`SentWriter.bound_waits`).
     """
 
-    def __init__(self, writer: Any, layout: PackedLayout, lengths: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        writer: Any,
+        layout: PackedLayout,
+        lengths: Mapping[str, int],
+        bound: WriteBound | None = None,
+    ) -> None:
         self._layout = layout
         self._lengths = dict(lengths)
         self._structure: Any = None
         self._start_sending(writer)
+        if bound is not None:
+            self.bound_waits(bound.timeout_ms)
 
     def __enter__(self) -> PackingTrajectoryWriter:
         return self
@@ -175,34 +191,51 @@ class PackingTrajectoryWriter(SentWriter):
         self._unsent = True
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None) -> None:
-        """Reverb's `flush`: waits until at most `block_until_num_items` items are pending."""
+        """Reverb's `flush`: waits until at most `block_until_num_items` items are pending.
+
+        Raises:
+          WriteTimeoutError: If `timeout_ms` is None and that takes longer than the client's
+            `Timeouts.write` (the server is gone or its rate limiter blocks inserts).
+          reverb.errors.DeadlineExceededError: If it takes longer than `timeout_ms`.
+        """
         self._writer.flush(block_until_num_items, timeout_ms=timeout_ms)
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
-        """Reverb's `end_episode`: flushes, and clears the history if `clear_buffers`."""
+        """Reverb's `end_episode`: flushes, and clears the history if `clear_buffers`.
+
+        Raises:
+          WriteTimeoutError: If `timeout_ms` is None and the flush takes longer than the
+            client's `Timeouts.write`.
+          reverb.errors.DeadlineExceededError: If it takes longer than `timeout_ms`.
+        """
         self._writer.end_episode(clear_buffers, timeout_ms=timeout_ms)
 
 
-def _reconnect(address: str, layout: PackedLayout, lengths: Mapping[str, int]) -> PackingClient:
-    return PackingClient(reverb.Client(address), layout, lengths)
+def _reconnect(
+    address: str, layout: PackedLayout, lengths: Mapping[str, int], timeouts: Timeouts
+) -> PackingClient:
+    return PackingClient(reverb.Client(address), layout, lengths, timeouts)
 
 
-class PackingClient(reverb.Client):
-    """A `reverb.Client` (sharing `client`'s connection) whose trajectory writers pack.
+class PackingClient(BoundedClient):
+    """A `reverb.Client` (sharing `client`'s connection) whose trajectory writers pack, and
+    whose blocking calls are bounded by `timeouts` (`bounded_client.BoundedClient`).
 
     Args:
       client: The client of the packed-layout server.
       layout: Its tables' `PackedLayout`.
       lengths: Sequence length of each table of the server, by name.
+      timeouts: The manager's `Timeouts` (`timeouts.write` bounds the writers' waits).
     """
 
     def __init__(
-        self, client: reverb.Client, layout: PackedLayout, lengths: Mapping[str, int]
+        self,
+        client: reverb.Client,
+        layout: PackedLayout,
+        lengths: Mapping[str, int],
+        timeouts: Timeouts | None = None,
     ) -> None:
-        # The connection and the signature cache are the plain client's (no second channel).
-        self._server_address = client.server_address
-        self._client = client._client
-        self._signature_cache = client._signature_cache
+        super().__init__(client, timeouts or Timeouts())
         self._layout = layout
         self._lengths = dict(lengths)
 
@@ -211,18 +244,8 @@ class PackingClient(reverb.Client):
         """The tables' layout: `layout.unpack(rows)` reads what `sample` returns."""
         return self._layout
 
-    @property
-    def plain_client(self) -> reverb.Client:
-        """A plain `reverb.Client` on the same connection: for writers that write packed rows
-        themselves (this project's observers and writers, `specs.packed`)."""
-        client = reverb.Client.__new__(reverb.Client)
-        client._server_address = self._server_address
-        client._client = self._client
-        client._signature_cache = self._signature_cache
-        return client
-
     def __reduce__(self) -> Any:
-        return _reconnect, (self._server_address, self._layout, self._lengths)
+        return _reconnect, (self._server_address, self._layout, self._lengths, self._timeouts)
 
     def __repr__(self) -> str:
         return f"PackingClient, server_address={self._server_address}"
@@ -249,7 +272,7 @@ class PackingClient(reverb.Client):
         keep = max(chunk, int(num_keep_alive_refs))
         writer = super().trajectory_writer(keep, validate_items=False)
         writer.configure(_ROW_PATH, num_keep_alive_refs=keep, max_chunk_length=chunk)
-        return PackingTrajectoryWriter(writer, self._layout, self._lengths)
+        return PackingTrajectoryWriter(writer, self._layout, self._lengths, self._bound)
 
     def _refuse(self, call: str) -> SpecMismatchError:
         return SpecMismatchError(
