@@ -122,12 +122,16 @@ class ReverbBackend(Backend):
 
     def users_client(self, client: Any) -> Any:
         """A packed layout's tables get a `PackingClient` (its trajectory writers pack what
-        TF-Agents' observers append); a nested layout's the client itself."""
+        TF-Agents' observers append); a nested layout's a `CheckingClient` (the plain client,
+        its `mutate_priorities` checking a batch whole before any of it is applied)."""
+        from replay_service.backends.reverb.checking_client import CheckingClient
         from replay_service.backends.reverb.packing_client import PackingClient
         from replay_service.specs.packed import PackedLayout
 
-        if not isinstance(self._layout, PackedLayout) or isinstance(client, PackingClient):
+        if isinstance(client, PackingClient):
             return client
+        if not isinstance(self._layout, PackedLayout):
+            return client if isinstance(client, CheckingClient) else CheckingClient(client)
         lengths = {table.name: table.sequence_length for table in self._tables}
         return PackingClient(client, self._layout, lengths)
 

@@ -24,6 +24,7 @@ import numpy as np
 import reverb
 import tree
 
+from replay_service.backends.reverb.checking_client import CheckingClient
 from replay_service.errors import SpecMismatchError
 from replay_service.specs.packed import PackedLayout, SentWriter, chunk_length
 
@@ -187,8 +188,9 @@ def _reconnect(address: str, layout: PackedLayout, lengths: Mapping[str, int]) -
     return PackingClient(reverb.Client(address), layout, lengths)
 
 
-class PackingClient(reverb.Client):
-    """A `reverb.Client` (sharing `client`'s connection) whose trajectory writers pack.
+class PackingClient(CheckingClient):
+    """A `reverb.Client` (sharing `client`'s connection) whose trajectory writers pack (and
+    whose `mutate_priorities` checks, as `CheckingClient`'s).
 
     Args:
       client: The client of the packed-layout server.
@@ -199,10 +201,7 @@ class PackingClient(reverb.Client):
     def __init__(
         self, client: reverb.Client, layout: PackedLayout, lengths: Mapping[str, int]
     ) -> None:
-        # The connection and the signature cache are the plain client's (no second channel).
-        self._server_address = client.server_address
-        self._client = client._client
-        self._signature_cache = client._signature_cache
+        super().__init__(client)
         self._layout = layout
         self._lengths = dict(lengths)
 
