@@ -226,3 +226,64 @@ def test_writer_priorities_accepted_and_refused_alike(buffer, priority, error):
         want = priority if key not in keys[PRIMARY] else 1.0
         assert value == pytest.approx(want)
         assert probability == pytest.approx(want / sum(expected))
+
+
+@pytest.mark.parametrize(
+    "priority", [NAN, INF, -1.0, True], ids=["nan", "+inf", "negative", "bool"]
+)
+def test_reverb_py_client_insert_refuses_bad_priorities(make_manager, tmp_path, priority):
+    manager = make_manager(
+        backend="reverb", checkpoint_dir=str(tmp_path / "c"), capacity=10, layout="nested"
+    )
+    manager.create_replay_buffer()
+    with pytest.raises(ConfigError, match=str(priority)):
+        manager.py_client.insert([STEP], {manager.table_name: priority})
+    assert manager.num_frames() == 0
+
+
+def test_local_checkpoints_store_no_keys_and_restore_disjoint_keys(buffer, make_manager, tmp_path):
+    manager, keys = buffer
+    if manager.backend != "local":
+        pytest.skip("the local backend's checkpoint format")
+    manager.update_priorities(keys[PRIMARY], [0.0, 2.0, 3.0], table=PRIMARY)
+    manager.update_priorities(keys[OTHER], [4.0, 0.0, 6.0], table=OTHER)
+    directory = manager.checkpoint_dir
+    manager.checkpoint()
+    manager.close()
+    loaded = make_manager(
+        backend="local",
+        checkpoint_dir=directory,
+        capacity=50,
+        table_name=PRIMARY,
+        sampling=_sampling(),
+        extra_tables=[TableConfig(OTHER, 50, 2, sampling=_sampling())],
+    )
+    loaded.load_replay_buffer()
+    restored = {name: sampled(loaded, name) for name in (PRIMARY, OTHER)}
+    assert not set(restored[PRIMARY]) & set(restored[OTHER]), restored
+    assert sorted(p for p, _ in restored[PRIMARY].values()) == [2.0, 3.0]
+    assert sorted(p for p, _ in restored[OTHER].values()) == [4.0, 6.0]
+    loaded.update_priorities(list(restored[OTHER]), [9.0, 9.0], table=PRIMARY)
+    assert sorted(p for p, _ in sampled(loaded, PRIMARY).values()) == [2.0, 3.0]
+
+
+def test_nested_reverb_py_client_checks_a_batch_whole(make_manager, tmp_path):
+    manager = make_manager(
+        backend="reverb",
+        checkpoint_dir=str(tmp_path / "nested"),
+        capacity=10,
+        layout="nested",
+        table_name=PRIMARY,
+        sampling=_sampling(),
+    )
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    for i in range(ITEMS):
+        writer.add(STEP * i, 0, float(i), STEP * (i + 1), i == ITEMS - 1, False)
+    writer.flush()
+    keys = sorted(sampled(manager, PRIMARY))
+    with pytest.raises(ConfigError, match="nan"):
+        manager.py_client.mutate_priorities(PRIMARY, updates={keys[1]: 9.0, keys[0]: NAN})
+    assert_priorities(manager, PRIMARY, keys, UNCHANGED)
+    manager.py_client.mutate_priorities(PRIMARY, updates={keys[1]: 9.0})
+    assert_priorities(manager, PRIMARY, keys, [1.0, 9.0, 1.0])
