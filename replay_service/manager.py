@@ -854,9 +854,10 @@ class ReplayBufferManager:
           The updates sent, key -> priority; keys of evicted items are ignored by the server.
 
         Raises:
-          ConfigError: If a priority is NaN, infinite or negative (named with its key), or
-            `table` is unknown.
-          SpecMismatchError: If keys and priorities do not match in shape.
+          ConfigError: If a priority is NaN, infinite, negative or not a real number (named
+            with its key), or `table` is unknown; no priority is changed.
+          SpecMismatchError: If keys and priorities do not match in shape, or a key is not an
+            integer >= 0; no priority is changed.
         """
         name = find_table(self.tables, table).name
         return priorities_lib.update_priorities(

@@ -9,18 +9,25 @@ Reverb's prioritized selector draws item `i` with probability `P(i) = p_i^alpha 
 - `BetaSchedule`: `beta` annealed linearly from `start` to `end`;
 - `update_priorities(client, table, keys, priorities)`: new priorities (e.g. `|TD error| + eps`)
   for sampled items, validated, deduplicated and sent in one `mutate_priorities` call;
-- `MaxPriorityTracker`: the largest priority sent so far, the usual priority of new items.
+- `MaxPriorityTracker`: the largest priority sent so far, the usual priority of new items;
+- `check_updates(updates)`: the check of `mutate_priorities(table, updates={key: priority})`
+  that `ReplayBufferManager.py_client` makes on both backends before anything is applied.
 
 Keys of items that were evicted since they were sampled are ignored by Reverb
-(`mutate_priorities` skips unknown keys), so updating late is safe.
+(`mutate_priorities` skips unknown keys), so updating late is safe; so are keys of another
+table of the buffer. Both backends accept and refuse the same inputs (the table in
+docs/guide/sampling.md): a priority must be a finite real number >= 0 (`ConfigError`), a key an
+integer in [0, 2**64) (`SpecMismatchError`); a refused call changes no priority.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import sys
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -220,6 +227,79 @@ def _check_priorities(keys: np.ndarray, priorities: np.ndarray, label: str = "ke
         )
 
 
+def _bad_priority(value: Any) -> bool:
+    """Whether `value` is not a finite real number >= 0 (bools are not numbers here)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        return True
+    return not (math.isfinite(value) and value >= 0)
+
+
+def _bad_key(key: Any) -> bool:
+    """Whether `key` is not an integer in [0, 2**64) (bools are not integers here)."""
+    if isinstance(key, bool | np.bool_) or not isinstance(key, int | np.integer):
+        return True
+    return not 0 <= int(key) < 1 << 64
+
+
+def describe_bad_priorities(priorities: Mapping[Any, Any], label: str = "key") -> str:
+    """The priorities of `priorities` (anything -> priority) that are not finite real numbers
+    >= 0, as "N bad value(s) (key 3: nan, ...)"; "" if there are none.
+
+    Args:
+      priorities: What each priority belongs to (a key, a table name) -> priority.
+      label: What the mapping's keys are, in the text.
+    """
+    bad = [(k, p) for k, p in priorities.items() if _bad_priority(p)]
+    if not bad:
+        return ""
+    shown = ", ".join(
+        f"{label} {k if isinstance(k, int | np.integer) else repr(k)}: {p!r}"
+        for k, p in bad[:MAX_REPORTED_VALUES]
+    )
+    return f"{len(bad)} bad value(s) ({shown})"
+
+
+def check_updates(updates: Mapping[Any, Any] | None) -> dict[int, float]:
+    """Checks `mutate_priorities`' `updates` whole, before any priority is applied.
+
+    Reverb's own `Client.mutate_priorities` applies a batch key by key: a NaN or negative
+    priority is refused (`ValueError`) only once the updates before it were applied and the
+    bad value was stored on its item, and +inf is accepted and breaks the prioritized table's
+    sampling (`info.probability` NaN). This check refuses all of them first, on both backends.
+
+    Args:
+      updates: `{key: priority}`: keys are Python or numpy integers in [0, 2**64) (unknown ones
+        are ignored by the table), priorities finite real numbers >= 0; None: no update.
+
+    Returns:
+      `{int key: float priority}`, in the order given.
+
+    Raises:
+      SpecMismatchError: If `updates` is not a mapping or a key is not an integer in
+        [0, 2**64) (a float, a bool, a string, a negative number...); the keys are named.
+      ConfigError: If a priority is NaN, infinite, negative or not a real number (a bool, a
+        string, None...); the values and their keys are named.
+    """
+    if updates is None:
+        return {}
+    if not isinstance(updates, Mapping):
+        raise SpecMismatchError(
+            f"updates must be a mapping of item key -> priority, got {type(updates).__name__}"
+        )
+    bad_keys = [k for k in updates if _bad_key(k)]
+    if bad_keys:
+        raise SpecMismatchError(
+            f"item keys must be integers in [0, 2**64), got {len(bad_keys)} bad key(s): "
+            f"{bad_keys[:MAX_REPORTED_VALUES]!r}"
+        )
+    bad = describe_bad_priorities(updates)
+    if bad:
+        raise ConfigError(
+            f"priorities must be finite real numbers >= 0, got {bad}; no priority was changed"
+        )
+    return {int(k): float(p) for k, p in updates.items()}
+
+
 def prepare_updates(keys: Any, priorities: Any) -> dict[int, float]:
     """Validates a batch of priority updates and turns it into `{key: priority}`.
 
@@ -233,10 +313,17 @@ def prepare_updates(keys: Any, priorities: Any) -> dict[int, float]:
 
     Raises:
       SpecMismatchError: If the shapes differ or are not `[B]` / `[B, T]`.
-      ConfigError: If a priority is NaN, infinite or negative (the value and its key are named).
+      ConfigError: If a priority is NaN, infinite or negative (the value and its key are named),
+        or the priorities are not real numbers (bools, strings).
     """
     key_array = _first_column("keys", _keys_to_numpy(keys))
-    priority_array = _first_column("priorities", to_numpy(priorities)).astype(np.float64)
+    priority_array = _first_column("priorities", to_numpy(priorities))
+    if priority_array.size and priority_array.dtype.kind not in "iuf":
+        raise ConfigError(
+            f"priorities must be real numbers, got dtype {priority_array.dtype} "
+            f"(first value {priority_array.reshape(-1)[0]!r})"
+        )
+    priority_array = priority_array.astype(np.float64)
     if key_array.shape != priority_array.shape:
         raise SpecMismatchError(
             f"keys and priorities must have the same batch size, got {key_array.shape[0]} keys "

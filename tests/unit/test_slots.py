@@ -28,6 +28,30 @@ def fill(slots: Slots, count: int) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_keys_of_the_tables_of_one_buffer_never_coincide(kind):
+    tables = [kind(8, 3, offset) for offset in range(3)]
+    handed = []
+    for slots in tables:
+        slots_one = [slots.allocate_one() for _ in range(4)]
+        slots_many, keys_many = slots.allocate(3)
+        keys = [k for _, k in slots_one] + keys_many.tolist()
+        assert keys == sorted(keys)
+        np.testing.assert_array_equal(
+            slots.keys(np.array([s for s, _ in slots_one] + slots_many.tolist())), keys
+        )
+        handed.append(keys)
+    assert len({k for keys in handed for k in keys}) == 3 * 7
+    for index, slots in enumerate(tables):
+        for other, keys in enumerate(handed):
+            _, held = slots.find(np.array(keys, dtype=np.uint64))
+            assert held[-slots.size :].all() == (index == other)
+            assert not held.any() or index == other
+            assert all(slots.holds(k) for k in keys[-slots.size :]) == (index == other)
+    with pytest.raises(ValueError, match="offset"):
+        kind(5, 2, 2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_keys_are_unique_and_name_their_slots(kind):
     slots = kind(5)
     handed, keys = fill(slots, 23)

@@ -33,6 +33,7 @@ from replay_service.backends.local.table import (
 )
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
+from replay_service.sample.priorities import check_updates
 from replay_service.specs.nests import describe_spec
 from replay_service.storage import export as export_lib
 from replay_service.storage.schedule import CheckpointSchedule
@@ -216,10 +217,24 @@ class LocalClient:
     def mutate_priorities(
         self, table: str, updates: dict[int, float] | None = None, deletes: Any = None
     ) -> None:
-        """Sets priorities by item key (keys no longer held are ignored)."""
+        """Sets priorities by item key, as `reverb.Client.mutate_priorities` through the Reverb
+        backend's `BoundedClient`: the batch is checked whole first, keys of items no longer
+        held (or of another table) are ignored.
+
+        Args:
+          table: Name of the table.
+          updates: Item key -> new priority.
+          deletes: Unsupported (must be empty).
+
+        Raises:
+          ConfigError: If `table` is unknown, `deletes` is given, or a priority is NaN,
+            infinite, negative or not a real number (`priorities.check_updates`).
+          SpecMismatchError: If a key is not an integer in [0, 2**64).
+        """
         if deletes:
             raise ConfigError("deleting items by key is not supported by the local backend")
-        self.table(table).update_priorities(dict(updates or {}))
+        checked = check_updates(updates)
+        self.table(table).update_priorities(checked)
 
 
 class LocalBackend(Backend):
@@ -479,9 +494,10 @@ class LocalBackend(Backend):
         if self._storage == "memmap":
             scratch = self._scratch_dir(config.name)
         seed = None
+        index = [c.name for c in self._configs].index(config.name)
         if self._seed is not None:  # one generator per table, the same for every start
-            index = [c.name for c in self._configs].index(config.name)
             seed = np.random.SeedSequence(self._seed, spawn_key=(index,))
+        # Keys unique across the buffer's tables: an update with another table's key is ignored.
         return LocalTable(
             config,
             self._fields,
@@ -489,6 +505,8 @@ class LocalBackend(Backend):
             scratch_dir=scratch,
             seed=seed,
             device=self._device,
+            key_stride=len(self._configs),
+            key_offset=index,
         )
 
     def _start(self) -> None:

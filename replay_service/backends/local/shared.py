@@ -60,6 +60,8 @@ class SharedTable:
         `_times_sampled`) and `_cell` (size, closed, the insertion numbers of the oldest held
         and of the next item).
       seed: The table's seed; None: readers draw fresh entropy.
+      key_stride: Tables of the buffer (`slots.item_keys`).
+      key_offset: The table's index among them.
     """
 
     name: str
@@ -70,6 +72,8 @@ class SharedTable:
     columns: list[torch.Tensor]
     metadata: dict[str, torch.Tensor]
     seed: np.random.SeedSequence | None
+    key_stride: int = 1
+    key_offset: int = 0
 
     def reader(self, worker_id: int) -> SharedReader:
         """A reader with its own generator: seeded from the table's seed and `worker_id`
@@ -180,7 +184,13 @@ class SharedReader:
                 if with_info:
                     slots_out = numbers_out % capacity
                     info = {
-                        "key": item_keys(numbers_out, slots_out, capacity),
+                        "key": item_keys(
+                            numbers_out,
+                            slots_out,
+                            capacity,
+                            self.table.key_stride,
+                            self.table.key_offset,
+                        ),
                         "probability": 1.0 / sizes_out,
                         "table_size": sizes_out,
                         "priority": self._priority.take(slots_out),

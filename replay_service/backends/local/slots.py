@@ -14,9 +14,12 @@ how the table removes items (`slots_for`):
   for uniform draws (`dense[:size]`, `where[slot]` its position) and each slot's key, 40 bytes
   per slot.
 
-An item's key is `n * capacity + slot + 1`, `n` the number of items inserted before it: never
-0, unique for the table's life, growing with the insertion order, and it names the item's slot
-without a map.
+An item's key is `(n * capacity + slot) * stride + offset + 1`, `n` the number of items
+inserted before it, `stride` the number of tables of the buffer and `offset` the table's index
+among them (0 and 1 for a table alone): never 0, unique for the table's life and across the
+buffer's tables (a key of one table is never one of another's, so an update with it is ignored
+there, as Reverb ignores unknown keys), growing with the insertion order, and it names the
+item's slot without a map.
 """
 
 from __future__ import annotations
@@ -28,10 +31,24 @@ import numpy as np
 from replay_service.config.options import TableConfig
 
 
-def item_keys(numbers: np.ndarray, slots: np.ndarray, capacity: int) -> np.ndarray:
+def item_keys(
+    numbers: np.ndarray, slots: np.ndarray, capacity: int, stride: int = 1, offset: int = 0
+) -> np.ndarray:
     """The keys of the items inserted `numbers`-th into `slots` of a table of `capacity`
-    items, uint64 (see the module docstring)."""
-    return numbers.astype(np.uint64) * np.uint64(capacity) + slots.astype(np.uint64) + np.uint64(1)
+    items, uint64 (see the module docstring).
+
+    Args:
+      numbers: Insertion numbers.
+      slots: Their slots.
+      capacity: Items the table holds at most.
+      stride: Tables of the buffer.
+      offset: The table's index among them, `0 <= offset < stride`.
+
+    Returns:
+      The keys, uint64.
+    """
+    base = numbers.astype(np.uint64) * np.uint64(capacity) + slots.astype(np.uint64)
+    return base * np.uint64(stride) + np.uint64(offset + 1)
 
 
 class Slots(abc.ABC):
@@ -39,22 +56,46 @@ class Slots(abc.ABC):
 
     Args:
       capacity: Items the table holds at most.
+      stride: Tables of the buffer (keys of its tables never coincide).
+      offset: The table's index among them, `0 <= offset < stride`.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, stride: int = 1, offset: int = 0) -> None:
+        if not 0 <= offset < stride:
+            raise ValueError(f"a table's key offset must be in [0, {stride}), got {offset}")
         self.capacity = capacity
+        self.stride = stride
+        self.offset = offset
         self.size = 0
         self.next = 0  # the insertion number of the next item
 
     def keys_for(self, numbers: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """The keys of the items inserted `numbers`-th into `slots`, uint64."""
-        return item_keys(numbers, slots, self.capacity)
+        return item_keys(numbers, slots, self.capacity, self.stride, self.offset)
 
-    def split(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`(insertion numbers, slots)` of `keys` (uint64, each >= 1), both int64."""
+    def key_of(self, number: int, slot: int) -> int:
+        """`keys_for` of one item, as a Python int."""
+        return (number * self.capacity + slot) * self.stride + self.offset + 1
+
+    def split(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`(insertion numbers, slots, ours)` of `keys` (uint64, each >= 1): numbers and slots
+        int64, `ours` False for a key of another table of the buffer."""
         shifted = keys - np.uint64(1)
+        stride = np.uint64(self.stride)
+        ours = shifted % stride == np.uint64(self.offset)
+        base = shifted // stride
         capacity = np.uint64(self.capacity)
-        return (shifted // capacity).astype(np.int64), (shifted % capacity).astype(np.int64)
+        return (base // capacity).astype(np.int64), (base % capacity).astype(np.int64), ours
+
+    def split_one(self, key: int) -> tuple[int, int] | None:
+        """`(insertion number, slot)` of one key (any int); None where it cannot be one of
+        this table's."""
+        if key < 1 or key >= 1 << 64:
+            return None
+        base, tag = divmod(key - 1, self.stride)
+        if tag != self.offset:
+            return None
+        return divmod(base, self.capacity)
 
     @abc.abstractmethod
     def allocate(self, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -125,8 +166,8 @@ class RingSlots(Slots):
     """Items removed oldest first only: item `n` in slot `n % capacity`, the held items
     `[oldest, next)`."""
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
+    def __init__(self, capacity: int, stride: int = 1, offset: int = 0) -> None:
+        super().__init__(capacity, stride, offset)
         self.first = 0  # the insertion number of the oldest held item
 
     def allocate(self, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -141,12 +182,13 @@ class RingSlots(Slots):
         slot = number % self.capacity
         self.next += 1
         self.size += 1
-        return slot, number * self.capacity + slot + 1
+        return slot, self.key_of(number, slot)
 
     def holds(self, key: int) -> bool:
-        if key < 1 or key >= 1 << 64:
+        split = self.split_one(key)
+        if split is None:
             return False
-        number, slot = divmod(key - 1, self.capacity)
+        number, slot = split
         return self.first <= number < self.next and slot == number % self.capacity
 
     def remove(self, slots: np.ndarray) -> None:
@@ -195,18 +237,18 @@ class RingSlots(Slots):
         return self.keys_for(numbers, slots)
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        numbers, slots = self.split(keys)
+        numbers, slots, ours = self.split(keys)
         # Item `n` is in slot `n % capacity`: a key with another slot was never handed out.
         held = (numbers >= self.first) & (numbers < self.next) & (slots == numbers % self.capacity)
-        return slots, held
+        return slots, held & ours
 
 
 class ListSlots(Slots):
     """Items that may be removed in any order: a linked list in insertion order, the occupied
     slots densely, each slot's key."""
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
+    def __init__(self, capacity: int, stride: int = 1, offset: int = 0) -> None:
+        super().__init__(capacity, stride, offset)
         self._key = np.zeros(capacity, dtype=np.uint64)
         # Neighbours in insertion order (-1: none), the occupied slots densely.
         self._newer = np.full(capacity, -1, dtype=np.int64)
@@ -218,7 +260,7 @@ class ListSlots(Slots):
 
     def allocate_one(self) -> tuple[int, int]:
         slot = int(self._dense[self.size])
-        key = self.next * self.capacity + slot + 1
+        key = self.key_of(self.next, slot)
         self._key[slot] = key
         self.next += 1
         self.size += 1
@@ -233,9 +275,10 @@ class ListSlots(Slots):
         return slot, key
 
     def holds(self, key: int) -> bool:
-        if key < 1 or key >= 1 << 64:
+        split = self.split_one(key)
+        if split is None:
             return False
-        slot = (key - 1) % self.capacity
+        slot = split[1]
         return int(self._key[slot]) == key and int(self._where[slot]) < self.size
 
     def allocate(self, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -316,17 +359,19 @@ class ListSlots(Slots):
         return self._key.take(slots)
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        _, slots = self.split(keys)
-        return slots, (self._key[slots] == keys) & (self._where[slots] < self.size)
+        _, slots, ours = self.split(keys)
+        return slots, (self._key[slots] == keys) & (self._where[slots] < self.size) & ours
 
 
-def slots_for(config: TableConfig) -> Slots:
+def slots_for(config: TableConfig, stride: int = 1, offset: int = 0) -> Slots:
     """`RingSlots` where the table removes its oldest items only, else `ListSlots`.
 
     Args:
       config: The table's configuration (capacity and sampling).
+      stride: Tables of the buffer.
+      offset: The table's index among them.
     """
     sampling = config.sampling
     if sampling.max_times_sampled and sampling.sampler != "fifo":
-        return ListSlots(config.capacity)
-    return RingSlots(config.capacity)
+        return ListSlots(config.capacity, stride, offset)
+    return RingSlots(config.capacity, stride, offset)

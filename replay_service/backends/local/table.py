@@ -47,7 +47,8 @@ Why not TorchRL's replay buffer parts, with torchrl 0.14.1 and the pinned torch 
 `set`/`get` (about 100 us per insert here, 5x slower sampling than indexing the tensors).
 
 Sampling waits until the table holds `min_size_to_sample` items, at most `timeout` seconds.
-Every item has a key that is unique for the life of the table (`update_priorities` takes it).
+Every item has a key that is unique for the life of the table and among the buffer's tables
+(`update_priorities` takes it; a key of another table is ignored, as an evicted item's).
 The table is thread-safe: one lock guards it, so a sampling thread and a collecting thread can
 share it. `share_memory()` moves it into shared memory for DataLoader worker processes, which
 read it without the lock (`shared.SharedTable`). With `device=` the step ring is torch tensors
@@ -188,6 +189,9 @@ class LocalTable:
       device: Where the step ring lives (`check_device`): torch tensors on that device,
         written from host steps and gathered there, so samples come back on it; None: host
         memory through numpy views (the default, fastest on the CPU).
+      key_stride: Tables of the buffer; with `key_offset`, the table's index among them, its
+        keys are never another table's (`slots.item_keys`).
+      key_offset: The table's index among the buffer's tables.
 
     Raises:
       ConfigError: If the sampling is Reverb-only (`check_local_table`), `storage` unknown,
@@ -203,6 +207,8 @@ class LocalTable:
         scratch_dir: str | None = None,
         seed: int | np.random.SeedSequence | None = None,
         device: str | torch.device | None = None,
+        key_stride: int = 1,
+        key_offset: int = 0,
     ) -> None:
         check_local_table(config)
         if storage not in STORAGES:
@@ -253,7 +259,7 @@ class LocalTable:
         self._flat_priority = 1.0
         self._consecutive: np.ndarray | None = None
         self._scattered = 0  # held items whose steps are not consecutive
-        self._slots = slots_for(config)
+        self._slots = slots_for(config, key_stride, key_offset)
         self._tree = SumTree(capacity) if config.sampling.sampler == "prioritized" else None
         self._exponent = config.sampling.priority_exponent
         self._rng = np.random.default_rng(seed)
@@ -545,6 +551,8 @@ class LocalTable:
                 columns=list(self._tensors),
                 metadata=tensors,
                 seed=self._seed,
+                key_stride=self._slots.stride,
+                key_offset=self._slots.offset,
             )
             return self._shared
 

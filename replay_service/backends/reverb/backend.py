@@ -122,7 +122,8 @@ class ReverbBackend(Backend):
 
     def users_client(self, client: Any) -> Any:
         """The client handed to users (and TF-Agents' observers): a `BoundedClient`, whose
-        blocking calls are bounded by this buffer's timeouts; on a packed layout a
+        blocking calls are bounded by this buffer's timeouts and whose priorities are checked
+        whole before any is sent; on a packed layout a
         `PackingClient` (one, whose trajectory writers also pack what TF-Agents' observers
         append)."""
         from replay_service.backends.reverb.bounded_client import BoundedClient

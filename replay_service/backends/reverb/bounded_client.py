@@ -34,7 +34,13 @@ from reverb import trajectory_writer as trajectory_writer_lib
 from replay_service.backends.reverb.connection import call_with_timeout, server_info
 from replay_service.backends.reverb.internals import abandon_writer
 from replay_service.config.options import Timeouts, to_ms
-from replay_service.errors import CheckpointError, SampleTimeoutError, WriteTimeoutError
+from replay_service.errors import (
+    CheckpointError,
+    ConfigError,
+    SampleTimeoutError,
+    WriteTimeoutError,
+)
+from replay_service.sample.priorities import check_updates, describe_bad_priorities
 
 _T = TypeVar("_T")
 
@@ -324,12 +330,17 @@ class BoundedClient(reverb.Client):
         return BoundedLegacyWriter(internal, self._bound)
 
     def insert(self, data: Any, priorities: dict[str, float]) -> None:
-        """Reverb's `insert`, bounded by `timeouts.write`.
+        """Reverb's `insert`, with the priorities checked first (Reverb's blocks forever on a
+        negative one and stores +inf), bounded by `timeouts.write`.
 
         Raises:
           WriteTimeoutError: If the item is not confirmed in time.
+          ConfigError: If a priority is NaN, infinite, negative or not a real number.
           ValueError: If `priorities` is empty (as Reverb).
         """
+        bad = describe_bad_priorities(priorities, label="table")
+        if bad:
+            raise ConfigError(f"priorities must be finite real numbers >= 0, got {bad}")
         if not priorities:
             raise ValueError("priorities must contain at least one item")
         with self.writer(max_sequence_length=1) as writer:
@@ -351,13 +362,22 @@ class BoundedClient(reverb.Client):
         updates: dict[int, float] | None = None,
         deletes: list[int] | None = None,
     ) -> None:
-        """Reverb's `mutate_priorities`, bounded by `timeouts.write`.
+        """Reverb's `mutate_priorities`, with every update checked before any is sent, bounded
+        by `timeouts.write`.
+
+        Args:
+          table: Name of the table.
+          updates: Item key -> new priority; keys not in the table are ignored.
+          deletes: Keys of items to delete; keys not in the table are ignored.
 
         Raises:
+          SpecMismatchError: If a key of `updates` is not an integer in [0, 2**64).
+          ConfigError: If a priority is NaN, infinite, negative or not a real number.
           WriteTimeoutError: If the server does not answer in time.
         """
+        checked = check_updates(updates)
         self._bound.run(
-            lambda: super(BoundedClient, self).mutate_priorities(table, updates, deletes),
+            lambda: super(BoundedClient, self).mutate_priorities(table, checked, deletes),
             f"mutate_priorities({table!r})",
         )
 
