@@ -462,7 +462,7 @@ def _die_with_parent() -> None:
 
 
 class LocalServer:
-    """A `python -m replay_service.serve` subprocess on a free loopback-reachable port.
+    """A `python -m replay_service.cli.serve` subprocess on a free loopback-reachable port.
 
     It gets SIGTERM (a clean stop) if the process that started it dies.
 
@@ -479,7 +479,7 @@ class LocalServer:
             [
                 sys.executable,
                 "-m",
-                "replay_service.serve",
+                "replay_service.cli.serve",
                 f"--config={config_path}",
                 f"--port={self.port}",
                 f"--checkpoint_dir={checkpoint_dir}",

@@ -210,7 +210,7 @@ def test_config_file_values(tmp_path, toml, message):
 def test_server_cli_rejects_unknown_command_and_status_without_address():
     for args, message in ((["frobnicate"], "unknown command"), (["status"], "--address")):
         result = subprocess.run(
-            [sys.executable, "-m", "replay_service.serve", *args],
+            [sys.executable, "-m", "replay_service.cli.serve", *args],
             capture_output=True,
             text=True,
             timeout=60,

@@ -145,7 +145,7 @@ def test_status_json_of_a_running_server(start_server, tmp_path, env, policy, da
         [
             sys.executable,
             "-m",
-            "replay_service.serve",
+            "replay_service.cli.serve",
             "status",
             "--json",
             "--rate_span_s=0.5",

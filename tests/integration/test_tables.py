@@ -399,7 +399,7 @@ def test_toml_extra_tables_serve_every_table_and_status_lists_them(
         manager.load_replay_buffer()
 
     result = subprocess.run(
-        [sys.executable, "-m", "replay_service.serve", "status", f"--address={address}"],
+        [sys.executable, "-m", "replay_service.cli.serve", "status", f"--address={address}"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -348,7 +348,14 @@ def test_tf_agents_distributed_clients_against_replay_server(start_server, tmp_p
     stats = server_stats(address, 10.0, span_s=0.1)
     assert stats.table(VARIABLES).size == 1 and stats.table(EXPERIENCE).size == 20
     status = subprocess.run(
-        [sys.executable, "-m", "replay_service.serve", "status", f"--address={address}", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "replay_service.cli.serve",
+            "status",
+            f"--address={address}",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

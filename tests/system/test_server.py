@@ -160,7 +160,7 @@ def test_status_reports_tables_and_last_checkpoint(start_server, tmp_path, env, 
         [
             sys.executable,
             "-m",
-            "replay_service.serve",
+            "replay_service.cli.serve",
             "status",
             f"--address={address}",
             f"--checkpoint_dir={tmp_path / 'server_ckpt'}",
@@ -265,7 +265,7 @@ def test_bad_config_on_the_command_line_exits_with_a_message(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("[table]\ncapacity = -3\n")
     result = subprocess.run(
-        [sys.executable, "-m", "replay_service.serve", f"--config={path}"],
+        [sys.executable, "-m", "replay_service.cli.serve", f"--config={path}"],
         capture_output=True,
         text=True,
         timeout=60,

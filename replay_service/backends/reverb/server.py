@@ -49,7 +49,7 @@ from replay_service.errors import (
     ServerUnavailableError,
 )
 from replay_service.specs.layouts import NESTED
-from replay_service.storage.schedule import ADOPT_POLL_S, CheckpointSchedule  # noqa: F401
+from replay_service.storage.schedule import CheckpointSchedule
 from replay_service.storage.store import (
     Checkpoint,
     CheckpointStore,
