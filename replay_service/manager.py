@@ -23,10 +23,11 @@ from replay_service.backends import (
     resolve_auto,
     resolve_auto_layout,
 )
-from replay_service.backends.reverb.tables import check_extra_tables, check_mix_weights, find_table
+from replay_service.backends.reverb.platform import inspect_patch
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
 from replay_service.config.options import (
+    DEFAULT_KEEP,
     DEFAULT_TABLE_NAME,
     SamplingConfig,
     TableConfig,
@@ -36,13 +37,13 @@ from replay_service.config.options import (
     validate_manager_options,
     validate_path,
 )
+from replay_service.config.tables import check_extra_tables, check_mix_weights, find_table
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
     ManagerClosedError,
     WriteTimeoutError,
 )
-from replay_service.integrations import tf_compat
 from replay_service.monitoring import summaries
 from replay_service.monitoring.stats import BufferStats, StatsTracker, checkpoint_stats
 from replay_service.sample import priorities as priorities_lib
@@ -51,12 +52,11 @@ from replay_service.specs import nests as specs
 from replay_service.specs import windows as sequences
 from replay_service.specs.layouts import AUTO, NESTED, resolve_layout
 from replay_service.storage import export as export_lib
-from replay_service.storage.store import DEFAULT_KEEP
 
-# TF-Agents' PolicySaver fails in this environment without it (see integrations.tf_compat): a
+# TF-Agents' PolicySaver fails in this environment without it (see inspect_patch): a
 # process that imports the manager can save policies before its first buffer exists. The probe
 # patches only where the failure occurs; no TensorFlow is imported here.
-tf_compat.patch_inspect()
+inspect_patch.patch_inspect()
 
 if TYPE_CHECKING:
     import reverb

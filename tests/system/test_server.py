@@ -27,6 +27,7 @@ from conftest import (
 )
 from replay_service import ConfigError, ReplayBufferManager
 from replay_service.config.files import load_config
+from replay_service.starter.envs import load_env
 from replay_service.storage.store import CHECKPOINTS_DIR, CORRUPT_DIR
 
 PRIORITIZED_CONFIG = os.path.join(CONFIGS, "cartpole_prioritized.toml")
@@ -248,7 +249,7 @@ def test_bad_configs_name_the_key_and_value(tmp_path, toml, message):
     path = tmp_path / "bad.toml"
     path.write_text(toml)
     with pytest.raises(ConfigError) as info:
-        load_config(path).data_spec.build()
+        load_config(path).data_spec.build(load_env)
     assert message in str(info.value)
     assert str(path) in str(info.value) or "data_spec" in str(info.value)
 

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 import reverb
 import tensorflow as tf
 
-from replay_service.integrations import tf_compat
+from replay_service.backends.reverb.platform import inspect_patch
 
-# Lets TF-Agents' PolicySaver save policies (see tf_compat); every tf.data module of this
+# Lets PolicySaver save policies (see inspect_patch); every tf.data module of this
 # backend imports this one.
-tf_compat.patch_inspect()
+inspect_patch.patch_inspect()
 
 # Reverb's sampler treats UNAVAILABLE as transient and retries it forever, so an iterator whose
 # server died (or whose embedded manager was closed) blocks in `next()` for good;
