@@ -53,14 +53,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "sample.rate_limit": ("LimiterState", "TrainSchedule"),
     "specs.windows": ("Masked", "padding_needed"),
-    "distributed.sharding": (
-        "ShardedCheckpoint",
-        "ShardedConfig",
-        "ShardedReplayBuffer",
+    "distributed.sharding": ("ShardedCheckpoint", "ShardedReplayBuffer"),
+    "distributed.shard_config": ("ShardedConfig", "load_sharded_config"),
+    "distributed.shard_status": (
         "ShardedStats",
         "ShardedStatus",
         "format_sharded_status",
-        "load_sharded_config",
         "sharded_status",
     ),
     "specs.nests": ("data_spec_for_spaces",),

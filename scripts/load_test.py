@@ -55,7 +55,9 @@ from tf_agents.trajectories import trajectory
 
 from replay_service.backends.reverb.connection import pick_free_port
 from replay_service.config.options import Timeouts
-from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer, sharded_status
+from replay_service.distributed.shard_config import ShardedConfig
+from replay_service.distributed.shard_status import sharded_status
+from replay_service.distributed.sharding import ShardedReplayBuffer
 from replay_service.errors import ConfigError, ReplayServiceError
 
 TABLE_NAME = "uniform_table"

@@ -45,7 +45,7 @@ from replay_service.config.options import (
     require_number,
     require_positive_int,
 )
-from replay_service.distributed.sharding import ShardedConfig
+from replay_service.distributed.shard_config import ShardedConfig
 from replay_service.errors import ConfigError, ReplayServiceError, ServerUnavailableError
 
 SHARD_DIR_PREFIX = "shard-"

@@ -14,7 +14,8 @@ import reverb
 
 from conftest import FAST_TIMEOUTS, REPO, collect, wait_for_adoption
 from replay_service import BufferStateError, ReplayBufferManager, SamplingConfig
-from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
+from replay_service.distributed.shard_config import ShardedConfig
+from replay_service.distributed.sharding import ShardedReplayBuffer
 from replay_service.monitoring.stats import StatsTracker, scalars
 
 TABLE = "uniform_table"

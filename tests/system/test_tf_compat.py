@@ -236,7 +236,7 @@ def test_the_local_backend_import_path_imports_no_tensorflow(tmp_path: Path) -> 
         print("REPORT " + json.dumps({{
             "rows": int(batch.rewards.shape[0]),
             "same_inspect": inspect._check_instance is original,
-            "patch_imported": "replay_service.backends.reverb.platform.inspect_patch" in sys.modules,
+            "patched_by": "replay_service.backends.reverb.platform.inspect_patch" in sys.modules,
             "loaded": loaded,
         }}))
         """
@@ -247,7 +247,7 @@ def test_the_local_backend_import_path_imports_no_tensorflow(tmp_path: Path) -> 
     assert report == {
         "rows": 2,
         "same_inspect": not inspect_patch.needs_patch() and not inspect_patch.is_patched(),
-        "patch_imported": True,
+        "patched_by": True,
         "loaded": [],
     }
 

@@ -77,8 +77,6 @@ def sibling_of(module: str) -> str | None:
     return next((s for s in SIBLINGS if rest == s or rest.startswith(s + ".")), None)
 
 
-
-
 def test_every_room_is_on_the_map() -> None:
     rooms = {room_of(module_name(path)) for path in FILES}
     assert rooms == set(FLOOR), f"rooms not on the map: {sorted(rooms - set(FLOOR))}"
