@@ -12,7 +12,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from replay_service.backends.reverb.liveness import Lifeline
+from replay_service.backends.base import Lifeline
 from replay_service.backends.reverb.pipeline import item_dataset, splitter
 from replay_service.backends.reverb.sampling_errors import EMPTY_BUFFER_MESSAGE, bound_sampling
 from replay_service.config.options import TableConfig, require_positive_int
