@@ -32,6 +32,7 @@ from replay_service.config.options import (
     SamplingConfig,
     TableConfig,
     Timeouts,
+    require_number,
     require_positive_int,
     require_seed,
     validate_manager_options,
@@ -263,7 +264,9 @@ class ReplayBufferManager:
         self._summary_dir = (
             None if summary_dir is None else validate_path(summary_dir, "summary_dir")
         )
-        self._summary_interval_s = summaries.check_interval(summary_interval_s)
+        self._summary_interval_s = float(
+            require_number("summary_interval_s", summary_interval_s, 0, positive=True)
+        )
         self._summary_writer: summaries.StatsSummaryWriter | None = None
         self._closed = False
 
@@ -1400,13 +1403,4 @@ def _check_interval(interval: float | None, server_address: str | None) -> None:
             f"checkpoint_interval_s={interval!r} applies only to the embedded server; a remote "
             "server checkpoints on its own schedule (replay-server --checkpoint_interval_s)"
         )
-    if (
-        not isinstance(interval, int | float)
-        or isinstance(interval, bool)
-        or not math.isfinite(interval)
-        or interval <= 0
-    ):
-        raise ConfigError(
-            f"checkpoint_interval_s must be a finite number of seconds > 0 or None, got "
-            f"{interval!r}"
-        )
+    require_number("checkpoint_interval_s (seconds, or None)", interval, 0, positive=True)

@@ -125,9 +125,10 @@ def _check_exporter_flags() -> None:
       ConfigError: If --summary_interval_s is not a positive number of seconds, or
         --tensorboard_dir is not (and cannot be created as) a writable directory.
     """
-    from replay_service.monitoring.summaries import check_interval, check_logdir
+    from replay_service.config.options import require_number
+    from replay_service.monitoring.summaries import check_logdir
 
-    check_interval(_SUMMARY_INTERVAL.value, "--summary_interval_s")
+    require_number("--summary_interval_s", _SUMMARY_INTERVAL.value, 0, positive=True)
     if _TENSORBOARD_DIR.value:
         check_logdir(_TENSORBOARD_DIR.value, "--tensorboard_dir")
 
