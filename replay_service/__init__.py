@@ -1,9 +1,8 @@
 """replay_service: a replay service for reinforcement learning built on DeepMind Reverb.
 
-Module paths kept for older imports and `python -m` commands are listed in `KEPT_MODULE_PATHS`,
-each a thin re-export of its new home (`replay_service.serve` and `replay_service.demo` also run
-as before with `python -m`). `replay_service.populate` is the function `starter.populate`; the
-`replay-populate` tool's module is `replay_service.cli.populate`.
+The public names are those of `__all__`; the command-line tools' modules are
+`replay_service.cli.{serve,populate,demo}`. `replay_service.populate` is the function
+`starter.populate`.
 """
 
 import importlib
@@ -19,21 +18,6 @@ os.environ.setdefault("GRPC_POLL_STRATEGY", "epoll1")
 from replay_service.cli import output as cli_output
 
 cli_output.configure()
-
-KEPT_MODULE_PATHS: dict[str, str] = {
-    "replay_service.array_specs": "replay_service.specs.arrays",
-    "replay_service.checkpointed_server": "replay_service.backends.reverb.server",
-    "replay_service.config_file": "replay_service.config.files",
-    "replay_service.demo": "replay_service.cli.demo",
-    "replay_service.metrics": "replay_service.monitoring.metrics",
-    "replay_service.packed": "replay_service.specs.packed",
-    "replay_service.ray_cluster": "replay_service.distributed.ray_cluster",
-    "replay_service.sb3": "replay_service.integrations.sb3",
-    "replay_service.serve": "replay_service.cli.serve",
-    "replay_service.sharding": "replay_service.distributed.sharding",
-    "replay_service.starter.build": "replay_service.starter",
-}
-"""Old module path -> where its code lives now; the old path re-exports its public names."""
 
 # Every public name is imported from its module on first use (PEP 562), so that
 # `import replay_service` imports neither TensorFlow, TF-Agents nor Reverb: the local backend
@@ -70,14 +54,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "sample.rate_limit": ("LimiterState", "TrainSchedule"),
     "specs.windows": ("Masked", "padding_needed"),
-    "distributed.sharding": (
-        "ShardedCheckpoint",
-        "ShardedConfig",
-        "ShardedReplayBuffer",
+    "distributed.sharding": ("ShardedCheckpoint", "ShardedReplayBuffer"),
+    "distributed.shard_config": ("ShardedConfig", "load_sharded_config"),
+    "distributed.shard_status": (
         "ShardedStats",
         "ShardedStatus",
         "format_sharded_status",
-        "load_sharded_config",
         "sharded_status",
     ),
     "specs.nests": ("data_spec_for_spaces",),

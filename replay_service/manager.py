@@ -23,28 +23,30 @@ from replay_service.backends import (
     resolve_auto,
     resolve_auto_layout,
 )
-from replay_service.backends.reverb.tables import check_extra_tables, check_mix_weights, find_table
+from replay_service.backends.reverb.platform import inspect_patch
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
 from replay_service.config.devices import require_device
 from replay_service.config.options import (
+    DEFAULT_KEEP,
     DEFAULT_TABLE_NAME,
     SamplingConfig,
     TableConfig,
     Timeouts,
+    require_number,
     require_positive_int,
     require_seed,
     validate_manager_options,
     validate_path,
 )
 from replay_service.config.sizes import require_batch_size
+from replay_service.config.tables import check_extra_tables, check_mix_weights, find_table
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
     ManagerClosedError,
     WriteTimeoutError,
 )
-from replay_service.integrations import tf_compat
 from replay_service.monitoring import summaries
 from replay_service.monitoring.stats import BufferStats, StatsTracker, checkpoint_stats
 from replay_service.sample import priorities as priorities_lib
@@ -53,12 +55,11 @@ from replay_service.specs import nests as specs
 from replay_service.specs import windows as sequences
 from replay_service.specs.layouts import AUTO, NESTED, resolve_layout
 from replay_service.storage import export as export_lib
-from replay_service.storage.store import DEFAULT_KEEP
 
-# TF-Agents' PolicySaver fails in this environment without it (see integrations.tf_compat): a
+# TF-Agents' PolicySaver fails in this environment without it (see inspect_patch): a
 # process that imports the manager can save policies before its first buffer exists. The probe
 # patches only where the failure occurs; no TensorFlow is imported here.
-tf_compat.patch_inspect()
+inspect_patch.patch_inspect()
 
 if TYPE_CHECKING:
     import reverb
@@ -265,7 +266,9 @@ class ReplayBufferManager:
         self._summary_dir = (
             None if summary_dir is None else validate_path(summary_dir, "summary_dir")
         )
-        self._summary_interval_s = summaries.check_interval(summary_interval_s)
+        self._summary_interval_s = float(
+            require_number("summary_interval_s", summary_interval_s, 0, positive=True)
+        )
         self._summary_writer: summaries.StatsSummaryWriter | None = None
         self._closed = False
 
@@ -1448,13 +1451,4 @@ def _check_interval(interval: float | None, server_address: str | None) -> None:
             f"checkpoint_interval_s={interval!r} applies only to the embedded server; a remote "
             "server checkpoints on its own schedule (replay-server --checkpoint_interval_s)"
         )
-    if (
-        not isinstance(interval, int | float)
-        or isinstance(interval, bool)
-        or not math.isfinite(interval)
-        or interval <= 0
-    ):
-        raise ConfigError(
-            f"checkpoint_interval_s must be a finite number of seconds > 0 or None, got "
-            f"{interval!r}"
-        )
+    require_number("checkpoint_interval_s (seconds, or None)", interval, 0, positive=True)

@@ -508,7 +508,8 @@ SHARD_ROUNDS = 3
 def sharded_rows(workload: Workload, steps: list[Any], batches: int, root: str) -> list[Row]:
     """`ShardedReplayBuffer.get_dataset` over `SHARDS` servers in this process against one
     server's `get_dataset` holding the same items, taking turns in `SHARD_ROUNDS` rounds."""
-    from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
+    from replay_service.distributed.shard_config import ShardedConfig
+    from replay_service.distributed.sharding import ShardedReplayBuffer
 
     spec = workload.spec()
     per_shard = len(steps) // SHARDS

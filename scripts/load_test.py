@@ -55,7 +55,9 @@ from tf_agents.trajectories import trajectory
 
 from replay_service.backends.reverb.connection import pick_free_port
 from replay_service.config.options import Timeouts
-from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer, sharded_status
+from replay_service.distributed.shard_config import ShardedConfig
+from replay_service.distributed.shard_status import sharded_status
+from replay_service.distributed.sharding import ShardedReplayBuffer
 from replay_service.errors import ConfigError, ReplayServiceError
 
 TABLE_NAME = "uniform_table"
@@ -462,7 +464,7 @@ def _die_with_parent() -> None:
 
 
 class LocalServer:
-    """A `python -m replay_service.serve` subprocess on a free loopback-reachable port.
+    """A `python -m replay_service.cli.serve` subprocess on a free loopback-reachable port.
 
     It gets SIGTERM (a clean stop) if the process that started it dies.
 
@@ -479,7 +481,7 @@ class LocalServer:
             [
                 sys.executable,
                 "-m",
-                "replay_service.serve",
+                "replay_service.cli.serve",
                 f"--config={config_path}",
                 f"--port={self.port}",
                 f"--checkpoint_dir={checkpoint_dir}",

@@ -30,6 +30,28 @@ if TYPE_CHECKING:
     from replay_service.storage.store import Checkpoint
 
 
+class Lifeline:
+    """A flag shared by a manager and the streams and datasets it hands out, raised by `close()`,
+    and a count of the manager's `clear()` calls, by which torch streams drop what they sampled
+    before one. Every backend hands its streams one.
+
+    A pickled copy (a DataLoader worker's) keeps the state it had when pickled; such workers
+    notice a closed embedded manager through its stopped server instead.
+    """
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.clears = 0
+
+    def close(self) -> None:
+        """Makes every stream or dataset holding this lifeline fail at its next check."""
+        self.closed = True
+
+    def cleared(self) -> None:
+        """Records that the tables were emptied."""
+        self.clears += 1
+
+
 class Capability(enum.Enum):
     """A feature some backends have; the value says it the way an error message does."""
 

@@ -15,8 +15,9 @@ from tf_agents.policies import random_py_policy
 from tf_agents.train import actor
 from tf_agents.train.utils import train_utils
 
-from replay_service import ConfigError, ReplayBufferManager, ReplayServiceError
 from replay_service.cli import flags_parser, show_flags_in_help, usage_error
+from replay_service.errors import ConfigError, ReplayServiceError
+from replay_service.manager import ReplayBufferManager
 from replay_service.specs.nests import collect_data_spec
 
 _STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)

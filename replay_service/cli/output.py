@@ -40,8 +40,6 @@ CLI_MODULES = frozenset(
         "replay_service.cli.serve",
         "replay_service.cli.populate",
         "replay_service.cli.demo",
-        "replay_service.serve",
-        "replay_service.demo",
     }
 )
 """Modules run with `python -m` that are command-line tools."""
@@ -76,8 +74,7 @@ def is_cli_process(
 
     Returns:
       True for `replay-server`, `replay-populate`, `replay-demo`,
-      `scripts/populate_starter_buffer.py` and `python -m replay_service.cli.{serve,populate,demo}`
-      (and the kept `replay_service.serve` and `replay_service.demo`).
+      `scripts/populate_starter_buffer.py` and `python -m replay_service.cli.{serve,populate,demo}`.
     """
     argv = sys.argv if argv is None else argv
     orig_argv = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv

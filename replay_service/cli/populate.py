@@ -61,7 +61,7 @@ _FLAG_ARG = re.compile(r"(--?)([A-Za-z][\w-]*)(=.*)?", re.DOTALL)
 
 POPULATE_FLAGS = flags.FlagValues()
 """This command's flags, kept apart from `absl.flags.FLAGS` so that no other module's flags
-(e.g. `replay_service.demo`'s --env and --capacity) can clash with them."""
+(e.g. `replay_service.cli.demo`'s --env and --capacity) can clash with them."""
 
 _BUFFER_NAME = flags.DEFINE_string(
     "buffer_name",

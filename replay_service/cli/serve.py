@@ -125,15 +125,17 @@ def _check_exporter_flags() -> None:
       ConfigError: If --summary_interval_s is not a positive number of seconds, or
         --tensorboard_dir is not (and cannot be created as) a writable directory.
     """
-    from replay_service.monitoring.summaries import check_interval, check_logdir
+    from replay_service.config.options import require_number
+    from replay_service.monitoring.summaries import check_logdir
 
-    check_interval(_SUMMARY_INTERVAL.value, "--summary_interval_s")
+    require_number("--summary_interval_s", _SUMMARY_INTERVAL.value, 0, positive=True)
     if _TENSORBOARD_DIR.value:
         check_logdir(_TENSORBOARD_DIR.value, "--tensorboard_dir")
 
 
 def _serve() -> int:
     from replay_service.backends.reverb.server import serve_config
+    from replay_service.starter.envs import load_env
 
     config = load_config(
         _CONFIG.value,
@@ -146,13 +148,14 @@ def _serve() -> int:
     # Every flag is checked, and the metrics port bound, before the checkpoint directory is
     # touched: a bad flag must not cost the checkpoints that --overwrite deletes.
     _check_exporter_flags()
+    data_spec = config.data_spec.build(load_env)
     stats = _LateStats()
     metrics = _start_metrics(stats)
     stop = _StopFlag()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        server = serve_config(config, restore=restore, overwrite=_OVERWRITE.value)
+        server = serve_config(config, data_spec, restore=restore, overwrite=_OVERWRITE.value)
     except BaseException:
         if metrics is not None:
             metrics.close()

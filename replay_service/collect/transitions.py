@@ -134,7 +134,7 @@ class TransitionWriter:
         # A padded table stores Masked(step, mask): flat, the step's leaves then the mask.
         self._mask: list[Any] = [np.True_] if pad_end_of_episode else []
         self._padding = tree.flatten(padding_step(spec)) if pad_end_of_episode else None
-        self._plan = _Plan(spec)
+        self._plan = _FlatSteps(spec)
         # The names of a policy_info dict: extra per-step fields given as keywords.
         info = spec.policy_info
         self._extra_names: tuple[str, ...] = (
@@ -787,7 +787,7 @@ class _Part:
         return [np.zeros(leaf.shape, leaf.dtype) for leaf in self.leaves]
 
 
-class _Plan:
+class _FlatSteps:
     """A Trajectory spec flattened once: its fields' leaves and the constant step values.
 
     A step is written as a flat list in `tree.flatten(spec)` order (Trajectory field order),

@@ -49,19 +49,20 @@ import dataclasses
 import math
 import os
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
-from replay_service.backends.reverb.tables import check_extra_tables, check_variable_tables
 from replay_service.config.options import (
+    DEFAULT_KEEP,
     INT32_MAX,
     SamplingConfig,
     TableConfig,
     VariableTableConfig,
     require_int,
 )
+from replay_service.config.tables import check_extra_tables, check_variable_tables
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.specs import nests as specs
-from replay_service.storage.store import DEFAULT_KEEP
 
 DEFAULT_PORT = 8000
 
@@ -121,11 +122,16 @@ class DataSpecConfig:
                 f"env={self.env!r} and {len(self.fields)} field(s)"
             )
 
-    def build(self) -> Any:
+    def build(self, load_env: Callable[..., Any] | None = None) -> Any:
         """Returns the per-step data spec.
 
+        Args:
+          load_env: For a spec named by `env`: loads an environment by name (called as
+            `load_env(name, seed=0)`, e.g. `replay_service.starter.envs.load_env`).
+
         Raises:
-          ConfigError: If the environment is unknown or a field is invalid.
+          ConfigError: If the environment is unknown or no loader is given for it, or a field
+            is invalid.
         """
         if self.fields:
             described = [{"path": p, "dtype": d, "shape": list(s)} for p, d, s in self.fields]
@@ -133,8 +139,11 @@ class DataSpecConfig:
                 return specs.spec_from_description(described, self.structure)
             except SpecMismatchError as e:
                 raise ConfigError(f"data_spec: {e}") from e
-        from replay_service.starter.envs import load_env
-
+        if load_env is None:
+            raise ConfigError(
+                f"data_spec.env={self.env!r} needs an environment loader to build its spec "
+                "(e.g. replay_service.starter.envs.load_env)"
+            )
         try:
             env = load_env(str(self.env), seed=0)
         except ValueError as e:

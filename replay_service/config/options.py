@@ -17,6 +17,8 @@ from replay_service.errors import ConfigError, SpecMismatchError
 DEFAULT_TABLE_NAME = "uniform_table"
 # TF-Agents' name of the variable-container table (`reverb_variable_container.DEFAULT_TABLE`).
 DEFAULT_VARIABLE_TABLE_NAME = "variables"
+# How many verified checkpoints a checkpoint directory keeps unless told otherwise.
+DEFAULT_KEEP = 3
 # Reverb keeps capacities, sizes, lengths and counts in 32-bit integers (its Table, RateLimiter
 # and StructuredWriter constructors refuse anything larger with a bare TypeError).
 INT32_MAX = 2**31 - 1

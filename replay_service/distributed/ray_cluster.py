@@ -45,7 +45,7 @@ from replay_service.config.options import (
     require_number,
     require_positive_int,
 )
-from replay_service.distributed.sharding import ShardedConfig
+from replay_service.distributed.shard_config import ShardedConfig
 from replay_service.errors import ConfigError, ReplayServiceError, ServerUnavailableError
 
 SHARD_DIR_PREFIX = "shard-"
@@ -89,6 +89,7 @@ class ShardServer:
         checkpoint_interval_s: float,
     ) -> None:
         from replay_service.backends.reverb.server import serve_config
+        from replay_service.starter.envs import load_env
 
         config = load_config(
             config_path,
@@ -96,7 +97,7 @@ class ShardServer:
             server__checkpoint_dir=checkpoint_dir,
             server__checkpoint_interval_s=checkpoint_interval_s,
         )
-        self._server = serve_config(config, restore=None)
+        self._server = serve_config(config, config.data_spec.build(load_env), restore=None)
         self._host = _node_address()
 
     def address(self) -> str:

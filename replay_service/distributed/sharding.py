@@ -26,7 +26,6 @@ if the process has created no gRPC channel yet; export it before starting to be 
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import datetime
 import logging
@@ -40,25 +39,28 @@ import tensorflow as tf
 from replay_service.backends.reverb.liveness import python_calls_stopped
 from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
 from replay_service.collect.observer import TrajectoryObserver
-from replay_service.config.files import read_toml
 from replay_service.config.options import DEFAULT_TABLE_NAME, Timeouts, require_positive_int
+from replay_service.distributed.shard_config import (
+    ShardedConfig,
+)
+from replay_service.distributed.shard_status import (
+    ShardedStats,
+    ShardedStatus,
+    on_every_shard,
+    sharded_status,
+)
 from replay_service.errors import (
     BufferStateError,
     ConfigError,
     ManagerClosedError,
-    SpecMismatchError,
 )
 from replay_service.manager import ReplayBufferManager
-from replay_service.monitoring.report import TableStatus, server_status, table_line
-from replay_service.monitoring.stats import BufferStats, TableStats, total_table
+from replay_service.monitoring.stats import total_table
 from replay_service.storage.store import Checkpoint, CheckpointStore
 
 _T = TypeVar("_T")
 _log = logging.getLogger(__name__)
 
-SECTION = "sharding"
-KNOWN_KEYS = frozenset({"addresses"})
-MAX_PORT = 65535
 DEFAULT_PREFETCH = 3
 # The mixture draws the shard of every block of up to this many items of a batch (see
 # `block_size`), at least MIN_BLOCKS_PER_BATCH blocks a batch: mixing item by item in tf.data
@@ -67,246 +69,6 @@ MAX_SHARD_FETCH = 16
 MIN_BLOCKS_PER_BATCH = 16
 SHARD_PARALLEL_CALLS = 3
 CHECKPOINT_ID_PREFIX = "sharded-"
-
-
-def validate_address(address: object) -> str:
-    """Checks one "host:port" server address.
-
-    Args:
-      address: The candidate, e.g. "localhost:8000", "10.0.0.7:8000" or "[::1]:8000".
-
-    Returns:
-      The address, unchanged.
-
-    Raises:
-      ConfigError: If it is not a string "host:port" with a port in 1..65535.
-    """
-    host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
-    ok = bool(host) and not any(c.isspace() for c in host) and port.isdigit()
-    if not ok or not 0 < int(port) <= MAX_PORT:
-        raise ConfigError(
-            f"{SECTION}.addresses: {address!r} is not a server address 'host:port' with a port "
-            f"in 1..{MAX_PORT}"
-        )
-    return address  # type: ignore[return-value]
-
-
-def _normalized(address: str) -> str:
-    host, _, port = address.rpartition(":")
-    return f"{host.lower()}:{int(port)}"
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardedConfig:
-    """The servers of a sharded buffer, in shard order.
-
-    Attributes:
-      addresses: "host:port" of every shard's `replay-server`; at least one, no duplicates
-        (compared case-insensitively, so "localhost:8000" twice is refused, but
-        "localhost:8000" and "127.0.0.1:8000" cannot be told apart and are not). Collector
-        `i` writes to shard `i % len(addresses)`: keep the order stable across restarts.
-    """
-
-    addresses: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        addresses = self.addresses
-        if isinstance(addresses, str) or not isinstance(addresses, Sequence):
-            raise ConfigError(
-                f"{SECTION}.addresses must be a list of 'host:port' strings, got {addresses!r}"
-            )
-        if not addresses:
-            raise ConfigError(f"{SECTION}.addresses must name at least one server, got []")
-        seen: dict[str, int] = {}
-        for index, address in enumerate(addresses):
-            key = _normalized(validate_address(address))
-            if key in seen:
-                raise ConfigError(
-                    f"{SECTION}.addresses lists {address!r} twice (shards {seen[key]} and "
-                    f"{index}); every shard needs its own server"
-                )
-            seen[key] = index
-        object.__setattr__(self, "addresses", tuple(addresses))
-
-    @property
-    def num_shards(self) -> int:
-        """Number of shards."""
-        return len(self.addresses)
-
-    def shard_index(self, collector_id: int) -> int:
-        """Returns the shard collector `collector_id` writes to: `collector_id % num_shards`.
-
-        Raises:
-          ConfigError: If `collector_id` is not an integer >= 0.
-        """
-        if not isinstance(collector_id, int) or isinstance(collector_id, bool) or collector_id < 0:
-            raise ConfigError(f"collector_id must be an integer >= 0, got {collector_id!r}")
-        return collector_id % self.num_shards
-
-    def address_for(self, collector_id: int) -> str:
-        """Returns the address of the shard collector `collector_id` writes to."""
-        return self.addresses[self.shard_index(collector_id)]
-
-    @classmethod
-    def from_dict(cls, section: Mapping[str, Any], source: str = SECTION) -> ShardedConfig:
-        """Builds a config from the contents of a `[sharding]` table.
-
-        Args:
-          section: The table, e.g. `{"addresses": ["localhost:8000", "localhost:8001"]}`.
-          source: Where it came from, for error messages.
-
-        Returns:
-          The validated configuration.
-
-        Raises:
-          ConfigError: If a key is unknown or missing, or a value is invalid.
-        """
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"{source}: [{SECTION}] must be a table, got {section!r}")
-        unknown = sorted(set(section) - KNOWN_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"{source}: unknown key {SECTION}.{unknown[0]!r} (value "
-                f"{section[unknown[0]]!r}); known keys of {SECTION}: {sorted(KNOWN_KEYS)}"
-            )
-        if "addresses" not in section:
-            raise ConfigError(f'{source}: [{SECTION}] needs addresses = ["host:port", ...]')
-        addresses = section["addresses"]
-        if not isinstance(addresses, list | tuple):
-            raise ConfigError(
-                f"{source}: {SECTION}.addresses must be a list of 'host:port' strings, got "
-                f"{addresses!r}"
-            )
-        try:
-            return cls(addresses=tuple(addresses))
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from e
-
-
-def load_sharded_config(path: str | os.PathLike[str]) -> ShardedConfig:
-    """Reads the `[sharding]` table of a TOML file (other tables are ignored).
-
-    Args:
-      path: A TOML file such as `configs/sharded.toml`.
-
-    Returns:
-      The validated configuration.
-
-    Raises:
-      ConfigError: If the file is missing or not TOML, has no `[sharding]` table, or the table
-        has an unknown key or an invalid value (named with the file).
-    """
-    source = os.fspath(path)
-    data = read_toml(source)
-    if SECTION not in data:
-        raise ConfigError(f"{source}: no [{SECTION}] table; tables found: {sorted(data)}")
-    return ShardedConfig.from_dict(data[SECTION], source)
-
-
-# ---------------------------------------------------------------------------------- status
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardStatus:
-    """One shard's tables.
-
-    Attributes:
-      address: The shard's "host:port".
-      tables: Every table of that server (`replay_service.monitoring.report.server_status`).
-    """
-
-    address: str
-    tables: tuple[TableStatus, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardedStatus:
-    """All shards of one table, and the table's totals.
-
-    Attributes:
-      table_name: The sharded table.
-      shards: One entry per shard, in shard order.
-      total: The table's counters summed over the shards (size, capacity, inserts, samples);
-        sampler and remover are the shards' own, or every distinct one joined by "/".
-    """
-
-    table_name: str
-    shards: tuple[ShardStatus, ...]
-    total: TableStatus
-
-
-def sharded_status(
-    addresses: Sequence[str], table_name: str = DEFAULT_TABLE_NAME, timeout: float | None = 10.0
-) -> ShardedStatus:
-    """Reads every shard's counters (in parallel) and sums those of `table_name`.
-
-    Args:
-      addresses: The shards' "host:port", in shard order.
-      table_name: The sharded table; every shard must serve it.
-      timeout: Seconds to wait for each server.
-
-    Returns:
-      Per-shard status and totals.
-
-    Raises:
-      ServerUnavailableError: If a shard does not answer within `timeout` (naming it).
-      SpecMismatchError: If a shard does not serve `table_name`.
-    """
-    results = _on_every_shard(list(addresses), lambda _, a: server_status(a, timeout))
-    shards = tuple(
-        ShardStatus(address=a, tables=tuple(t)) for a, t in zip(addresses, results, strict=True)
-    )
-    return ShardedStatus(table_name=table_name, shards=shards, total=_total(table_name, shards))
-
-
-def _total(table_name: str, shards: Sequence[ShardStatus]) -> TableStatus:
-    tables = []
-    for shard in shards:
-        match = [t for t in shard.tables if t.name == table_name]
-        if not match:
-            raise SpecMismatchError(
-                f"shard {shard.address!r} has no table {table_name!r}; its tables are "
-                f"{sorted(t.name for t in shard.tables)}"
-            )
-        tables.append(match[0])
-    return TableStatus(
-        name=table_name,
-        size=sum(t.size for t in tables),
-        capacity=sum(t.capacity for t in tables),
-        inserts=sum(t.inserts for t in tables),
-        samples=sum(t.samples for t in tables),
-        sampler="/".join(dict.fromkeys(t.sampler for t in tables)),
-        remover="/".join(dict.fromkeys(t.remover for t in tables)),
-        layout="/".join(dict.fromkeys(t.layout for t in tables)),
-    )
-
-
-def format_sharded_status(status: ShardedStatus) -> str:
-    """Renders `sharded_status` output: the totals, then one block per shard."""
-    lines = [f"sharded buffer, {len(status.shards)} shard(s), total {table_line(status.total)}"]
-    for index, shard in enumerate(status.shards):
-        lines.append(f"  shard {index} {shard.address}")
-        lines.extend(f"    {table_line(t)}" for t in shard.tables)
-    return "\n".join(lines)
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardedStats:
-    """Fill level and traffic of every shard, and of the sharded table in total.
-
-    Attributes:
-      table_name: The sharded table.
-      shards: Each shard's `BufferStats` (every table of that server), in shard order.
-      total: The sharded table summed over shards (`stats.total_table`).
-    """
-
-    table_name: str
-    shards: tuple[BufferStats, ...]
-    total: TableStats
-
-    def to_json(self) -> dict[str, Any]:
-        """Returns a JSON-serializable dict of every field."""
-        return dataclasses.asdict(self)
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -526,7 +288,7 @@ class ShardedReplayBuffer:
           ServerUnavailableError: If a shard does not answer (naming it).
         """
         self._require_open()
-        sizes = _on_every_shard(list(self._managers), lambda _, m: m.num_frames())
+        sizes = on_every_shard(list(self._managers), lambda _, m: m.num_frames())
         return dict(zip(self.addresses, sizes, strict=True))
 
     def num_frames(self) -> int:
@@ -611,7 +373,7 @@ class ShardedReplayBuffer:
           ServerUnavailableError: If a shard does not answer within `timeouts.connect`.
         """
         self._require_open()
-        shards = tuple(_on_every_shard(list(self._managers), lambda _, m: m.stats()))
+        shards = tuple(on_every_shard(list(self._managers), lambda _, m: m.stats()))
         name = self.table_name
         return ShardedStats(
             table_name=name,
@@ -644,7 +406,7 @@ class ShardedReplayBuffer:
         if not isinstance(checkpoint_id, str) or not checkpoint_id.strip():
             raise ConfigError(f"checkpoint_id must be a non-empty string, got {checkpoint_id!r}")
         created_at = datetime.datetime.now(datetime.UTC).isoformat()
-        paths = _on_every_shard(list(self._managers), lambda _, m: m.checkpoint())
+        paths = on_every_shard(list(self._managers), lambda _, m: m.checkpoint())
         record = ShardedCheckpoint(
             checkpoint_id=checkpoint_id,
             created_at=created_at,
@@ -660,7 +422,7 @@ class ShardedReplayBuffer:
         if self._buffers:
             raise BufferStateError("this ShardedReplayBuffer is already attached to its shards")
         try:
-            self._buffers = tuple(_on_every_shard(list(self._managers), attach))
+            self._buffers = tuple(on_every_shard(list(self._managers), attach))
         except BaseException:
             self.close()
             raise
@@ -763,41 +525,10 @@ def _size_weights(sizes: Sequence[int]) -> list[float]:
     return [size / total for size in sizes]
 
 
-def _on_every_shard(shards: list[_T], fn: Callable[[int, _T], Any]) -> list[Any]:
-    """Runs `fn(index, shard)` for every shard in parallel; returns results in shard order.
-
-    Every call must bound its own waiting (they all use the configured timeouts).
-
-    Raises:
-      Exception: The error of the lowest-numbered shard that failed (others are logged).
-    """
-    if len(shards) == 1:
-        return [fn(0, shards[0])]
-    with concurrent.futures.ThreadPoolExecutor(
-        max_workers=len(shards), thread_name_prefix="replay_service:shard"
-    ) as pool:
-        futures = [pool.submit(fn, i, shard) for i, shard in enumerate(shards)]
-        concurrent.futures.wait(futures)
-    errors = [(i, f.exception()) for i, f in enumerate(futures) if f.exception() is not None]
-    for index, error in errors[1:]:
-        _log.warning("shard %d failed too: %s", index, error)
-    if errors:
-        raise errors[0][1]  # type: ignore[misc]
-    return [f.result() for f in futures]
-
-
 __all__ = [
-    "ShardStatus",
     "ShardedCheckpoint",
-    "ShardedConfig",
     "ShardedReplayBuffer",
-    "ShardedStats",
-    "ShardedStatus",
     "block_size",
     "find_adopted_checkpoint",
-    "format_sharded_status",
-    "load_sharded_config",
     "new_checkpoint_id",
-    "sharded_status",
-    "validate_address",
 ]

@@ -19,6 +19,7 @@ import math
 import os
 import threading
 
+from replay_service.config.options import require_number
 from replay_service.errors import ConfigError
 from replay_service.monitoring.stats import StatsReader, scalars
 
@@ -29,22 +30,6 @@ DEFAULT_INTERVAL_S = 30.0
 DEFAULT_JOIN_TIMEOUT_S = 15.0
 # TensorBoard scalars are float32.
 _FLOAT32_MAX = 3.4e38
-
-
-def check_interval(interval_s: object, name: str = "summary_interval_s") -> float:
-    """Returns `interval_s` as a float.
-
-    Raises:
-      ConfigError: If it is not a finite number of seconds > 0.
-    """
-    if (
-        isinstance(interval_s, bool)
-        or not isinstance(interval_s, int | float)
-        or not math.isfinite(interval_s)
-        or interval_s <= 0
-    ):
-        raise ConfigError(f"{name} must be a finite number of seconds > 0, got {interval_s!r}")
-    return float(interval_s)
 
 
 def check_logdir(logdir: str | os.PathLike[str], name: str = "summary directory") -> str:
@@ -100,7 +85,7 @@ class StatsSummaryWriter:
         interval_s: float = DEFAULT_INTERVAL_S,
         join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
     ) -> None:
-        self._interval_s = check_interval(interval_s)
+        self._interval_s = float(require_number("summary_interval_s", interval_s, 0, positive=True))
         self._logdir = os.fspath(logdir)
         try:
             os.makedirs(self._logdir, exist_ok=True)

@@ -1,7 +1,7 @@
 """Weighted mixes of several tables in PyTorch batches, as `mixed_dataset` mixes them for tf.data.
 
-`tables.check_mix_weights` validates the weights of both. tf.data (`mixed_dataset`, Reverb only)
-draws every item's table in `tf.data.Dataset.sample_from_datasets`. The PyTorch mix
+`config.tables.check_mix_weights` validates the weights of both. tf.data (`mixed_dataset`,
+Reverb only) draws every item's table in `tf.data.Dataset.sample_from_datasets`. The PyTorch mix
 (`manager.mixed_torch_batches`, every backend) does the same in `MixedSampleSource`: for each
 batch, every item's table is drawn independently, table `name` with probability
 `weights[name] / sum(weights)`, from a generator seeded by `seed`; the items themselves are
@@ -124,7 +124,7 @@ class MixedSampleSource:
     Args:
       sources: Table name -> that table's torch source, the tables of positive weight.
       probabilities: Table name -> probability (summing to 1), as
-        `tables.check_mix_weights` returns.
+        `config.tables.check_mix_weights` returns.
       positions: Table name -> the position reported in `MixedSampleInfo.table`.
       seed: Seed of the choice of tables; None draws one.
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tree
 
-from replay_service.backends.reverb.connection import call_with_timeout
+from replay_service.bounded import call_with_timeout
 from replay_service.config.options import require_positive_int
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.specs.arrays import is_tf_tensor, is_torch_tensor, to_numpy

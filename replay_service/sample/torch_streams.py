@@ -44,31 +44,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from replay_service.backends.reverb.torch_source import (  # noqa: F401
-    IN_FLIGHT_BATCHES,
-    NUMPY_UNPACK_STEP_BYTES,
-    SAMPLING_WORKERS,
-    SampleSource,
-    tensor_to_torch,
-)
 from replay_service.config.devices import require_device
 from replay_service.config.options import require_int
 from replay_service.config.sizes import require_batch_size
 from replay_service.errors import BufferStateError, ConfigError, ManagerClosedError
-from replay_service.sample.batches import (  # noqa: F401
-    DRAW_BYTES,
-    DRAW_ITEMS,
-    LAST,
-    STEP_COPY_BYTES,
+from replay_service.sample.batches import (
     TRANSITION_SEQUENCE_LENGTH,
     Packer,
     TorchSampleInfo,
-    TransitionBatch,
-    draws_per_call,
     item_packer,
-    nest_packer,
-    split_batches,
-    step_of,
     to_transitions,
     transition_packer,
 )

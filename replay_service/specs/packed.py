@@ -35,12 +35,9 @@ from typing import Any
 import numpy as np
 import tree
 
-from replay_service.specs.layouts import (  # noqa: F401 (the names' former home)
-    LAYOUTS,
-    NESTED,
+from replay_service.specs.layouts import (
     PACKED,
     Layout,
-    check_layout,
     resolve_layout,
     steps_of,
 )

@@ -61,7 +61,7 @@ Progress = Callable[[int, int], None]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
+class _PopulatePlan:
     """A checked `PopulateConfig` with everything resolved, before anything is written."""
 
     config: PopulateConfig
@@ -156,7 +156,7 @@ def populate(
     return _result(plan, collected)
 
 
-def _make_plan(config: PopulateConfig) -> _Plan:
+def _make_plan(config: PopulateConfig) -> _PopulatePlan:
     """Checks everything that can be checked without writing and resolves the defaults."""
     output_dir = os.path.abspath(config.output_dir)
     path = starter_buffer_path(output_dir, config.buffer_name)
@@ -165,7 +165,7 @@ def _make_plan(config: PopulateConfig) -> _Plan:
     capacity, sequence_length = _resolve_sizes(config, stored, path)
     seed = config.seed if config.seed is not None else secrets.randbelow(SEED_RANGE)
     envs, policies = make_envs_and_policies(config.env, config.policy, config.num_envs, seed)
-    plan = _Plan(
+    plan = _PopulatePlan(
         config=config,
         output_dir=output_dir,
         path=path,
@@ -183,7 +183,7 @@ def _make_plan(config: PopulateConfig) -> _Plan:
 
 
 def _build(
-    plan: _Plan, partial: str, progress: Progress | None, timeouts: Timeouts | None
+    plan: _PopulatePlan, partial: str, progress: Progress | None, timeouts: Timeouts | None
 ) -> _Collected:
     """Creates (or, to append, copies) the buffer in `partial` and collects every run into it."""
     remove_path(partial)
@@ -215,7 +215,7 @@ def _plot_title(config: PopulateConfig) -> str:
     )
 
 
-def _result(plan: _Plan, collected: _Collected) -> PopulateResult:
+def _result(plan: _PopulatePlan, collected: _Collected) -> PopulateResult:
     config, recorders = plan.config, collected.recorders
     rewards = np.concatenate([np.asarray(r.rewards, np.float64) for r in recorders])
     replaced = "replaced" if plan.stored is not None else "created"
@@ -310,7 +310,7 @@ def _open_observers(manager: ReplayBufferManager, count: int, *, append: bool) -
 
 def _collect(
     manager: ReplayBufferManager,
-    plan: _Plan,
+    plan: _PopulatePlan,
     observers: Sequence[Any],
     recorders: Sequence[StepRecorder],
     progress: Progress | None,

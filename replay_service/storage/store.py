@@ -71,7 +71,7 @@ from replay_service.backends.reverb.internals import (
     is_settled_checkpoint,
     verify_files,
 )
-from replay_service.config.options import validate_path
+from replay_service.config.options import DEFAULT_KEEP, validate_path
 from replay_service.errors import (
     BackendMismatchError,
     CheckpointError,
@@ -113,7 +113,6 @@ BACKENDS = ("reverb", "local")
 CHECKPOINT_META_FILE = "replay_service_checkpoint.json"
 REVERB_DONE_FILE = DONE_FILE
 CHECKPOINT_PREFIX = "ckpt-"
-DEFAULT_KEEP = 3
 # A snapshot (`CheckpointStore.snapshot`): `.snapshots/snapshot-<pid>-<32 hex>/`, holding the
 # marker file (written before anything else) and, once written, the checkpoint read.
 SNAPSHOT_FORMAT = "replay_service.snapshot/1"

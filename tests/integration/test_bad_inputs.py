@@ -26,6 +26,7 @@ from replay_service import (
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.config.files import load_config
 from replay_service.config.options import INT32_MAX
+from replay_service.starter.envs import load_env
 from replay_service.storage.store import CHECKPOINTS_DIR, CORRUPT_DIR, CheckpointStore
 
 
@@ -202,7 +203,7 @@ def test_config_file_values(tmp_path, toml, message):
     path = tmp_path / "bad.toml"
     path.write_text(toml)
     with pytest.raises((ConfigError, TypeError)) as info:
-        load_config(path).data_spec.build()
+        load_config(path).data_spec.build(load_env)
     assert message in str(info.value)
 
 
@@ -210,7 +211,7 @@ def test_config_file_values(tmp_path, toml, message):
 def test_server_cli_rejects_unknown_command_and_status_without_address():
     for args, message in ((["frobnicate"], "unknown command"), (["status"], "--address")):
         result = subprocess.run(
-            [sys.executable, "-m", "replay_service.serve", *args],
+            [sys.executable, "-m", "replay_service.cli.serve", *args],
             capture_output=True,
             text=True,
             timeout=60,

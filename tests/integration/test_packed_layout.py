@@ -29,7 +29,8 @@ from replay_service.backends.reverb import torch_source
 from replay_service.backends.reverb.connection import pick_free_port
 from replay_service.collect.transitions import TransitionWriter
 from replay_service.config.files import load_config
-from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
+from replay_service.distributed.shard_config import ShardedConfig
+from replay_service.distributed.sharding import ShardedReplayBuffer
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.sample import torch_streams as torch_sampling
 from replay_service.specs import packed

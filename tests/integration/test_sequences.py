@@ -14,6 +14,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 from conftest import CONFIGS, all_items
 from replay_service import ConfigError, SpecMismatchError
 from replay_service.specs.windows import Masked, padding_needed
+from replay_service.starter.envs import load_env
 
 FIRST, MID, LAST = 0, 1, 2
 SEQUENCES_CONFIG = os.path.join(CONFIGS, "cartpole_sequences.toml")
@@ -265,7 +266,7 @@ def test_a_toml_table_can_be_padded(tmp_path):
     )
     config = load_config(path)
     assert config.table.pad_end_of_episode
-    table = make_table(config.table, config.data_spec.build())
+    table = make_table(config.table, config.data_spec.build(load_env))
     assert table.info.signature.mask.shape == (5,)
     path.write_text("[table]\npad_end_of_episode = 1\n")
     with pytest.raises(ConfigError, match="pad_end_of_episode must be True or False, got 1"):

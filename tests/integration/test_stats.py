@@ -14,7 +14,8 @@ import reverb
 
 from conftest import FAST_TIMEOUTS, REPO, collect, wait_for_adoption
 from replay_service import BufferStateError, ReplayBufferManager, SamplingConfig
-from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
+from replay_service.distributed.shard_config import ShardedConfig
+from replay_service.distributed.sharding import ShardedReplayBuffer
 from replay_service.monitoring.stats import StatsTracker, scalars
 
 TABLE = "uniform_table"
@@ -145,7 +146,7 @@ def test_status_json_of_a_running_server(start_server, tmp_path, env, policy, da
         [
             sys.executable,
             "-m",
-            "replay_service.serve",
+            "replay_service.cli.serve",
             "status",
             "--json",
             "--rate_span_s=0.5",

@@ -29,6 +29,7 @@ from replay_service.backends.reverb.connection import pick_free_port as free_por
 from replay_service.backends.reverb.server import serve_config
 from replay_service.config.files import load_config
 from replay_service.specs.nests import describe_spec
+from replay_service.starter.envs import load_env
 from replay_service.storage.store import CHECKPOINT_META_FILE, STORE_FILE, StoreMetadata
 
 TWO_TABLES_CONFIG = os.path.join(CONFIGS, "uniform_and_prioritized.toml")
@@ -262,15 +263,15 @@ def test_a_server_config_with_changed_extra_tables_is_refused_on_restore(tmp_pat
     config = load_config(
         TWO_TABLES_CONFIG, server__checkpoint_dir=str(tmp_path / "ckpt"), server__port=free_port()
     )
-    server = serve_config(config, restore=False)
+    server = serve_config(config, config.data_spec.build(load_env), restore=False)
     final = server.stop(final_checkpoint=True)
     assert final is not None
     assert [t.name for t in final.metadata.extra_tables] == ["prioritized_table"]
     smaller = dataclasses.replace(config.extra_tables[0], capacity=2000)
     changed = dataclasses.replace(config, extra_tables=(smaller,))
     with pytest.raises(SpecMismatchError, match="extra table 'prioritized_table' capacity"):
-        serve_config(changed, restore=True)
-    restored = serve_config(config, restore=True)
+        serve_config(changed, changed.data_spec.build(load_env), restore=True)
+    restored = serve_config(config, config.data_spec.build(load_env), restore=True)
     assert restored.restored_from is not None
     restored.stop(final_checkpoint=False)
 
@@ -399,7 +400,7 @@ def test_toml_extra_tables_serve_every_table_and_status_lists_them(
         manager.load_replay_buffer()
 
     result = subprocess.run(
-        [sys.executable, "-m", "replay_service.serve", "status", f"--address={address}"],
+        [sys.executable, "-m", "replay_service.cli.serve", "status", f"--address={address}"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -444,4 +445,4 @@ def test_the_two_table_config_loads(data_spec):
     config = load_config(TWO_TABLES_CONFIG)
     assert [t.name for t in config.tables] == ["uniform_table", "prioritized_table"]
     assert config.extra_tables[0].sampling.sampler == "prioritized"
-    assert describe_spec(config.data_spec.build()) == describe_spec(data_spec)
+    assert describe_spec(config.data_spec.build(load_env)) == describe_spec(data_spec)

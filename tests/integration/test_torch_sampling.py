@@ -24,17 +24,16 @@ from replay_service import (
     SamplingConfig,
     Timeouts,
 )
-from replay_service.sample.torch_streams import (
-    SampleSource,
-    TorchReplayDataset,
+from replay_service.backends.reverb.torch_source import SampleSource
+from replay_service.sample.batches import (
     TorchSampleInfo,
     TransitionBatch,
     draws_per_call,
     nest_packer,
     step_of,
     to_transitions,
-    transition_packer,
 )
+from replay_service.sample.torch_streams import TorchReplayDataset, transition_packer
 from replay_service.specs import packed
 from replay_service.specs.arrays import ArraySpec
 from replay_service.specs.nests import normalize_spec

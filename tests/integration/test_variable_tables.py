@@ -34,6 +34,7 @@ from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.monitoring.report import format_status, server_status
 from replay_service.monitoring.stats import server_stats
 from replay_service.specs.nests import describe_spec, spec_from_description, variable_container_spec
+from replay_service.starter.envs import load_env
 from replay_service.storage.store import CheckpointStore, StoreMetadata
 
 SAC_CONFIG = os.path.join(CONFIGS, "tf_agents_sac.toml")
@@ -113,7 +114,7 @@ def test_sac_config_matches_tf_agents_sac_train_variables_and_collect_spec():
     spec = config.variable_tables[0].spec
     assert describe_spec(spec) == describe_spec(expected)
     tf.nest.assert_same_structure(spec, expected)
-    assert describe_spec(config.data_spec.build()) == describe_spec(agent.collect_data_spec)
+    assert describe_spec(config.data_spec.build(load_env)) == describe_spec(agent.collect_data_spec)
 
 
 @pytest.mark.parametrize(
@@ -348,7 +349,14 @@ def test_tf_agents_distributed_clients_against_replay_server(start_server, tmp_p
     stats = server_stats(address, 10.0, span_s=0.1)
     assert stats.table(VARIABLES).size == 1 and stats.table(EXPERIENCE).size == 20
     status = subprocess.run(
-        [sys.executable, "-m", "replay_service.serve", "status", f"--address={address}", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "replay_service.cli.serve",
+            "status",
+            f"--address={address}",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -54,7 +54,7 @@ def _assert_quiet(output: str) -> None:
 
 
 def test_demo_prints_only_its_five_lines(tmp_path: Any) -> None:
-    result = _run("-m", "replay_service.demo", "--steps=20", f"--checkpoint_dir={tmp_path}")
+    result = _run("-m", "replay_service.cli.demo", "--steps=20", f"--checkpoint_dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     _assert_quiet(result.stdout + result.stderr)
     assert result.stderr == ""
@@ -68,7 +68,7 @@ def test_server_prints_only_its_own_lines(tmp_path: Any) -> None:
         [
             sys.executable,
             "-m",
-            "replay_service.serve",
+            "replay_service.cli.serve",
             f"--config={CARTPOLE_CONFIG}",
             f"--port={port}",
             f"--checkpoint_dir={tmp_path / 'ckpt'}",
@@ -135,10 +135,10 @@ def test_verbose_switch_brings_the_library_logs_back(tmp_path: Any) -> None:
 def test_server_help_lists_its_flags_as_console_script_and_module() -> None:
     script = (
         "import sys; sys.argv[0] = '/venv/bin/replay-server'\n"
-        "from replay_service.serve import run\n"
+        "from replay_service.cli.serve import run\n"
         "run()\n"
     )
-    for args in (("-c", script, "--help"), ("-m", "replay_service.serve", "--help")):
+    for args in (("-c", script, "--help"), ("-m", "replay_service.cli.serve", "--help")):
         result = _run(*args)
         assert result.returncode in (0, 1), result.stderr  # absl's --help exits 1
         for flag in ("--checkpoint_dir", "--[no]restore_if_exists", "--port", "--config"):
@@ -149,7 +149,7 @@ def test_server_help_lists_its_flags_as_console_script_and_module() -> None:
 
 def test_only_the_tools_are_quieted_and_verbosity_is_read_from_the_command_line() -> None:
     assert cli_output.is_cli_process(["/venv/bin/replay-populate"], [])
-    assert cli_output.is_cli_process(["x"], ["python", "-m", "replay_service.serve"])
+    assert cli_output.is_cli_process(["x"], ["python", "-m", "replay_service.cli.serve"])
     assert not cli_output.is_cli_process(["train.py"], ["python", "train.py"])
     assert not cli_output.is_cli_process(["x"], ["python", "-m", "pytest"])
     assert cli_output.verbose_requested(["p", "--verbosity=0"], {})

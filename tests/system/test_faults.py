@@ -287,7 +287,7 @@ class Server:
         self.port = port or pick_free_port()
         self.address = f"localhost:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replay_service.serve", f"--port={self.port}", *args],
+            [sys.executable, "-m", "replay_service.cli.serve", f"--port={self.port}", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -137,7 +137,7 @@ def test_metrics_are_reachable_only_through_the_network_policy():
 
 
 def test_probe_command_fails_without_a_server_and_passes_with_one(start_server):
-    probe = [sys.executable, "-m", "replay_service.serve", "status", "--timeout=2"]
+    probe = [sys.executable, "-m", "replay_service.cli.serve", "status", "--timeout=2"]
     run = {"capture_output": True, "text": True, "timeout": 60, "cwd": REPO}
     env = dict(os.environ, PYTHONPATH=REPO)
     down = subprocess.run([*probe, f"--address=localhost:{pick_free_port()}"], env=env, **run)

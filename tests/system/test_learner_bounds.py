@@ -27,7 +27,8 @@ from replay_service.backends.reverb.liveness import (
     SERVER_LOST_MESSAGE,
     liveness_bound,
 )
-from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
+from replay_service.distributed.shard_config import ShardedConfig
+from replay_service.distributed.sharding import ShardedReplayBuffer
 
 # A regression must fail, not hang CI.
 pytestmark = pytest.mark.timeout(180)

@@ -17,7 +17,8 @@ from conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, REPO
 from readme_blocks import DOCS, doc_block, shrink
 from replay_service import ReplayBufferManager
 from replay_service.distributed.ray_cluster import start_collector, start_shards
-from replay_service.distributed.sharding import ShardedConfig, ShardedReplayBuffer
+from replay_service.distributed.shard_config import ShardedConfig
+from replay_service.distributed.sharding import ShardedReplayBuffer
 from replay_service.errors import ConfigError, ReplayServiceError, ServerUnavailableError
 
 CAPACITY = 100_000  # configs/cartpole.toml

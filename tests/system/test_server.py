@@ -27,6 +27,7 @@ from conftest import (
 )
 from replay_service import ConfigError, ReplayBufferManager
 from replay_service.config.files import load_config
+from replay_service.starter.envs import load_env
 from replay_service.storage.store import CHECKPOINTS_DIR, CORRUPT_DIR
 
 PRIORITIZED_CONFIG = os.path.join(CONFIGS, "cartpole_prioritized.toml")
@@ -160,7 +161,7 @@ def test_status_reports_tables_and_last_checkpoint(start_server, tmp_path, env, 
         [
             sys.executable,
             "-m",
-            "replay_service.serve",
+            "replay_service.cli.serve",
             "status",
             f"--address={address}",
             f"--checkpoint_dir={tmp_path / 'server_ckpt'}",
@@ -248,7 +249,7 @@ def test_bad_configs_name_the_key_and_value(tmp_path, toml, message):
     path = tmp_path / "bad.toml"
     path.write_text(toml)
     with pytest.raises(ConfigError) as info:
-        load_config(path).data_spec.build()
+        load_config(path).data_spec.build(load_env)
     assert message in str(info.value)
     assert str(path) in str(info.value) or "data_spec" in str(info.value)
 
@@ -265,7 +266,7 @@ def test_bad_config_on_the_command_line_exits_with_a_message(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("[table]\ncapacity = -3\n")
     result = subprocess.run(
-        [sys.executable, "-m", "replay_service.serve", f"--config={path}"],
+        [sys.executable, "-m", "replay_service.cli.serve", f"--config={path}"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -25,13 +25,12 @@ from replay_service import (
 )
 from replay_service.backends.reverb.connection import pick_free_port
 from replay_service.backends.reverb.sampling_errors import EMPTY_BUFFER_MESSAGE
+from replay_service.distributed.shard_config import ShardedConfig, load_sharded_config
+from replay_service.distributed.shard_status import format_sharded_status
 from replay_service.distributed.sharding import (
-    ShardedConfig,
     ShardedReplayBuffer,
     block_size,
     find_adopted_checkpoint,
-    format_sharded_status,
-    load_sharded_config,
 )
 from replay_service.storage.store import REVERB_DONE_FILE
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from replay_service.backends.reverb.platform import inspect_patch
 from replay_service.errors import ConfigError
-from replay_service.integrations import tf_compat
 
 SUBPROCESS_TIMEOUT_S = 240
 ERROR = "this __dict__ descriptor does not support '_DictWrapper' objects"
@@ -100,7 +100,7 @@ def test_policy_saver_saves_loads_and_acts_after_the_quick_start() -> None:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in (tf_compat.PATCH_ENV, "WRAPT_DISABLE_EXTENSIONS")
+        if k not in (inspect_patch.PATCH_ENV, "WRAPT_DISABLE_EXTENSIONS")
     }
     report = report_of(run_python("-c", _QUICK_START_THEN_POLICY_SAVER, env=env))
     assert report.get("error") is None, report
@@ -140,7 +140,7 @@ def test_policy_saver_saves_right_after_the_import_before_any_buffer() -> None:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in (tf_compat.PATCH_ENV, "WRAPT_DISABLE_EXTENSIONS")
+        if k not in (inspect_patch.PATCH_ENV, "WRAPT_DISABLE_EXTENSIONS")
     }
     report = report_of(run_python("-c", _POLICY_SAVER_BEFORE_ANY_BUFFER, env=env))
     assert report == {"patched": True, "saved": True}, report
@@ -149,35 +149,35 @@ def test_policy_saver_saves_right_after_the_import_before_any_buffer() -> None:
 @pytest.mark.parametrize("setting", ["0", "off", "False"])
 def test_the_switch_leaves_inspect_alone_and_policy_saver_fails_as_before(setting: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "WRAPT_DISABLE_EXTENSIONS"}
-    env[tf_compat.PATCH_ENV] = setting
+    env[inspect_patch.PATCH_ENV] = setting
     report = report_of(run_python("-c", _QUICK_START_THEN_POLICY_SAVER, env=env))
     assert report == {"patched": False, "error": ERROR}
 
 
 def test_a_bad_switch_value_is_a_config_error_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"REPLAY_SERVICE_PATCH_INSPECT='maybe'"):
-        tf_compat.patch_enabled({tf_compat.PATCH_ENV: "maybe"})
-    assert tf_compat.patch_enabled({}) is True
-    assert tf_compat.patch_enabled({tf_compat.PATCH_ENV: " ON "}) is True
-    assert tf_compat.patch_enabled({tf_compat.PATCH_ENV: "no"}) is False
+        inspect_patch.patch_enabled({inspect_patch.PATCH_ENV: "maybe"})
+    assert inspect_patch.patch_enabled({}) is True
+    assert inspect_patch.patch_enabled({inspect_patch.PATCH_ENV: " ON "}) is True
+    assert inspect_patch.patch_enabled({inspect_patch.PATCH_ENV: "no"}) is False
 
 
 def test_patching_is_idempotent_and_unpatch_restores_the_original() -> None:
     # This process imported replay_service's Reverb modules, so the patch is in place.
-    assert tf_compat.patch_inspect() is True
+    assert inspect_patch.patch_inspect() is True
     patched = inspect._check_instance  # type: ignore[attr-defined]
     original = patched._replay_service_original
     try:
-        assert tf_compat.patch_inspect() is True
+        assert inspect_patch.patch_inspect() is True
         assert inspect._check_instance is patched  # type: ignore[attr-defined]
-        assert tf_compat.unpatch_inspect() is True
+        assert inspect_patch.unpatch_inspect() is True
         assert inspect._check_instance is original  # type: ignore[attr-defined]
-        assert not tf_compat.is_patched()
-        assert tf_compat.needs_patch(), "the probe no longer sees the failure this patch is for"
-        assert tf_compat.unpatch_inspect() is False
+        assert not inspect_patch.is_patched()
+        assert inspect_patch.needs_patch(), "the probe no longer sees the failure this patch is for"
+        assert inspect_patch.unpatch_inspect() is False
     finally:
-        tf_compat.patch_inspect()
-    assert tf_compat.is_patched() and not tf_compat.needs_patch()
+        inspect_patch.patch_inspect()
+    assert inspect_patch.is_patched() and not inspect_patch.needs_patch()
 
 
 def test_the_patch_answers_only_for_wrapt_proxies() -> None:
@@ -196,7 +196,7 @@ def test_the_patch_answers_only_for_wrapt_proxies() -> None:
     def failing(obj: object, attr: str) -> object:
         raise TypeError(f"not {attr}")
 
-    wrapper = tf_compat._make_wrapper(failing, wrapt.ObjectProxy)
+    wrapper = inspect_patch._make_wrapper(failing, wrapt.ObjectProxy)
     assert wrapper(proxy, "x") is inspect._sentinel  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match="not x"):
         wrapper(Plain(), "x")
@@ -236,7 +236,7 @@ def test_the_local_backend_import_path_imports_no_tensorflow(tmp_path: Path) -> 
         print("REPORT " + json.dumps({{
             "rows": int(batch.rewards.shape[0]),
             "same_inspect": inspect._check_instance is original,
-            "tf_compat_imported": "replay_service.integrations.tf_compat" in sys.modules,
+            "patched_by": "replay_service.backends.reverb.platform.inspect_patch" in sys.modules,
             "loaded": loaded,
         }}))
         """
@@ -246,8 +246,8 @@ def test_the_local_backend_import_path_imports_no_tensorflow(tmp_path: Path) -> 
     # TensorFlow or Reverb imported on the way.
     assert report == {
         "rows": 2,
-        "same_inspect": not tf_compat.needs_patch() and not tf_compat.is_patched(),
-        "tf_compat_imported": True,
+        "same_inspect": not inspect_patch.needs_patch() and not inspect_patch.is_patched(),
+        "patched_by": True,
         "loaded": [],
     }
 
@@ -280,7 +280,7 @@ def test_the_runner_runs_a_script_that_never_imports_replay_service(tmp_path: Pa
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in (tf_compat.PATCH_ENV, "WRAPT_DISABLE_EXTENSIONS")
+        if k not in (inspect_patch.PATCH_ENV, "WRAPT_DISABLE_EXTENSIONS")
     }
     out = tmp_path / "policy"
     plain = run_python(str(script), str(out), env=env, cwd=tmp_path)

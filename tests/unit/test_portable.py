@@ -537,12 +537,8 @@ class FakeSource:
 def test_torch_batches_come_from_any_sample_source() -> None:
     pytest.importorskip("torch")
     from replay_service.errors import BufferStateError
-    from replay_service.sample.torch_streams import (
-        TorchBatchStream,
-        TorchSampleInfo,
-        TransitionBatch,
-        iterate_batches,
-    )
+    from replay_service.sample.batches import TorchSampleInfo, TransitionBatch
+    from replay_service.sample.torch_streams import TorchBatchStream, iterate_batches
 
     batches = iterate_batches(FakeSource(2), 3, transitions=True, with_info=True)
     batch, info = next(batches)

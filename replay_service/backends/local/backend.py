@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import tree
 
-from replay_service.backends.base import Backend, BackendOptions, Capability
+from replay_service.backends.base import Backend, BackendOptions, Capability, Lifeline
 from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
 from replay_service.backends.local.table import (
@@ -284,7 +284,7 @@ class LocalBackend(Backend):
                 f"device={device!r} needs storage='memory': storage={storage!r} keeps the "
                 "tables in host files"
             )
-        self._lifeline = local_sampling.Lifeline()
+        self._lifeline = Lifeline()
         self._store = store
         self._configs = tuple(tables)
         self._data_spec = data_spec

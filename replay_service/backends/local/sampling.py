@@ -18,6 +18,7 @@ import torch
 import tree
 from torch.utils.data import get_worker_info
 
+from replay_service.backends.base import Lifeline
 from replay_service.backends.local.shared import SharedTable
 from replay_service.backends.local.table import LocalTable
 from replay_service.config.sizes import require_batch_size
@@ -40,17 +41,6 @@ SampleInfo = collections.namedtuple(
     "SampleInfo", ["key", "probability", "table_size", "priority", "times_sampled"]
 )
 _INFO_DTYPES = ("uint64", "float64", "int64", "float64", "int32")
-
-
-class Lifeline:
-    """Closed by the manager's `close()`: every stream holding it fails at its next call."""
-
-    def __init__(self) -> None:
-        self.closed = False
-
-    def close(self) -> None:
-        """Makes every stream holding this lifeline fail."""
-        self.closed = True
 
 
 class LocalSampleSource:

@@ -18,12 +18,13 @@ import reverb
 
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.backends.reverb import internals as reverb_internals
-from replay_service.backends.reverb.connection import call_with_timeout, connect, server_info
+from replay_service.backends.reverb.connection import connect, server_info
 from replay_service.backends.reverb.handles import TableHandle
+from replay_service.backends.reverb.platform import inspect_patch
 from replay_service.backends.reverb.server import CheckpointedServer
+from replay_service.bounded import call_with_timeout
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
-from replay_service.integrations import tf_compat
 from replay_service.specs import nests as specs
 from replay_service.specs.layouts import NESTED, PACKED, Layout, signature_layout
 from replay_service.storage import export as export_lib
@@ -32,7 +33,7 @@ from replay_service.storage.store import Checkpoint, CheckpointStore
 if TYPE_CHECKING:
     import tensorflow as tf
 
-tf_compat.patch_inspect()  # lets TF-Agents' PolicySaver save policies (see tf_compat)
+inspect_patch.patch_inspect()  # lets PolicySaver save policies (see inspect_patch)
 
 _log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Reaching Reverb servers: ports, connections and bounded calls."""
+"""Reaching Reverb servers: ports and connections."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import reverb
@@ -18,8 +18,6 @@ from replay_service.errors import (
     ServerError,
     ServerUnavailableError,
 )
-
-_T = TypeVar("_T")
 
 
 def check_port_free(port: int) -> None:
@@ -157,31 +155,3 @@ def first_answer(new_client: Callable[[], reverb.Client], timeout: float | None)
                     f"no Reverb server answered at {client.server_address!r} within {timeout} s "
                     f"({e.__cause__ or e}); is the server running and the port reachable?"
                 ) from (e.__cause__ or e)
-
-
-def call_with_timeout(fn: Callable[[], _T], timeout: float | None, what: str) -> _T:
-    """Runs a blocking call that has no timeout of its own, waiting at most `timeout` seconds.
-
-    On timeout the call keeps running in a daemon thread; its result is discarded.
-
-    Raises:
-      TimeoutError: If `fn` does not return in time.
-      Exception: Whatever `fn` raised.
-    """
-    result: list[_T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as e:  # re-raised in the caller's thread
-            error.append(e)
-
-    thread = threading.Thread(target=target, name=f"replay_service:{what}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError(f"{what} did not finish within {timeout} s")
-    if error:
-        raise error[0]
-    return result[0]

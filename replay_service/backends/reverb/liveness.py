@@ -19,11 +19,12 @@ from collections.abc import Sequence
 import reverb
 import tensorflow as tf
 
-from replay_service.integrations import tf_compat
+from replay_service.backends.base import Lifeline
+from replay_service.backends.reverb.platform import inspect_patch
 
-# Lets TF-Agents' PolicySaver save policies (see tf_compat); every tf.data module of this
+# Lets PolicySaver save policies (see inspect_patch); every tf.data module of this
 # backend imports this one.
-tf_compat.patch_inspect()
+inspect_patch.patch_inspect()
 
 # Reverb's sampler treats UNAVAILABLE as transient and retries it forever, so an iterator whose
 # server died (or whose embedded manager was closed) blocks in `next()` for good;
@@ -41,27 +42,6 @@ MAX_PACE_S = 0.1
 MIN_PACE_S = 0.01
 # Elements of the guard's input: the sample stream, then watch rounds for as long as it runs.
 _ENDLESS = 2**62
-
-
-class Lifeline:
-    """A flag shared by a manager and the datasets it hands out, raised by `close()`, and a count
-    of the manager's `clear()` calls, by which torch streams drop what they sampled before one.
-
-    A pickled copy (a DataLoader worker's) keeps the state it had when pickled; such workers
-    notice a closed embedded manager through its stopped server instead.
-    """
-
-    def __init__(self) -> None:
-        self.closed = False
-        self.clears = 0
-
-    def close(self) -> None:
-        """Makes every guarded dataset holding this lifeline fail at its next check."""
-        self.closed = True
-
-    def cleared(self) -> None:
-        """Records that the tables were emptied."""
-        self.clears += 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,11 +12,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from replay_service.backends.reverb.liveness import Lifeline
+from replay_service.backends.base import Lifeline
 from replay_service.backends.reverb.pipeline import item_dataset, splitter
 from replay_service.backends.reverb.sampling_errors import EMPTY_BUFFER_MESSAGE, bound_sampling
-from replay_service.backends.reverb.tables import check_mix_weights, find_table
 from replay_service.config.options import TableConfig, require_positive_int
+from replay_service.config.tables import check_mix_weights, find_table
 from replay_service.errors import ConfigError
 from replay_service.specs.layouts import Layout
 

@@ -13,7 +13,7 @@ from typing import Any
 import reverb
 import tensorflow as tf
 
-from replay_service.backends.reverb.liveness import Lifeline
+from replay_service.backends.base import Lifeline
 from replay_service.backends.reverb.sampling_errors import bound_sampling, sampling_timeout_message
 from replay_service.config.options import to_ms
 from replay_service.specs.layouts import Layout

@@ -17,7 +17,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from replay_service.backends.reverb.liveness import Lifeline, guard_liveness
+from replay_service.backends.base import Lifeline
+from replay_service.backends.reverb.liveness import guard_liveness
 
 EMPTY_BUFFER_MESSAGE = "replay_service: no item could be sampled"
 

@@ -29,19 +29,16 @@ import reverb
 
 from replay_service.backends.reverb import internals as reverb_internals
 from replay_service.backends.reverb.connection import (
-    call_with_timeout,
     check_port_free,
     first_answer,
     pick_free_port,
     server_info,
 )
-from replay_service.backends.reverb.tables import (
-    check_variable_tables,
-    make_replay_tables,
-    make_variable_table,
-)
+from replay_service.backends.reverb.tables import make_replay_tables, make_variable_table
+from replay_service.bounded import call_with_timeout
 from replay_service.config.files import ServiceConfig
 from replay_service.config.options import TableConfig, VariableTableConfig
+from replay_service.config.tables import check_variable_tables
 from replay_service.errors import (
     CheckpointError,
     ReplayServiceError,
@@ -49,7 +46,7 @@ from replay_service.errors import (
     ServerUnavailableError,
 )
 from replay_service.specs.layouts import NESTED
-from replay_service.storage.schedule import ADOPT_POLL_S, CheckpointSchedule  # noqa: F401
+from replay_service.storage.schedule import CheckpointSchedule
 from replay_service.storage.store import (
     Checkpoint,
     CheckpointStore,
@@ -439,6 +436,7 @@ class CheckpointedServer:
 
 def serve_config(
     config: ServiceConfig,
+    data_spec: Any,
     *,
     restore: bool | None,
     overwrite: bool = False,
@@ -447,7 +445,8 @@ def serve_config(
     """Starts the server a `replay-server` config describes, with its checkpoint schedule.
 
     Args:
-      config: Server settings, tables (variable tables included) and data spec.
+      config: Server settings and tables (variable tables included).
+      data_spec: The per-step data spec, `config.data_spec` built.
       restore: True restores the newest checkpoint; False starts a new buffer; None restores
         when the directory holds any checkpoint (damaged ones included: then it refuses rather
         than start empty) and starts a new buffer otherwise.
@@ -483,7 +482,6 @@ def serve_config(
         "checkpoint_timeout": checkpoint_timeout,
         "variable_tables": config.variable_tables,
     }
-    data_spec = config.data_spec.build()
     owner = (
         CheckpointedServer.restore(config.tables, data_spec, store, **common)
         if restore

@@ -12,7 +12,7 @@ from typing import Any
 import tensorflow as tf
 from tf_agents.replay_buffers import reverb_replay_buffer
 
-from replay_service.backends.reverb.liveness import Lifeline
+from replay_service.backends.base import Lifeline
 from replay_service.backends.reverb.sampling_errors import bound_sampling, sampling_timeout_message
 from replay_service.config.options import to_ms
 from replay_service.config.sizes import require_batch_size

@@ -37,7 +37,7 @@ from replay_service.specs.packed import PackedLayout, step_layout
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from replay_service.backends.reverb.liveness import Lifeline
+    from replay_service.backends.base import Lifeline
 
 # Packed steps of at most this many bytes are unpacked in numpy by the torch path (see
 # `SampleSource.torch_samples`), larger ones by TensorFlow in the read pipeline.

@@ -14,10 +14,10 @@ from tf_agents.trajectories import policy_step
 from tf_agents.trajectories import time_step as ts
 from tf_agents.typing import types
 
-from replay_service.integrations import tf_compat
+from replay_service.backends.reverb.platform import inspect_patch
 from replay_service.starter.envs.building import OBS_SIZE, decode_time
 
-tf_compat.patch_inspect()  # lets TF-Agents' PolicySaver save policies (see tf_compat)
+inspect_patch.patch_inspect()  # lets PolicySaver save policies (see inspect_patch)
 
 POLICY_CHOICES = ("schedule", "random")
 COMFORT_SETPOINTS = (20.0, 24.0)
