@@ -39,8 +39,8 @@ else:
 TESTS_DIR = Path(__file__).resolve().parent
 LOCAL_TEST_FILES = (
     "unit/test_portable.py",
-    "unit/test_sum_tree.py",
-    "integration/test_local_backend.py",
+    "unit/backends/local/test_sum_tree.py",
+    "integration/backends/local/test_local_backend.py",
 )
 """Test files (relative to tests/) that import no TensorFlow, TF-Agents or Reverb at module
 level; the Makefile's LOCAL_TESTS names the same files."""

@@ -1,5 +1,5 @@
-"""The collector subprocess of tests/system/test_faults.py: the SIGTERM and kill -9 tests run
-this file as a script (`python tests/system/_collector.py collect|embedded ...`) and kill it.
+"""The collector subprocess of tests/system/storage/test_faults.py: the SIGTERM and kill -9
+tests run this file as a script (`python tests/_collector.py collect|embedded ...`) and kill it.
 
 `collect ADDRESS THREADS OUT_JSON` writes from several observers into a running replay-server
 until it stops confirming; `embedded CHECKPOINT_DIR` collects into an embedded manager with
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__":  # run as a script: conftest (FAST_TIMEOUTS) lives in tests/
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np
 from tf_agents.trajectories import trajectory as trajectory_lib

@@ -6,7 +6,8 @@ every item.
 
 The failure is torch's own, raised where torch allocates shared memory
 (`Tensor.share_memory_`, which raises "unable to allocate shared memory(shm) ..." when
-/dev/shm is full); tests/system/test_small_shm.py runs the same with a real 1 MiB /dev/shm.
+/dev/shm is full); tests/system/backends/local/test_small_shm.py runs the same with a real
+1 MiB /dev/shm.
 """
 
 from __future__ import annotations

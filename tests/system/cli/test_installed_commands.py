@@ -23,7 +23,7 @@ from conftest import pick_free_port
 
 pytest.importorskip("reverb", reason="the installed commands need dm-reverb")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 TIMEOUT_S = 240

@@ -34,7 +34,7 @@ from replay_service.errors import (
     WriteTimeoutError,
 )
 
-COLLECTOR = Path(__file__).resolve().parent / "_collector.py"
+COLLECTOR = Path(__file__).resolve().parents[3] / "_collector.py"
 WRITE_S = 1.0
 TIMEOUTS = Timeouts(connect=2.0, write=WRITE_S, sample=1.0, checkpoint=30.0)
 # A bounded call returns within its timeout plus this slack (a loaded machine).

@@ -3,7 +3,7 @@
 Each test states one guarantee and fails if it breaks. `make test` runs the fast cases;
 `make test-slow` (the `slow` marker) repeats the kill and SIGTERM runs many more times.
 
-The collector subprocess the SIGTERM and kill -9 tests drive is `_collector.py`, beside this file.
+The collector subprocess the SIGTERM and kill -9 tests drive is `tests/_collector.py`.
 """
 
 from __future__ import annotations

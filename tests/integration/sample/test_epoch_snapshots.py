@@ -4,7 +4,7 @@ On embedded Reverb the pass reads a snapshot checkpoint (`CheckpointStore.snapsh
 its own `.snapshots/` directory; the local backend copies the items in memory. Checkpoints
 taken while a pass reads (`manager.checkpoint()`, Reverb's `py_client.checkpoint()`) succeed,
 the pass still sees every item once, and a pass that fails part-way leaves the buffer as it was.
-(A process killed while it reads: tests/system/test_epoch_crash.py.)
+(A process killed while it reads: tests/system/sample/test_epoch_crash.py.)
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from replay_service.storage import formats
 
 pytestmark = pytest.mark.heavy
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "formats"
 CAPACITY = 10
 SEQUENCE_LENGTH = 2
 

@@ -52,7 +52,7 @@ from replay_service.starter.envs import STEPS_PER_WEEK, BuildingEnv, decode_time
 from replay_service.starter.policies import load_policy
 from replay_service.storage.store import CHECKPOINTS_DIR, LOCK_FILE, REVERB_DIR, STORE_FILE
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "populate_starter_buffer.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LAST = int(ts.StepType.LAST)
