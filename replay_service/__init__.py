@@ -24,7 +24,8 @@ cli_output.configure()
 # runs where they are not installed.
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "specs.arrays": ("ArraySpec",),
-    "storage.store": ("Checkpoint", "CheckpointStore", "StoreMetadata"),
+    "storage.metadata": ("Checkpoint", "StoreMetadata"),
+    "storage.store": ("CheckpointStore",),
     "config.options": ("DEFAULT_TABLE_NAME", "SamplingConfig", "TableConfig", "Timeouts"),
     "backends.reverb.tf_agents_buffer": ("ReplayBuffer",),
     "errors": (

@@ -5,6 +5,8 @@
 
 `backend_class` picks the implementation for a manager's `backend=` and `server_address`; it
 imports only the module it returns, so the local backend never imports Reverb or TensorFlow.
+`checkpoint_formats` hands every backend's checkpoint files (`storage.checkpoint_format`) to the
+checkpoint stores that adopt checkpoints or name their writer.
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ import importlib
 import logging
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.errors import ConfigError
+
+if TYPE_CHECKING:
+    from replay_service.storage.checkpoint_format import CheckpointFormat
 
 __all__ = [
     "BACKENDS",
@@ -23,6 +29,7 @@ __all__ = [
     "BackendOptions",
     "Capability",
     "backend_class",
+    "checkpoint_formats",
     "choose_backend",
     "resolve_auto",
     "resolve_auto_layout",
@@ -196,10 +203,24 @@ def _newest_checkpoint_backend(checkpoint_dir: str | os.PathLike[str] | None) ->
     from replay_service.storage.store import CheckpointStore
 
     try:
-        latest = CheckpointStore(checkpoint_dir).latest()
+        latest = CheckpointStore(checkpoint_dir, formats=checkpoint_formats()).latest()
     except Exception:  # the manager's own load reports a damaged directory
         return None
     return None if latest is None else latest.backend
+
+
+def checkpoint_formats() -> tuple[CheckpointFormat, ...]:
+    """Every backend's checkpoint format, in the order a checkpoint directory is matched to
+    one (the local index before Reverb's files): what a `CheckpointStore` that adopts
+    checkpoints or names their writer is given (`storage.checkpoint_format`).
+
+    Returns:
+      The local backend's format, then Reverb's (neither imports Reverb or TensorFlow).
+    """
+    from replay_service.backends.local.checkpoint import CHECKPOINT_FORMAT as LOCAL
+    from replay_service.backends.reverb.internals import CHECKPOINT_FORMAT as REVERB
+
+    return (LOCAL, REVERB)
 
 
 def backend_class(backend: str, server_address: str | None = None) -> type[Backend]:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from replay_service.specs.layouts import Layout
     from replay_service.storage.export import ExportedItems
-    from replay_service.storage.store import Checkpoint
+    from replay_service.storage.metadata import Checkpoint
 
 
 class Lifeline:

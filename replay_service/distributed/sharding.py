@@ -56,7 +56,8 @@ from replay_service.errors import (
 )
 from replay_service.manager import ReplayBufferManager
 from replay_service.monitoring.stats import total_table
-from replay_service.storage.store import Checkpoint, CheckpointStore
+from replay_service.storage.metadata import Checkpoint
+from replay_service.storage.store import CheckpointStore
 
 _T = TypeVar("_T")
 _log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from replay_service.backends.reverb.connection import connect, server_info
 from replay_service.errors import ConfigError
 from replay_service.specs.layouts import signature_layout
-from replay_service.storage.store import Checkpoint
+from replay_service.storage.metadata import Checkpoint
 
 DEFAULT_WINDOW_S = 60.0
 # With no earlier reading, `read` waits this long for a second one to measure rates.

@@ -20,16 +20,16 @@ from replay_service.starter.staging import (
     install,
     locked_if_store,
 )
-from replay_service.storage.file_modes import fsync_tree, make_dirs, restrict_tree
-from replay_service.storage.store import (
+from replay_service.storage.directory import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
     REVERB_DIR,
     STORE_FILE,
-    CheckpointStore,
-    remove_path,
 )
+from replay_service.storage.file_modes import fsync_tree, make_dirs, restrict_tree
+from replay_service.storage.files import remove_path
+from replay_service.storage.store import CheckpointStore
 
 
 def copy_buffer(

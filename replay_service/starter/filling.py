@@ -52,7 +52,9 @@ from replay_service.starter.staging import (
     install,
     locked_if_store,
 )
-from replay_service.storage.store import CheckpointStore, StoreMetadata, remove_path
+from replay_service.storage.files import remove_path
+from replay_service.storage.metadata import StoreMetadata
+from replay_service.storage.store import CheckpointStore
 
 STARTER_KEEP_CHECKPOINTS = 1
 

@@ -12,15 +12,10 @@ import os
 from collections.abc import Iterator
 
 from replay_service.errors import CheckpointError, CheckpointExistsError
-from replay_service.storage.store import (
-    CHECKPOINTS_DIR,
-    LOCK_FILE,
-    REVERB_DIR,
-    STORE_FILE,
-    CheckpointStore,
-    fsync_dir,
-    remove_path,
-)
+from replay_service.storage.directory import CHECKPOINTS_DIR, LOCK_FILE, REVERB_DIR, STORE_FILE
+from replay_service.storage.file_modes import fsync_dir
+from replay_service.storage.files import remove_path
+from replay_service.storage.store import CheckpointStore
 
 PARTIAL_TAG = "partial"
 COPY_TAG = "copy"

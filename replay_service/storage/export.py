@@ -16,17 +16,9 @@ An import recomputes the state file's sha256 and refuses a file whose digest dif
 recorded one (one flipped byte of data is otherwise a valid safetensors file). Exports written
 before digests were recorded still import, with a warning that their data is unverified.
 
-How every item is read exactly once. Reverb has no "iterate all items" call, and sampling the
-live table would count toward its rate limiter, `times_sampled` and `max_times_sampled`. The
-export therefore takes a checkpoint with the manager and reads that: the item records
-(`items.tfrecord`) give keys, priorities, `times_sampled` and the insertion order; the data is
-decoded by Reverb itself, in a throw-away in-process server restored from a copy of the
-checkpoint whose table was rewritten to a FIFO sampler with `max_times_sampled=1` and no rate
-limit. Sampling that copy returns each item exactly once, oldest first, then leaves it empty;
-the items are placed by key into the order of the item records. The live table is not touched
-beyond the checkpoint, which becomes the newest checkpoint of `checkpoint_dir`. The copy holds
-the buffer in memory a second time while the export runs, and like every Reverb server it
-listens on all interfaces for that time (see docs/operations.md, "Security").
+How a backend reads every item of a table exactly once, and writes items back in order, is
+the backend's own (`Backend.read_items`, `Backend.insert_items`; for Reverb
+`backends/reverb/transfer.py`): this module holds the format.
 
 Nothing random or time-dependent is written: the same items give byte-identical files. Reverb's
 item keys are not exported (an import cannot choose them), and an import starts every item at
@@ -47,30 +39,23 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import safetensors
 from safetensors.numpy import load_file
 
-from replay_service.backends.reverb import internals as reverb_internals
-from replay_service.config.options import SamplingConfig, TableConfig, Timeouts, to_ms
+from replay_service.config.options import SamplingConfig, TableConfig
 from replay_service.errors import (
     CheckpointError,
     CheckpointExistsError,
     ConfigError,
     SpecMismatchError,
-    WriteTimeoutError,
 )
 from replay_service.specs import nests as specs
 from replay_service.storage import formats
 from replay_service.storage.file_modes import make_dirs, open_private, sync_file
-
-if TYPE_CHECKING:
-    import reverb
-
-    from replay_service.backends.reverb.handles import TableHandle
-    from replay_service.specs.layouts import Layout
+from replay_service.storage.files import file_sha256
 
 FORMAT = formats.EXPORT.tag
 DEFAULT_PREFIX = "buffer_"
@@ -84,8 +69,6 @@ VERSIONED_PACKAGES = ("replay_service", "dm-reverb", "tf-agents", "tensorflow")
 """Packages whose versions the metadata records; those not installed are left out (but
 `replay_service`, always recorded)."""
 CHECKSUMS = "sha256"
-# Reverb's MinSize limiter: a samples/inserts difference that never limits.
-_UNSIGNED_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,60 +154,6 @@ def export_paths(dirpath: str | os.PathLike[str], prefix: str = DEFAULT_PREFIX) 
         os.path.join(root, f"{prefix}{STATE_SUFFIX}"),
         os.path.join(root, f"{prefix}{METADATA_SUFFIX}"),
     )
-
-
-def export_buffer(
-    handle: TableHandle,
-    checkpoint_path: str,
-    dirpath: str | os.PathLike[str],
-    prefix: str = DEFAULT_PREFIX,
-    *,
-    overwrite: bool = False,
-) -> tuple[str, str]:
-    """Writes every item of one table, exactly once, from a checkpoint (see module docs).
-
-    Args:
-      handle: The table to export.
-      checkpoint_path: A complete checkpoint of its server, readable from this machine
-        (`ReplayBufferManager.export` takes one first).
-      dirpath: Directory to write into; created if missing.
-      prefix: File name prefix.
-      overwrite: Replace the two export files in a non-empty directory (other files are kept).
-
-    Returns:
-      `(state_path, metadata_path)`.
-
-    Raises:
-      CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
-      CheckpointError: If the checkpoint cannot be read or decoded, or the files cannot be
-        written.
-    """
-    export_paths(dirpath, prefix)
-    check_target(os.fspath(dirpath), overwrite)
-    items = read_items(handle, checkpoint_path)
-    return write_export(dirpath, prefix, handle.table, handle.stored_spec, items, overwrite)
-
-
-def read_items(handle: TableHandle, checkpoint_path: str) -> ExportedItems:
-    """Every item of one table, exactly once, oldest first, from a checkpoint (see module docs).
-
-    Args:
-      handle: The table.
-      checkpoint_path: A complete checkpoint of its server, readable from this machine.
-
-    Returns:
-      The items, one array per field of the stored spec (a packed table's rows unpacked).
-
-    Raises:
-      CheckpointError: If the checkpoint cannot be read or decoded.
-    """
-    data, priorities, times_sampled = reverb_internals.read_checkpoint_items(
-        checkpoint_path, handle.name, handle.stored_signature, handle.timeouts.sample
-    )
-    # A packed table's one uint8 column [items, sequence_length, step_bytes]: back to one
-    # array per field.
-    data = handle.layout.decode_columns(data)
-    return ExportedItems(data=data, priorities=priorities, times_sampled=times_sampled)
 
 
 def item_fields(stored_spec: Any, sequence_length: int) -> list[specs.FieldDescription]:
@@ -477,7 +406,7 @@ def verify_state(state_path: str, metadata: dict[str, Any], metadata_path: str) 
             f'{{"{STATE_SUFFIX}": "<64 hex digits>"}}'
         )
     try:
-        actual = reverb_internals.file_sha256(state_path)
+        actual = file_sha256(state_path)
     except FileNotFoundError as e:
         raise CheckpointError(f"export state {state_path!r} does not exist") from e
     except OSError as e:
@@ -855,76 +784,3 @@ def _version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-# --------------------------------------------------------------------------- inserting
-
-
-def insert_items(
-    client: reverb.Client,
-    table_name: str,
-    sequence_length: int,
-    items: ExportedItems,
-    timeouts: Timeouts,
-    layout: Layout,
-) -> None:
-    """Inserts items in order with their priorities, sharing steps repeated by the next item.
-
-    Args:
-      client: Client of the server holding the (empty) table.
-      table_name: Table to insert into.
-      sequence_length: Steps per item.
-      items: What to insert, oldest first.
-      timeouts: `timeouts.write` bounds every wait for the server.
-      layout: The table's layout: items are stored as it stores them (`encode_columns`), in
-        its writers' chunks (`item_writer`).
-
-    Raises:
-      WriteTimeoutError: If the server does not confirm the items in time.
-    """
-    from replay_service.collect.observer import MAX_IN_FLIGHT_ITEMS
-
-    if items.num_items == 0:
-        return
-    timeout_ms = to_ms(timeouts.write)
-    data = layout.encode_columns(items.data)
-    continues = _continues_previous(data, sequence_length)
-    priorities = items.priorities.tolist()
-    with layout.item_writer(client, sequence_length) as writer:
-        for index, priority in enumerate(priorities):
-            first = sequence_length - 1 if continues[index] else 0
-            for step in range(first, sequence_length):
-                writer.append([column[index, step] for column in data])
-            trajectory = [column[-sequence_length:] for column in writer.history]
-            writer.create_item(table_name, priority, trajectory)
-            if (index + 1) % MAX_IN_FLIGHT_ITEMS == 0:
-                _wait(lambda: writer.flush(MAX_IN_FLIGHT_ITEMS // 2, timeout_ms=timeout_ms))
-        _wait(lambda: writer.end_episode(clear_buffers=True, timeout_ms=timeout_ms))
-
-
-def _continues_previous(data: list[np.ndarray], sequence_length: int) -> np.ndarray:
-    """Per item: whether its first L-1 steps are byte-identical to the previous item's last."""
-    count = data[0].shape[0] if data else 0
-    same = np.zeros([count], dtype=bool)
-    if sequence_length < 2 or count < 2:
-        return same
-    same[1:] = True
-    for column in data:
-        unsigned = _UNSIGNED_OF_SIZE.get(column.dtype.itemsize)
-        if unsigned is None or column.dtype.hasobject:
-            return np.zeros([count], dtype=bool)
-        bits = column.view(unsigned)
-        equal = bits[1:, :-1] == bits[:-1, 1:]
-        same[1:] &= equal.all(axis=tuple(range(1, equal.ndim)))
-    return same
-
-
-def _wait(call: Any) -> None:
-    import reverb
-
-    try:
-        call()
-    except reverb.errors.DeadlineExceededError as e:
-        raise WriteTimeoutError(
-            f"imported items were not confirmed within the write timeout: {e}"
-        ) from e

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from replay_service.storage.store import Checkpoint, CheckpointStore, StoreMetadata, WriteCheckpoint
+from replay_service.storage.metadata import Checkpoint, StoreMetadata
+from replay_service.storage.store import CheckpointStore, WriteCheckpoint
 
 _T = TypeVar("_T")
 

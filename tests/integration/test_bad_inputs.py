@@ -27,7 +27,8 @@ from replay_service.collect.observer import TrajectoryObserver
 from replay_service.config.files import load_config
 from replay_service.config.options import INT32_MAX
 from replay_service.starter.envs import load_env
-from replay_service.storage.store import CHECKPOINTS_DIR, CORRUPT_DIR, CheckpointStore
+from replay_service.storage.directory import CHECKPOINTS_DIR, CORRUPT_DIR
+from replay_service.storage.store import CheckpointStore
 
 
 @pytest.fixture()

@@ -29,7 +29,7 @@ from replay_service import (
     Timeouts,
 )
 from replay_service.specs.packed import unpack
-from replay_service.storage.store import CHECKPOINTS_DIR, REVERB_DIR
+from replay_service.storage.directory import CHECKPOINTS_DIR, REVERB_DIR
 
 LAST = 2
 FIRST = 0

@@ -27,7 +27,8 @@ from replay_service.errors import (
 from replay_service.specs import arrays as array_specs
 from replay_service.specs import nests as specs
 from replay_service.specs.arrays import ArraySpec, StepType, Trajectory
-from replay_service.storage.store import LOCK_FILE, CheckpointStore
+from replay_service.storage.directory import LOCK_FILE
+from replay_service.storage.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[2]
 REFUSED = ("tensorflow", "tf_agents", "reverb")

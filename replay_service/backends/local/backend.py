@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import tree
 
+from replay_service.backends import checkpoint_formats
 from replay_service.backends.base import Backend, BackendOptions, Capability, Lifeline
 from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
@@ -36,15 +37,12 @@ from replay_service.errors import CheckpointError, ConfigError, SpecMismatchErro
 from replay_service.sample.priorities import check_updates
 from replay_service.specs.nests import describe_spec
 from replay_service.storage import export as export_lib
+from replay_service.storage.checkpoint_format import Verified
+from replay_service.storage.directory import MEMMAP_DIR
+from replay_service.storage.files import check_recorded_files, remove_path
+from replay_service.storage.metadata import Checkpoint, StoreMetadata
 from replay_service.storage.schedule import CheckpointSchedule
-from replay_service.storage.store import (
-    MEMMAP_DIR,
-    Checkpoint,
-    CheckpointStore,
-    StoreMetadata,
-    Verified,
-    remove_path,
-)
+from replay_service.storage.store import CheckpointStore
 
 _log = logging.getLogger(__name__)
 
@@ -313,7 +311,11 @@ class LocalBackend(Backend):
         """Local tables for `options` (nothing is created before `create` or `load`)."""
         assert options.checkpoint_dir is not None
         return cls(
-            CheckpointStore(options.checkpoint_dir, keep=options.keep_checkpoints),
+            CheckpointStore(
+                options.checkpoint_dir,
+                keep=options.keep_checkpoints,
+                formats=checkpoint_formats(),
+            ),
             options.tables,
             options.data_spec,
             options.stored_spec,
@@ -550,8 +552,6 @@ class LocalBackend(Backend):
             )
         if checkpoint.files is None:
             raise CheckpointError(f"{path!r} records no file digests")
-        from replay_service.backends.reverb.internals import check_recorded_files
-
         # The index's digest first: a damaged index is damage, never a format to refuse.
         check_recorded_files(path, checkpoint.files, [local_checkpoint.INDEX_FILE])
         check_recorded_files(path, checkpoint.files, local_checkpoint.small_files(path))

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from replay_service.backends.reverb.internals import DONE_FILE, file_sha256
 from replay_service.config.options import TableConfig
 from replay_service.errors import CheckpointError
 from replay_service.storage import export as export_lib
 from replay_service.storage import formats
 from replay_service.storage.file_modes import DIR_MODE, write_synced
+from replay_service.storage.files import DONE_FILE, file_digest
 
 FORMAT = formats.LOCAL_CHECKPOINT.tag
 INDEX_FILE = "local_checkpoint.json"
@@ -34,6 +34,26 @@ INDEX_FILE = "local_checkpoint.json"
 def is_local_checkpoint(path: str) -> bool:
     """Whether `path` holds a local-backend checkpoint (its index file)."""
     return os.path.isfile(os.path.join(path, INDEX_FILE))
+
+
+class LocalCheckpointFormat:
+    """The local backend's checkpoint files as the store knows them
+    (`storage.checkpoint_format`): owned by the index or safetensors files, verified by
+    `verify`; written under the checkpoint lock, so adopted as soon as they are complete."""
+
+    backend = "local"
+    settle_s = 0.0
+
+    def owns(self, names: Collection[str]) -> bool:
+        """Whether files named `names` include the index or a table's safetensors file."""
+        return any(n == INDEX_FILE or n.endswith(".safetensors") for n in names)
+
+    def verify(self, path: str) -> tuple[int, dict[str, dict[str, Any]]]:
+        """`verify(path)`."""
+        return verify(path)
+
+
+CHECKPOINT_FORMAT = LocalCheckpointFormat()
 
 
 def table_prefix(index: int) -> str:
@@ -79,7 +99,7 @@ def write(
             "size": os.path.getsize(state_path),
             "sha256": metadata[export_lib.CHECKSUMS][export_lib.STATE_SUFFIX],
         }
-        files[os.path.basename(metadata_path)] = _digest(metadata_path)
+        files[os.path.basename(metadata_path)] = file_digest(metadata_path)
         num_items += items.num_items
     index_data = {"format": FORMAT, "tables": [config.name for config, _, _ in tables]}
     try:
@@ -87,7 +107,7 @@ def write(
         write_synced(os.path.join(path, DONE_FILE), "")
     except OSError as e:
         raise CheckpointError(f"cannot write checkpoint {path!r}: {e}") from e
-    files[INDEX_FILE] = _digest(os.path.join(path, INDEX_FILE))
+    files[INDEX_FILE] = file_digest(os.path.join(path, INDEX_FILE))
     return num_items, files
 
 
@@ -132,7 +152,7 @@ def verify(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
         metadata = export_lib.read_metadata(metadata_path)
         # The one read-back of the state file: its digest must be the one computed from the
         # bytes that were meant to be written.
-        state = _digest(state_path)
+        state = file_digest(state_path)
         recorded = metadata.get(export_lib.CHECKSUMS, {}).get(export_lib.STATE_SUFFIX)
         if state["sha256"] != recorded:
             raise CheckpointError(
@@ -140,17 +160,10 @@ def verify(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
                 f"written {recorded}"
             )
         files[os.path.basename(state_path)] = state
-        files[os.path.basename(metadata_path)] = _digest(metadata_path)
+        files[os.path.basename(metadata_path)] = file_digest(metadata_path)
         num_items += int(metadata["num_items"])
-    files[INDEX_FILE] = _digest(os.path.join(path, INDEX_FILE))
+    files[INDEX_FILE] = file_digest(os.path.join(path, INDEX_FILE))
     return num_items, files
-
-
-def _digest(path: str) -> dict[str, Any]:
-    try:
-        return {"size": os.path.getsize(path), "sha256": file_sha256(path)}
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path!r}: {e}") from e
 
 
 def small_files(path: str) -> list[str]:

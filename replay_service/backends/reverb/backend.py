@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import reverb
 
+from replay_service.backends import checkpoint_formats
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.backends.reverb import internals as reverb_internals
+from replay_service.backends.reverb import transfer
 from replay_service.backends.reverb.connection import connect, server_info
 from replay_service.backends.reverb.handles import TableHandle
 from replay_service.backends.reverb.platform import inspect_patch
@@ -28,7 +30,8 @@ from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMi
 from replay_service.specs import nests as specs
 from replay_service.specs.layouts import NESTED, PACKED, Layout, signature_layout
 from replay_service.storage import export as export_lib
-from replay_service.storage.store import Checkpoint, CheckpointStore
+from replay_service.storage.metadata import Checkpoint
+from replay_service.storage.store import CheckpointStore
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -251,19 +254,19 @@ class ReverbBackend(Backend):
     def export(
         self, table: TableConfig, dirpath: str, prefix: str, overwrite: bool
     ) -> tuple[str, str]:
-        """Exports the table from a checkpoint taken now (`export.export_buffer`)."""
-        return export_lib.export_buffer(
+        """Exports the table from a checkpoint taken now (`transfer.export_buffer`)."""
+        return transfer.export_buffer(
             self.table_handle(table), self.checkpoint(), dirpath, prefix, overwrite=overwrite
         )
 
     def read_items(self, table: TableConfig) -> export_lib.ExportedItems:
-        """The items of a checkpoint taken now (`export.read_items`): it becomes the newest
+        """The items of a checkpoint taken now (`transfer.read_items`): it becomes the newest
         checkpoint, as with `export`."""
-        return export_lib.read_items(self.table_handle(table), self.checkpoint())
+        return transfer.read_items(self.table_handle(table), self.checkpoint())
 
     def insert_items(self, table: TableConfig, items: export_lib.ExportedItems) -> None:
-        """Writes the items through Reverb, in order (`export.insert_items`)."""
-        export_lib.insert_items(
+        """Writes the items through Reverb, in order (`transfer.insert_items`)."""
+        transfer.insert_items(
             self._require_client(),
             table.name,
             table.sequence_length,
@@ -338,7 +341,11 @@ class EmbeddedBackend(ReverbBackend):
         """An embedded server for `options` (its checkpoint directory is locked on start)."""
         assert options.checkpoint_dir is not None
         return cls(
-            CheckpointStore(options.checkpoint_dir, keep=options.keep_checkpoints),
+            CheckpointStore(
+                options.checkpoint_dir,
+                keep=options.keep_checkpoints,
+                formats=checkpoint_formats(),
+            ),
             options.tables,
             options.data_spec,
             options.port,
@@ -407,7 +414,7 @@ class EmbeddedBackend(ReverbBackend):
         were."""
         assert self._owner is not None
         handle = self.table_handle(table)
-        return self._owner.snapshot(lambda path: export_lib.read_items(handle, path))
+        return self._owner.snapshot(lambda path: transfer.read_items(handle, path))
 
     def after_clear(self) -> None:
         """Checkpoints the emptied tables, so a later load does not bring old items back."""

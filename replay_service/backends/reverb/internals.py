@@ -2,12 +2,13 @@
 
 The code lives in `replay_service.backends.reverb.platform`, one module per format or job:
 `version.py` (the Reverb releases it was verified on, `require_supported_reverb`),
-`checkpoint_files.py` (the checkpoint files and their verification), `saves.py` (a save's
-cleanup and its races), `restore.py` (the restore view with the table options configured now),
-`draining.py` (reading every item of a checkpoint once, for export), `sockets.py` (stopping
-confirmations by shutting down a server's connections), `bare_roots.py` (bare Reverb checkpoint
-roots and their tables), `writers.py` (a writer whose destructor would wait forever) and
-`tf_iterators.py` (TensorFlow's iterator internals). Callers import these names from here.
+`checkpoint_files.py` (the checkpoint files and their verification; `CHECKPOINT_FORMAT`, what the
+store knows of them), `saves.py` (a save's cleanup and its races), `restore.py` (the restore view
+with the table options configured now), `draining.py` (reading every item of a checkpoint once,
+for export), `sockets.py` (stopping confirmations by shutting down a server's connections),
+`bare_roots.py` (bare Reverb checkpoint roots and their tables), `writers.py` (a writer whose
+destructor would wait forever) and `tf_iterators.py` (TensorFlow's iterator internals).
+Callers import these names from here.
 """
 
 from replay_service.backends.reverb.platform.bare_roots import (  # noqa: F401
@@ -20,13 +21,11 @@ from replay_service.backends.reverb.platform.bare_roots import (  # noqa: F401
     read_stored_tables,
 )
 from replay_service.backends.reverb.platform.checkpoint_files import (  # noqa: F401
+    CHECKPOINT_FORMAT,
     CHUNKS_FILE,
     DATA_FILES,
-    DONE_FILE,
     ITEMS_FILE,
     TABLES_FILE,
-    check_recorded_files,
-    file_sha256,
     is_reverb_checkpoint,
     verify_files,
 )
@@ -42,7 +41,6 @@ from replay_service.backends.reverb.platform.restore import (  # noqa: F401
 from replay_service.backends.reverb.platform.saves import (  # noqa: F401
     SAVE_SETTLE_S,
     is_concurrent_save_error,
-    is_settled_checkpoint,
     retry_concurrent_save,
 )
 from replay_service.backends.reverb.platform.sockets import (  # noqa: F401

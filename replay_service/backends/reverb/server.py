@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import reverb
 
+from replay_service.backends import checkpoint_formats
 from replay_service.backends.reverb import internals as reverb_internals
 from replay_service.backends.reverb.connection import (
     check_port_free,
@@ -46,14 +47,10 @@ from replay_service.errors import (
     ServerUnavailableError,
 )
 from replay_service.specs.layouts import NESTED
+from replay_service.storage.files import check_recorded_files, remove_path
+from replay_service.storage.metadata import Checkpoint, StoreMetadata
 from replay_service.storage.schedule import CheckpointSchedule
-from replay_service.storage.store import (
-    Checkpoint,
-    CheckpointStore,
-    StoreMetadata,
-    WriteCheckpoint,
-    remove_path,
-)
+from replay_service.storage.store import CheckpointStore, WriteCheckpoint
 
 _T = TypeVar("_T")
 
@@ -208,7 +205,7 @@ class CheckpointedServer:
 
     def _verify(self, checkpoint: Checkpoint) -> None:
         if checkpoint.files is not None:
-            reverb_internals.check_recorded_files(checkpoint.path, checkpoint.files)
+            check_recorded_files(checkpoint.path, checkpoint.files, reverb_internals.DATA_FILES)
             return
         # Written before digests were recorded: read every file back in full instead.
         num_items, _ = reverb_internals.verify_files(checkpoint.path)
@@ -459,7 +456,11 @@ def serve_config(
     Raises:
       As `CheckpointedServer.create` and `CheckpointedServer.restore`.
     """
-    store = CheckpointStore(config.server.checkpoint_dir, keep=config.server.keep_checkpoints)
+    store = CheckpointStore(
+        config.server.checkpoint_dir,
+        keep=config.server.keep_checkpoints,
+        formats=checkpoint_formats(),
+    )
     if restore is None:
         restore = store.has_checkpoints()
     if restore and not config.layout_given:

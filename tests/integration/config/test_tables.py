@@ -30,7 +30,8 @@ from replay_service.backends.reverb.server import serve_config
 from replay_service.config.files import load_config
 from replay_service.specs.nests import describe_spec
 from replay_service.starter.envs import load_env
-from replay_service.storage.store import CHECKPOINT_META_FILE, STORE_FILE, StoreMetadata
+from replay_service.storage.directory import CHECKPOINT_META_FILE, STORE_FILE
+from replay_service.storage.metadata import StoreMetadata
 
 TWO_TABLES_CONFIG = os.path.join(CONFIGS, "uniform_and_prioritized.toml")
 PRIMARY = "uniform_table"

@@ -35,7 +35,8 @@ from replay_service.monitoring.report import format_status, server_status
 from replay_service.monitoring.stats import server_stats
 from replay_service.specs.nests import describe_spec, spec_from_description, variable_container_spec
 from replay_service.starter.envs import load_env
-from replay_service.storage.store import CheckpointStore, StoreMetadata
+from replay_service.storage.metadata import StoreMetadata
+from replay_service.storage.store import CheckpointStore
 
 SAC_CONFIG = os.path.join(CONFIGS, "tf_agents_sac.toml")
 EXPERIENCE = reverb_replay_buffer.DEFAULT_TABLE  # "experience"

@@ -22,13 +22,10 @@ import pytest
 from conftest import tree_digest
 from replay_service import CheckpointError, CheckpointStore, ReplayBufferManager
 from replay_service.backends.local.table import LocalTable
-from replay_service.storage import export as export_lib
-from replay_service.storage.store import (
-    REVERB_DIR,
-    SNAPSHOT_FORMAT,
-    SNAPSHOT_MARKER_FILE,
-    SNAPSHOTS_DIR,
-)
+from replay_service.backends.reverb import transfer as export_lib
+from replay_service.storage.directory import REVERB_DIR, SNAPSHOTS_DIR
+from replay_service.storage.snapshots import FORMAT as SNAPSHOT_FORMAT
+from replay_service.storage.snapshots import MARKER_FILE as SNAPSHOT_MARKER_FILE
 
 pytestmark = pytest.mark.heavy
 

@@ -27,7 +27,7 @@ from replay_service.starter import (
     summary_plot_path,
     validate_buffer_name,
 )
-from replay_service.storage.store import (
+from replay_service.storage.directory import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,

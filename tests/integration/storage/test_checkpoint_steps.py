@@ -21,8 +21,10 @@ import pytest
 
 from conftest import wait_for
 from replay_service import CheckpointError, ReplayBufferManager
+from replay_service.storage.directory import CHECKPOINT_META_FILE
+from replay_service.storage.metadata import Checkpoint
 from replay_service.storage.schedule import CheckpointSchedule
-from replay_service.storage.store import CHECKPOINT_META_FILE, Checkpoint, CheckpointStore
+from replay_service.storage.store import CheckpointStore
 
 BACKENDS = ("reverb", "local")
 STEP = np.array([0, 1, 0, 0], np.float32)

@@ -50,7 +50,7 @@ from replay_service.starter import (
 )
 from replay_service.starter.envs import STEPS_PER_WEEK, BuildingEnv, decode_time, load_env
 from replay_service.starter.policies import load_policy
-from replay_service.storage.store import CHECKPOINTS_DIR, LOCK_FILE, REVERB_DIR, STORE_FILE
+from replay_service.storage.directory import CHECKPOINTS_DIR, LOCK_FILE, REVERB_DIR, STORE_FILE
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "populate_starter_buffer.py"

@@ -28,7 +28,7 @@ from conftest import (
 from replay_service import ConfigError, ReplayBufferManager
 from replay_service.config.files import load_config
 from replay_service.starter.envs import load_env
-from replay_service.storage.store import CHECKPOINTS_DIR, CORRUPT_DIR
+from replay_service.storage.directory import CHECKPOINTS_DIR, CORRUPT_DIR
 
 PRIORITIZED_CONFIG = os.path.join(CONFIGS, "cartpole_prioritized.toml")
 TABLE = "uniform_table"

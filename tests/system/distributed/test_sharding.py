@@ -32,7 +32,7 @@ from replay_service.distributed.sharding import (
     block_size,
     find_adopted_checkpoint,
 )
-from replay_service.storage.store import REVERB_DONE_FILE
+from replay_service.storage.files import DONE_FILE
 
 TABLE = "uniform_table"
 CAPACITY = 100_000  # configs/cartpole.toml
@@ -259,7 +259,7 @@ def test_checkpoint_reaches_every_shard_under_one_id(shards, servers):
         while (adopted := find_adopted_checkpoint(shard.checkpoint_dir, path)) is None:
             assert time.monotonic() < deadline, f"{shard.address} did not adopt {path}"
             time.sleep(0.2)
-        assert os.path.isfile(os.path.join(adopted.path, REVERB_DONE_FILE))
+        assert os.path.isfile(os.path.join(adopted.path, DONE_FILE))
         assert adopted.metadata.table_name == TABLE
         for _, _, files in os.walk(shard.checkpoint_dir):
             assert not any("run-7" in name for name in files)

@@ -18,7 +18,7 @@ from gymnasium import spaces
 
 from conftest import FAST_TIMEOUTS
 from replay_service import CheckpointStore, ReplayBufferManager
-from replay_service.storage.store import REVERB_DIR, SNAPSHOTS_DIR
+from replay_service.storage.directory import REVERB_DIR, SNAPSHOTS_DIR
 
 # Starts a manager, checkpoints 10 items, writes 5 more, then starts `epoch_batches`: the read
 # of its items says "reading <what>" on stdout and waits for a line on stdin that never comes.
@@ -56,7 +56,7 @@ def held(what, read):
     return wrapper
 
 if backend == "reverb":
-    from replay_service.storage import export
+    from replay_service.backends.reverb import transfer as export
     export.read_items = held(lambda handle, path: path, export.read_items)
 else:
     from replay_service.backends.local.table import LocalTable

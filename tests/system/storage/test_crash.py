@@ -17,13 +17,13 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import FAST_TIMEOUTS, all_items
 from replay_service import ReplayBufferManager
-from replay_service.backends.reverb.internals import DONE_FILE
-from replay_service.storage.store import (
+from replay_service.storage.directory import (
     CHECKPOINT_META_FILE,
     CHECKPOINTS_DIR,
     CORRUPT_DIR,
     REVERB_DIR,
 )
+from replay_service.storage.files import DONE_FILE
 
 CHECKPOINT_INTERVAL_S = 1
 STEPS_PER_S = 150

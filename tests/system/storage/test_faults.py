@@ -39,15 +39,15 @@ from replay_service.backends.reverb.internals import (
 from replay_service.backends.reverb.server import CheckpointedServer
 from replay_service.config.options import TableConfig
 from replay_service.errors import CheckpointError, CheckpointExistsError, NoCheckpointError
-from replay_service.storage.store import (
+from replay_service.storage.directory import (
     CHECKPOINT_META_FILE,
     CHECKPOINTS_DIR,
     CORRUPT_DIR,
     LOCK_FILE,
     REVERB_DIR,
-    REVERB_DONE_FILE,
-    CheckpointStore,
 )
+from replay_service.storage.files import DONE_FILE
+from replay_service.storage.store import CheckpointStore
 
 BLOCK = 4096
 CAPACITY = 1000
@@ -702,7 +702,7 @@ def test_a_client_checkpoint_is_adopted_only_once_its_save_surely_returned(bare_
     # Reverb's save lists and cleans its root after writing DONE; moving the new directory
     # in that moment failed the client's save with "<path> not found" (seen in the suite).
     path = bare_server.client.checkpoint()  # what a remote client's checkpoint() asks for
-    done = os.path.join(path, REVERB_DONE_FILE)
+    done = os.path.join(path, DONE_FILE)
     now = time.time()
     os.utime(done, (now, now))  # as if the save wrote DONE just now
     assert bare_server.adopt_staged() == []
@@ -739,7 +739,7 @@ def test_a_client_save_that_loses_a_race_in_reverbs_cleanup_is_asked_for_again(b
 
     path = retry_concurrent_save(save)
     assert len(calls) == 2
-    assert os.path.isfile(os.path.join(path, REVERB_DONE_FILE))
+    assert os.path.isfile(os.path.join(path, DONE_FILE))
 
     failed = []
 

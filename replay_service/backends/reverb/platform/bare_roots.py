@@ -21,7 +21,6 @@ from typing import Any
 from replay_service.backends.reverb.platform.checkpoint_files import (
     CHUNKS_FILE,
     COMPRESSION,
-    DONE_FILE,
     ITEMS_FILE,
     TABLES_FILE,
     is_reverb_checkpoint,
@@ -30,6 +29,7 @@ from replay_service.backends.reverb.platform.checkpoint_files import (
 )
 from replay_service.backends.reverb.platform.version import require_supported_reverb
 from replay_service.errors import CheckpointError
+from replay_service.storage.files import DONE_FILE
 
 # How `DefaultCheckpointer` names a checkpoint: `absl::FormatTime(absl::Now())`, RFC 3339 with
 # nanoseconds and the local UTC offset, e.g. `2024-01-31T12:00:00.123456789+00:00`.

@@ -2,29 +2,29 @@
 
 Reverb's `DefaultCheckpointer` writes a directory with `tables.tfrecord`, `chunks.tfrecord` and
 `items.tfrecord` (TFRecord files, each one ZLIB stream; one record per table, chunk and item) and
-then an empty `DONE` file. `DONE` only says that Reverb finished: on a full disk it still writes
-`DONE` after a truncated file. `verify_files` therefore reads every file to its end (the ZLIB
-stream carries an Adler-32 checksum; every record's length must fit), counts the items and hashes
-each file; `check_recorded_files` compares a checkpoint with the sizes and digests recorded when
-it was taken.
+then an empty `DONE` file (`storage.files`). `DONE` only says that Reverb finished: on a full
+disk it still writes `DONE` after a truncated file. `verify_files` therefore reads every file to
+its end (the ZLIB stream carries an Adler-32 checksum; every record's length must fit), counts the
+items and hashes each file; `storage.files.check_recorded_files` compares a checkpoint with the
+sizes and digests recorded when it was taken.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator
 from typing import Any
 
+from replay_service.backends.reverb.platform.saves import SAVE_SETTLE_S
 from replay_service.errors import CheckpointError
+from replay_service.storage.files import DONE_FILE, is_done
 
 TABLES_FILE = "tables.tfrecord"
 CHUNKS_FILE = "chunks.tfrecord"
 ITEMS_FILE = "items.tfrecord"
-DONE_FILE = "DONE"
 DATA_FILES = (TABLES_FILE, CHUNKS_FILE, ITEMS_FILE)
 COMPRESSION = "ZLIB"
 _READ_BLOCK = 1 << 20
@@ -34,7 +34,7 @@ _RECORD_OVERHEAD = 16
 
 def is_reverb_checkpoint(path: str) -> bool:
     """Whether `path` is a directory that Reverb finished writing (it holds `DONE`)."""
-    return os.path.isfile(os.path.join(path, DONE_FILE))
+    return is_done(path)
 
 
 def verify_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
@@ -57,54 +57,24 @@ def verify_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
     return files[ITEMS_FILE]["records"], files
 
 
-def check_recorded_files(
-    path: str, recorded: dict[str, dict[str, Any]], names: Sequence[str] = DATA_FILES
-) -> None:
-    """Checks the data files of `path` against the sizes and digests recorded at checkpoint.
+class ReverbCheckpointFormat:
+    """Reverb's checkpoint files as the store knows them (`storage.checkpoint_format`): owned
+    by their tfrecord files, verified by `verify_files`, and adopted from the staging root only
+    `SAVE_SETTLE_S` after `DONE` (a client's save still cleans the root after writing it)."""
 
-    Args:
-      path: The checkpoint directory.
-      recorded: Per file name, its recorded "size" and "sha256".
-      names: The files that must be there (Reverb's data files by default).
+    backend = "reverb"
+    settle_s = SAVE_SETTLE_S
 
-    Raises:
-      CheckpointError: If a file is missing, or its size or SHA-256 differs; names the file.
-    """
-    for name in names:
-        file_path = os.path.join(path, name)
-        want = recorded.get(name)
-        if not isinstance(want, dict):
-            raise CheckpointError(f"{path!r} records no checksum of {name}")
-        try:
-            size = os.path.getsize(file_path)
-        except OSError as e:
-            raise CheckpointError(f"cannot read {file_path!r}: {e}") from e
-        if size != want.get("size"):
-            raise CheckpointError(
-                f"{file_path!r} has {size} bytes, but {want.get('size')} were recorded when the "
-                "checkpoint was taken"
-            )
-        try:
-            digest = file_sha256(file_path)
-        except OSError as e:
-            raise CheckpointError(f"cannot read {file_path!r}: {e}") from e
-        if digest != want.get("sha256"):
-            raise CheckpointError(
-                f"{file_path!r} is damaged: SHA-256 {digest}, recorded {want.get('sha256')}"
-            )
+    def owns(self, names: Collection[str]) -> bool:
+        """Whether files named `names` include Reverb's tfrecord files."""
+        return any(n.endswith(".tfrecord") for n in names)
+
+    def verify(self, path: str) -> tuple[int, dict[str, dict[str, Any]]]:
+        """`verify_files(path)`."""
+        return verify_files(path)
 
 
-def file_sha256(path: str) -> str:
-    """Returns the hex SHA-256 digest of a file, read in blocks.
-
-    Raises:
-      OSError: If the file cannot be read.
-    """
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_READ_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
+CHECKPOINT_FORMAT = ReverbCheckpointFormat()
 
 
 def _verify_file(path: str) -> dict[str, Any]:
@@ -177,10 +147,3 @@ def read_records(checkpoint_path: str, name: str) -> list[bytes]:
         return [r for batch in dataset.batch(4096).as_numpy_iterator() for r in batch]
     except (tf.errors.OpError, OSError) as e:
         raise CheckpointError(f"cannot read {path!r} of {checkpoint_path!r}: {e}") from e
-
-
-def link_or_copy(source: str, target: str) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)

@@ -18,14 +18,13 @@ import numpy as np
 from replay_service.backends.reverb.platform.checkpoint_files import (
     CHUNKS_FILE,
     COMPRESSION,
-    DONE_FILE,
     ITEMS_FILE,
     TABLES_FILE,
-    link_or_copy,
     read_records,
 )
 from replay_service.backends.reverb.platform.version import require_supported_reverb
 from replay_service.errors import CheckpointError
+from replay_service.storage.files import DONE_FILE, link_or_copy
 
 _log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from replay_service.backends.reverb.platform.checkpoint_files import (
     COMPRESSION,
     ITEMS_FILE,
     TABLES_FILE,
-    link_or_copy,
     read_records,
 )
 from replay_service.backends.reverb.platform.version import require_supported_reverb
 from replay_service.errors import CheckpointError
+from replay_service.storage.files import link_or_copy
 
 
 def restore_view(checkpoint_path: str, tables: Sequence[Any], view_dir: str) -> tuple[str, int]:

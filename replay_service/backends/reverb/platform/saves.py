@@ -2,8 +2,8 @@
 
 After `DONE`, a save lists the root and deletes every older entry (it keeps only the newest): a
 directory moved away in that moment makes the save fail with "<path> not found", and two saves at
-once can delete each other's directory. `is_settled_checkpoint` therefore waits `SAVE_SETTLE_S`
-after `DONE` before a checkpoint that a client requested may be moved, and
+once can delete each other's directory. The store therefore waits `SAVE_SETTLE_S` after `DONE`
+before a checkpoint that a client requested may be moved (`storage.files.is_settled`), and
 `is_concurrent_save_error` recognizes the failure so that a client can ask again
 (`retry_concurrent_save`).
 """
@@ -11,35 +11,13 @@ after `DONE` before a checkpoint that a client requested may be moved, and
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections.abc import Callable
-
-from replay_service.backends.reverb.platform.checkpoint_files import DONE_FILE
 
 _log = logging.getLogger(__name__)
 
 # Seconds after `DONE` until a save that a client requested is surely past its cleanup (a listing
 # and deletes that take milliseconds; seconds on a machine stalled by load).
 SAVE_SETTLE_S = 2.0
-
-
-def is_settled_checkpoint(path: str, settle_s: float = SAVE_SETTLE_S) -> bool:
-    """Whether Reverb finished `path` at least `settle_s` seconds ago, so moving it cannot fail
-    the save that wrote it (which still lists and cleans the root after writing `DONE`).
-
-    Args:
-      path: A directory in a Reverb checkpoint root.
-      settle_s: Seconds that must have passed since `DONE` was written.
-
-    Returns:
-      False while `DONE` is missing or younger than `settle_s`.
-    """
-    try:
-        done_at = os.stat(os.path.join(path, DONE_FILE)).st_mtime
-    except OSError:
-        return False
-    return time.time() - done_at >= settle_s
 
 
 def retry_concurrent_save(save: Callable[[], str]) -> str:
