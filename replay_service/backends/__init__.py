@@ -5,8 +5,9 @@
 
 `backend_class` picks the implementation for a manager's `backend=` and `server_address`; it
 imports only the module it returns, so the local backend never imports Reverb or TensorFlow.
-`checkpoint_formats` hands every backend's checkpoint files (`storage.checkpoint_format`) to the
-checkpoint stores that adopt checkpoints or name their writer.
+Importing this package registers every backend's checkpoint files (`storage.checkpoint_format`),
+which the checkpoint store verifies and names checkpoints by, local first; neither format imports
+Reverb or TensorFlow.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import importlib
 import logging
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from replay_service.backends.base import Backend, BackendOptions, Capability
+from replay_service.backends.local.checkpoint import CHECKPOINT_FORMAT as LOCAL_FORMAT
+from replay_service.backends.reverb.internals import CHECKPOINT_FORMAT as REVERB_FORMAT
 from replay_service.errors import ConfigError
-
-if TYPE_CHECKING:
-    from replay_service.storage.checkpoint_format import CheckpointFormat
+from replay_service.storage import checkpoint_format
 
 __all__ = [
     "BACKENDS",
@@ -29,7 +29,6 @@ __all__ = [
     "BackendOptions",
     "Capability",
     "backend_class",
-    "checkpoint_formats",
     "choose_backend",
     "resolve_auto",
     "resolve_auto_layout",
@@ -47,6 +46,9 @@ _IMPLEMENTATIONS = {
 _announced: set[str] = set()
 
 _log = logging.getLogger(__name__)
+
+checkpoint_format.register(LOCAL_FORMAT)
+checkpoint_format.register(REVERB_FORMAT)
 
 
 def reverb_importable() -> tuple[bool, str]:
@@ -203,24 +205,10 @@ def _newest_checkpoint_backend(checkpoint_dir: str | os.PathLike[str] | None) ->
     from replay_service.storage.store import CheckpointStore
 
     try:
-        latest = CheckpointStore(checkpoint_dir, formats=checkpoint_formats()).latest()
+        latest = CheckpointStore(checkpoint_dir).latest()
     except Exception:  # the manager's own load reports a damaged directory
         return None
     return None if latest is None else latest.backend
-
-
-def checkpoint_formats() -> tuple[CheckpointFormat, ...]:
-    """Every backend's checkpoint format, in the order a checkpoint directory is matched to
-    one (the local index before Reverb's files): what a `CheckpointStore` that adopts
-    checkpoints or names their writer is given (`storage.checkpoint_format`).
-
-    Returns:
-      The local backend's format, then Reverb's (neither imports Reverb or TensorFlow).
-    """
-    from replay_service.backends.local.checkpoint import CHECKPOINT_FORMAT as LOCAL
-    from replay_service.backends.reverb.internals import CHECKPOINT_FORMAT as REVERB
-
-    return (LOCAL, REVERB)
 
 
 def backend_class(backend: str, server_address: str | None = None) -> type[Backend]:

@@ -1,12 +1,12 @@
-"""What the store asks of a backend's checkpoint files: `CheckpointFormat`.
+"""What the store asks of a backend's checkpoint files: `CheckpointFormat`, and the registry.
 
 The store (`storage.store`) writes, verifies, adopts and loads checkpoints without knowing any
 backend's files. Each backend describes its own with one `CheckpointFormat` object
 (`backends.reverb.internals.CHECKPOINT_FORMAT`, `backends.local.checkpoint.CHECKPOINT_FORMAT`),
-and `replay_service.backends.checkpoint_formats()` hands every backend's, in order, to whoever
-builds a `CheckpointStore` that adopts checkpoints or names the backend that wrote one. The
-store asks the formats in that order: the first that owns a directory's files verifies it
-(`verify_checkpoint`) and is recorded as its writer (`backend_of_files`).
+and `replay_service.backends` registers both when it is imported (`register`; every backend
+module is imported through it), local first. A `CheckpointStore` asks the formats it was given,
+or else the registered ones (`registered`), in that order: the first that owns a directory's
+files verifies it (`verify_checkpoint`) and is recorded as its writer (`backend_of_files`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,28 @@ class CheckpointFormat(Protocol):
           CheckpointError: If it is incomplete or damaged; the message names the file.
         """
         ...
+
+
+_REGISTERED: list[CheckpointFormat] = []
+
+
+def register(checkpoint_format: CheckpointFormat) -> None:
+    """Adds a backend's checkpoint format to those every store asks by default (once per
+    backend name; a second registration of a name replaces the first in place).
+
+    Args:
+      checkpoint_format: The backend's format.
+    """
+    for index, known in enumerate(_REGISTERED):
+        if known.backend == checkpoint_format.backend:
+            _REGISTERED[index] = checkpoint_format
+            return
+    _REGISTERED.append(checkpoint_format)
+
+
+def registered() -> tuple[CheckpointFormat, ...]:
+    """The registered checkpoint formats, in the order they were registered."""
+    return tuple(_REGISTERED)
 
 
 def format_of(

@@ -29,7 +29,7 @@ checkpoint and is never touched).
 
 Each checkpoint records the backend that wrote it ("reverb" or "local"); checkpoints written
 before that field existed are recognised by their files, as the backends' checkpoint formats
-(`storage.checkpoint_format`) given to the directory tell. Loading a checkpoint of the other
+(`storage.checkpoint_format`) tell. Loading a checkpoint of the other
 backend raises `BackendMismatchError` and moves nothing (it is not damaged).
 """
 
@@ -49,7 +49,7 @@ from replay_service.errors import (
     ReplayServiceError,
 )
 from replay_service.storage import formats
-from replay_service.storage.checkpoint_format import CheckpointFormat
+from replay_service.storage.checkpoint_format import CheckpointFormat, registered
 from replay_service.storage.files import DONE_FILE, is_done, is_settled, list_dir
 from replay_service.storage.metadata import Checkpoint, StoreMetadata
 
@@ -72,16 +72,22 @@ class CheckpointDirectory:
 
     Args:
       root: The user's `checkpoint_dir`.
-      formats: Every backend's checkpoint format, in the order a directory is matched
-        (`replay_service.backends.checkpoint_formats()`): what tells which backend wrote a
-        checkpoint where that is not recorded (`Checkpoint.backend`).
+      formats: The checkpoint formats to know checkpoints by, in the order a directory is
+        matched (see `storage.checkpoint_format`); None (the default): the registered ones,
+        every backend's. They tell which backend wrote a checkpoint where that is not
+        recorded (`Checkpoint.backend`).
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], formats: Sequence[CheckpointFormat] = ()
+        self, root: str | os.PathLike[str], formats: Sequence[CheckpointFormat] | None = None
     ) -> None:
         self.root = os.path.abspath(os.fspath(root))
-        self.formats = tuple(formats)
+        self._formats = None if formats is None else tuple(formats)
+
+    @property
+    def formats(self) -> tuple[CheckpointFormat, ...]:
+        """The checkpoint formats this directory knows (given, or the registered ones)."""
+        return registered() if self._formats is None else self._formats
 
     @property
     def reverb_root(self) -> str:

@@ -124,7 +124,7 @@ class ServedDirectory(CheckpointDirectory):
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], formats: Sequence[CheckpointFormat] = ()
+        self, root: str | os.PathLike[str], formats: Sequence[CheckpointFormat] | None = None
     ) -> None:
         super().__init__(root, formats)
         self._lock = DirectoryLock(self.root, os.path.join(self.root, LOCK_FILE))

@@ -82,12 +82,10 @@ class CheckpointStore(ServedDirectory):
     Args:
       root: The user's `checkpoint_dir`.
       keep: How many complete checkpoints to retain; older ones are deleted.
-      formats: Every backend's checkpoint format, in the order a directory is matched
-        (`replay_service.backends.checkpoint_formats()`; see `storage.checkpoint_format`):
-        what verifies a checkpoint its writer did not read back, and what tells which backend
-        wrote one where that is not recorded. A store given none reads, lists, locks and
-        commits verified checkpoints, but cannot verify a staged one (it is moved aside as
-        damaged) and names no backend of an unrecorded checkpoint.
+      formats: The checkpoint formats it knows, in the order a directory is matched (see
+        `storage.checkpoint_format`); None (the default): the registered ones, every
+        backend's. They verify a checkpoint its writer did not read back, name the backend
+        that wrote it, and tell how long a staged one may still be in its writer's hands.
 
     Raises:
       ConfigError: If `keep` < 1.
@@ -97,7 +95,7 @@ class CheckpointStore(ServedDirectory):
         self,
         root: str | os.PathLike[str],
         keep: int = DEFAULT_KEEP,
-        formats: Sequence[CheckpointFormat] = (),
+        formats: Sequence[CheckpointFormat] | None = None,
     ) -> None:
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"keep (checkpoints to retain) must be an integer >= 1, got {keep!r}")

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import tree
 
-from replay_service.backends import checkpoint_formats
 from replay_service.backends.base import Backend, BackendOptions, Capability, Lifeline
 from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
@@ -311,11 +310,7 @@ class LocalBackend(Backend):
         """Local tables for `options` (nothing is created before `create` or `load`)."""
         assert options.checkpoint_dir is not None
         return cls(
-            CheckpointStore(
-                options.checkpoint_dir,
-                keep=options.keep_checkpoints,
-                formats=checkpoint_formats(),
-            ),
+            CheckpointStore(options.checkpoint_dir, keep=options.keep_checkpoints),
             options.tables,
             options.data_spec,
             options.stored_spec,

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import reverb
 
-from replay_service.backends import checkpoint_formats
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.backends.reverb import internals as reverb_internals
 from replay_service.backends.reverb import transfer
@@ -341,11 +340,7 @@ class EmbeddedBackend(ReverbBackend):
         """An embedded server for `options` (its checkpoint directory is locked on start)."""
         assert options.checkpoint_dir is not None
         return cls(
-            CheckpointStore(
-                options.checkpoint_dir,
-                keep=options.keep_checkpoints,
-                formats=checkpoint_formats(),
-            ),
+            CheckpointStore(options.checkpoint_dir, keep=options.keep_checkpoints),
             options.tables,
             options.data_spec,
             options.port,

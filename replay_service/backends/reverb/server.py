@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 
 import reverb
 
-from replay_service.backends import checkpoint_formats
 from replay_service.backends.reverb import internals as reverb_internals
 from replay_service.backends.reverb.connection import (
     check_port_free,
@@ -456,11 +455,7 @@ def serve_config(
     Raises:
       As `CheckpointedServer.create` and `CheckpointedServer.restore`.
     """
-    store = CheckpointStore(
-        config.server.checkpoint_dir,
-        keep=config.server.keep_checkpoints,
-        formats=checkpoint_formats(),
-    )
+    store = CheckpointStore(config.server.checkpoint_dir, keep=config.server.keep_checkpoints)
     if restore is None:
         restore = store.has_checkpoints()
     if restore and not config.layout_given:
