@@ -73,7 +73,7 @@ class ServerConfig:
 
     Attributes:
       port: TCP port; Reverb listens on all interfaces.
-      checkpoint_dir: Checkpoint directory (layout in `replay_service.storage.store`).
+      checkpoint_dir: Checkpoint directory (layout in `replay_service.storage.directory`).
       checkpoint_interval_s: Seconds between periodic checkpoints; 0 disables them.
       keep_checkpoints: Complete checkpoints retained.
     """
