@@ -179,9 +179,9 @@ class CheckpointStore(ServedDirectory):
             raise CheckpointError(f"cannot write checkpoint_dir {self.root!r}: {e}") from e
 
     def clean_staging(self, metadata: StoreMetadata) -> list[Checkpoint]:
-        """Adopts complete checkpoints from Reverb's root and clears it.
+        """Adopts complete checkpoints from the staging root (Reverb's root) and clears it.
 
-        Leaves Reverb's root empty, so its keep-only-the-largest rule cannot delete the next
+        Leaves the staging root empty, so its keep-only-the-largest rule cannot delete the next
         checkpoint because of an older, later-sorting entry (clock skew, a crash mid-write). A
         staged checkpoint that fails verification is moved to `corrupt/`; one without `DONE`
         (Reverb was stopped while writing it) holds nothing Reverb would load and is deleted.
@@ -210,15 +210,16 @@ class CheckpointStore(ServedDirectory):
         return adopted
 
     def discard_staging(self) -> None:
-        """Deletes everything in Reverb's root (partial or failed checkpoint writes)."""
+        """Deletes everything in the staging root (partial or failed checkpoint writes)."""
         for name in list_dir(self.reverb_root):
             remove_path(os.path.join(self.reverb_root, name))
 
     def adopt_staged(self, metadata: StoreMetadata) -> list[Checkpoint]:
-        """Adopts the complete checkpoints in Reverb's root, leaving partial ones alone.
+        """Adopts the complete checkpoints in the staging root, leaving partial ones alone.
 
         Safe while Reverb writes: a checkpoint is complete only once `DONE` exists, and it is
-        moved only `SAVE_SETTLE_S` after that, once the save that wrote it has surely returned.
+        moved only the formats' longest `settle_s` after that (Reverb's `SAVE_SETTLE_S`), once
+        the save that wrote it has surely returned.
         One that fails verification is moved to `corrupt/` with a warning.
         """
         adopted = []
@@ -245,14 +246,15 @@ class CheckpointStore(ServedDirectory):
         metadata: StoreMetadata,
         verified: Verified | None = None,
     ) -> Checkpoint:
-        """Verifies a finished Reverb checkpoint, moves it into `checkpoints/`, applies retention.
+        """Verifies a finished checkpoint, moves it into `checkpoints/`, applies retention.
 
-        Every data file is read to its end (see `reverb_internals.verify_files`); the item count
-        and each file's size and SHA-256 are recorded in its metadata file, which is synced
-        before the directory is renamed into place.
+        Every data file is read to its end by the format that owns the files
+        (`checkpoint_format.verify_checkpoint`), which is recorded as its backend; the item
+        count and each file's size and SHA-256 are recorded in its metadata file, which is
+        synced before the directory is renamed into place.
 
         Args:
-          reverb_path: Directory Reverb wrote (must contain `DONE`).
+          reverb_path: Directory written into the staging root (must contain `DONE`).
           metadata: Store metadata recorded with the checkpoint.
           verified: `(num_items, files)` of a checkpoint its writer already read back and
             compared with what it meant to write (a local checkpoint); None reads it back here.
