@@ -1,10 +1,11 @@
 """Moving a local table into shared memory for DataLoader worker processes: `share_memory`.
 
-The owner's side of `shared.SharedTable`: `share_memory()` gives the step ring its largest size in shared memory and copies the held
-items into it, one whole window each, then moves the per-item metadata that readers need
-there too. Everything is allocated before anything of the table changes: a table that does not
-fit (a small /dev/shm, as Docker's 64 MB default) is refused with the bytes it needs and those
-free, and stays as it was, writable, sampled and checkpointed in its process.
+The owner's side of `shared.SharedTable`: `share_memory()` gives the step ring its largest
+size in shared memory and copies the held items into it, one whole window each, then moves the
+per-item metadata that readers need there too. Everything is allocated before anything of the
+table changes: a table that does not fit (a small /dev/shm, as Docker's 64 MB default) is
+refused with the bytes it needs and those free, and stays as it was, writable, sampled and
+checkpointed in its process.
 """
 
 from __future__ import annotations
