@@ -16,8 +16,8 @@ After the transition that ends an episode comes the boundary step TF-Agents writ
 LAST with the episode's final observation, zero action and policy info, `next_step_type` FIRST,
 reward 0 and discount 1; the episode then ends, so no window spans two episodes. An episode of
 T transitions is T + 1 steps and gives T - sequence_length + 2 items (stride 1). Items are made
-by the observer's own `StructuredWriter` configs (`observers.window_configs`: one per table),
-one Reverb writer per environment.
+by the writers the client hands out (`collect.writing.WindowWriter`: the windows of
+every table), one writer per environment.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import tree
 
-from replay_service.backends.reverb.internals import abandon_writer
 from replay_service.collect.observer import FLUSH_DOWN_TO, WriteTarget
+from replay_service.collect.writing import WindowWriter, WritingClient
 from replay_service.config.options import Timeouts
 from replay_service.errors import ManagerClosedError, SpecMismatchError
 from replay_service.specs.arrays import to_numpy
@@ -88,7 +88,7 @@ class TransitionWriter:
       check_continuity: Refuse a transition whose state is not the previous transition's
         `next_state` (as expected within an episode, and after an auto-reset).
       extra_tables: `(name, sequence_length)` of further tables on the same server that get
-        the windows of the same steps (see `observers.window_configs`).
+        the windows of the same steps.
       pad_end_of_episode: Write `Masked(step, mask)` steps and pad the end of each env's
         episodes (the tables must be padded too; see `replay_service.specs.windows`).
       layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`), or
@@ -102,7 +102,7 @@ class TransitionWriter:
 
     def __init__(
         self,
-        client: Any,
+        client: WritingClient,
         table_name: str,
         sequence_length: int,
         data_spec: Any,
@@ -142,7 +142,7 @@ class TransitionWriter:
         )
         self._hidden_extra = "hidden" in self._extra_names
         self._batched: bool | None = None
-        self._writers: list[Any] = []
+        self._writers: list[WindowWriter | None] = []
         self._steps: list[int] = []
         self._since_flush: list[int] = []
         # The previous call's next states, one `bytes` per observation leaf (all envs' rows).
@@ -156,8 +156,8 @@ class TransitionWriter:
         return None if self._batched is None else len(self._writers)
 
     @property
-    def py_client(self) -> Any:
-        """The Reverb client written through."""
+    def py_client(self) -> WritingClient:
+        """The client written through."""
         return self._target.client
 
     def add(
@@ -341,7 +341,9 @@ class TransitionWriter:
             try:
                 self._end_episode(index)
             except Exception as e:  # end the other episodes before reporting it
-                abandon_writer(self._writers[index])
+                writer = self._writers[index]
+                if writer is not None:
+                    writer.abandon()
                 error = error or e
         self._writers = []
         if error is not None:
@@ -661,7 +663,7 @@ class TransitionWriter:
           index: The env.
           confirm: Wait until the writer's items are confirmed (reset, close). False, at an
             episode boundary inside a stream of steps: a writer that can end an episode
-            without waiting (`PackedWindowWriter.next_episode`) does, and its items stay
+            without waiting (`WindowWriter.next_episode`) does, and its items stay
             counted for the periodic wait, which bounds them as within an episode.
         """
         writer = self._writers[index]
@@ -673,9 +675,7 @@ class TransitionWriter:
         if writer is None:
             self._since_flush[index] = 0
             return
-        next_episode = None if confirm else getattr(writer, "next_episode", None)
-        if next_episode is not None:
-            next_episode()
+        if not confirm and writer.next_episode():
             return
         self._since_flush[index] = 0
         target = self._target
