@@ -25,13 +25,13 @@ import tree
 from replay_service.backends.base import Backend, BackendOptions, Capability, Lifeline
 from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
-from replay_service.collect.writing import TableWindows
 from replay_service.backends.local.table import (
     LocalTable,
     check_device,
     check_local_table,
     check_scratch_dir,
 )
+from replay_service.collect.writing import TableWindows
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
 from replay_service.sample.priorities import check_updates

@@ -31,9 +31,9 @@ import reverb
 from reverb import structured_writer as structured_writer_lib
 from reverb import trajectory_writer as trajectory_writer_lib
 
+from replay_service.backends.reverb import layout_writers
 from replay_service.backends.reverb.connection import server_info
 from replay_service.backends.reverb.internals import abandon_writer
-from replay_service.backends.reverb import layout_writers
 from replay_service.bounded import call_with_timeout
 from replay_service.collect.writing import ItemWriter, TableWindows, WindowWriter
 from replay_service.config.options import Timeouts, to_ms

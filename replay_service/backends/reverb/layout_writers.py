@@ -193,7 +193,9 @@ def window_writer(
         writer = PackedWindowWriter(client, windows, layout)
         writer.bound_waits(timeout_ms)
         return writer
-    return StructuredWindowWriter(client.structured_writer(window_configs(layout.structure, windows)))
+    return StructuredWindowWriter(
+        client.structured_writer(window_configs(layout.structure, windows))
+    )
 
 
 def item_writer(client: Any, layout: Layout, sequence_length: int) -> Any:
