@@ -55,59 +55,39 @@ def last_steps_config(
 
 
 def window_config(
-    step_spec: Any, table_name: str, sequence_length: int, stride_length: int, priority: float
+    step_spec: Any,
+    table_name: str,
+    sequence_length: int,
+    stride_length: int,
+    priority: float,
+    padded: bool = False,
 ) -> Any:
     """The `StructuredWriter` config that inserts the last `sequence_length` steps of an episode
-    into `table_name` every `stride_length` steps.
+    into `table_name` every `stride_length` steps; for a padded table (`specs.windows`), every
+    window starting at a multiple of `stride_length`.
 
     Args:
-      step_spec: Spec of one appended step (the data spec).
+      step_spec: Spec of one appended step (the stored spec: `Masked` steps if padded).
       table_name: Table to insert into.
       sequence_length: Steps per item.
       stride_length: Steps between items.
       priority: Priority of every item.
+      padded: Whether the table is padded.
 
     Returns:
       The config.
     """
-    return last_steps_config(
-        step_spec,
-        table_name,
-        sequence_length,
-        sw.Condition.steps_since_applied() >= stride_length,
-        priority,
-    )
-
-
-def padded_window_config(
-    step_spec: Any, table_name: str, sequence_length: int, stride_length: int, priority: float
-) -> Any:
-    """The `StructuredWriter` config of a padded table: every window of `sequence_length` steps
-    starting at a multiple of `stride_length` (`specs.windows`).
-
-    Args:
-      step_spec: Spec of one appended step (`Masked(data_spec, mask)`).
-      table_name: Table to insert into.
-      sequence_length: Steps per item.
-      stride_length: Steps between the starts of items.
-      priority: Priority of every item.
-
-    Returns:
-      The config.
-    """
-    return last_steps_config(
-        step_spec,
-        table_name,
-        sequence_length,
-        sw.Condition.step_index() % stride_length == (sequence_length - 1) % stride_length,
-        priority,
-    )
+    if padded:
+        when = sw.Condition.step_index() % stride_length == (sequence_length - 1) % stride_length
+    else:
+        when = sw.Condition.steps_since_applied() >= stride_length
+    return last_steps_config(step_spec, table_name, sequence_length, when, priority)
 
 
 def window_configs(step_spec: Any, windows: Sequence[TableWindows]) -> list[Any]:
-    """One `StructuredWriter` config per window: a single `StructuredWriter` given this list
-    feeds every table with the windows of the same steps, each table with its own window
-    length; padded tables (`padded_window_config`) store `Masked` steps.
+    """One `StructuredWriter` config per window (`window_config`): a single `StructuredWriter`
+    given this list feeds every table with the windows of the same steps, each table with its
+    own window length.
 
     Args:
       step_spec: Spec of one appended step (the stored spec).
@@ -116,12 +96,7 @@ def window_configs(step_spec: Any, windows: Sequence[TableWindows]) -> list[Any]
     Returns:
       The configs, in the order of `windows`.
     """
-    return [
-        (padded_window_config if padded else window_config)(
-            step_spec, name, length, stride, priority
-        )
-        for name, length, stride, priority, padded in windows
-    ]
+    return [window_config(step_spec, *window) for window in windows]
 
 
 class StructuredWindowWriter:
