@@ -53,7 +53,8 @@ from replay_service.sample import priorities as priorities_lib
 from replay_service.sample import rate_limit
 from replay_service.specs import nests as specs
 from replay_service.specs import windows as sequences
-from replay_service.specs.layouts import AUTO, NESTED, resolve_layout
+from replay_service.specs.layout_registry import resolve_layout
+from replay_service.specs.layouts import AUTO, NESTED
 from replay_service.storage import export as export_lib
 
 # TF-Agents' PolicySaver fails in this environment without it (see inspect_patch): a
@@ -247,7 +248,6 @@ class ReplayBufferManager:
                 data_spec=data_spec,
                 stored_spec=self._stored_spec,
                 timeouts=self._timeouts,
-                layout=self._layout,
                 checkpoint_dir=checkpoint_dir,
                 keep_checkpoints=keep_checkpoints,
                 checkpoint_interval_s=checkpoint_interval_s,
@@ -796,7 +796,7 @@ class ReplayBufferManager:
         self, pad_end_of_episodes: bool = False, tile_end_of_episodes: bool = False
     ) -> TrajectoryObserver:
         observer = TrajectoryObserver(
-            self._require_client(),
+            self.py_client,
             self.table_name,
             self.sequence_length,
             self._data_spec,
@@ -1212,7 +1212,7 @@ class ReplayBufferManager:
           BufferStateError: If no buffer was created or loaded.
         """
         writer = TransitionWriter(
-            self._require_client(),
+            self.py_client,
             self.table_name,
             self.sequence_length,
             self._data_spec,

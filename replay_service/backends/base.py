@@ -85,8 +85,6 @@ class BackendOptions:
       port: Port of an embedded server; None picks one.
       server_address: "host:port" of a running server (remote mode), else None.
       storage: "memory" or "memmap".
-      layout: How the tables store steps, resolved from the primary table's `layout` for
-        `stored_spec` (`specs.layouts.resolve_layout`).
       seed: Seed of the samplers (`Capability.SEEDED_SAMPLING`); None: fresh entropy.
       device: Torch device of the tables' storage (`Capability.DEVICE_STORAGE`); None: host
         memory.
@@ -96,7 +94,6 @@ class BackendOptions:
     data_spec: Any
     stored_spec: Any
     timeouts: Timeouts
-    layout: Layout
     checkpoint_dir: str | os.PathLike[str] | None = None
     keep_checkpoints: int = 3
     checkpoint_interval_s: float | None = None

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from replay_service.collect.writing import WritingClient
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.specs.arrays import to_numpy
 
@@ -146,7 +147,7 @@ class HindsightWriter:
         """Relabelled transitions written so far."""
 
     @property
-    def py_client(self) -> Any:
+    def py_client(self) -> WritingClient:
         """The client written through."""
         return self._writer.py_client
 

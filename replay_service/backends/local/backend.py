@@ -27,9 +27,11 @@ from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
 from replay_service.backends.local.scratch import check_scratch_dir
 from replay_service.backends.local.table import LocalTable, check_device, check_local_table
+from replay_service.collect.writing import TableWindows
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
 from replay_service.sample.priorities import check_updates
+from replay_service.specs.layouts import Layout
 from replay_service.specs.nests import describe_spec
 from replay_service.storage import export as export_lib
 from replay_service.storage.schedule import CheckpointSchedule
@@ -85,8 +87,8 @@ class Window:
 class LocalWindowWriter:
     """Appends steps of one episode at a time and inserts windows into local tables.
 
-    It has the calls of Reverb's `StructuredWriter` that the collectors use (`append`,
-    `flush`, `end_episode`), with the same items: for an unpadded table, at step index
+    A collector's `collect.writing.WindowWriter`, with the items of Reverb's `StructuredWriter`
+    configs: for an unpadded table, at step index
     `i >= sequence_length - 1` when at least `stride_length` steps passed since its last item;
     for a padded one, when `i % stride_length == (sequence_length - 1) % stride_length`.
 
@@ -166,6 +168,13 @@ class LocalWindowWriter:
         for window in self._windows:
             window.stream.reset()
 
+    def next_episode(self) -> bool:
+        """False: `end_episode` ends the episode (it never waits)."""
+        return False
+
+    def abandon(self) -> None:
+        """Nothing to give up: nothing is pending."""
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -182,8 +191,26 @@ class LocalClient:
     def __init__(self, tables: dict[str, LocalTable]) -> None:
         self.tables = tables
 
-    def window_writer(self, windows: Sequence[tuple[str, int, int, float, bool]]) -> Any:
-        """A writer of `(table, sequence_length, stride_length, priority, padded)` windows."""
+    def window_writer(
+        self,
+        windows: Sequence[TableWindows],
+        layout: Layout | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> LocalWindowWriter:
+        """A writer of `(table, sequence_length, stride_length, priority, padded)` windows
+        (`collect.writing.WritingClient`).
+
+        Args:
+          windows: The windows of every table written.
+          layout: Not read: local tables store the step nest (`LocalWindowWriter` checks each
+            step against their fields).
+          timeout_ms: Not read: items are in the table once `append` returns.
+
+        Raises:
+          ConfigError: If a table is unknown or holds items of another length.
+        """
+        del layout, timeout_ms
         return LocalWindowWriter(
             [Window(self.table(name), *rest) for name, *rest in windows]  # type: ignore[arg-type]
         )

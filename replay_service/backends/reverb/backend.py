@@ -26,6 +26,7 @@ from replay_service.bounded import call_with_timeout
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
 from replay_service.specs import nests as specs
+from replay_service.specs.layout_registry import resolve_layout
 from replay_service.specs.layouts import NESTED, PACKED, Layout, signature_layout
 from replay_service.storage import export as export_lib
 from replay_service.storage.store import Checkpoint, CheckpointStore
@@ -262,9 +263,10 @@ class ReverbBackend(Backend):
         return export_lib.read_items(self.table_handle(table), self.checkpoint())
 
     def insert_items(self, table: TableConfig, items: export_lib.ExportedItems) -> None:
-        """Writes the items through Reverb, in order (`export.insert_items`)."""
+        """Writes the items through Reverb, in order (`export.insert_items`), with the item
+        writers of the users' client (`BoundedClient.item_writer`)."""
         export_lib.insert_items(
-            self._require_client(),
+            self.users_client(self._require_client()),
             table.name,
             table.sequence_length,
             items,
@@ -345,7 +347,7 @@ class EmbeddedBackend(ReverbBackend):
             options.timeouts,
             options.checkpoint_interval_s,
             stored_spec=options.stored_spec,
-            layout=options.layout,
+            layout=options_layout(options),
         )
 
     @property
@@ -464,7 +466,7 @@ class RemoteBackend(ReverbBackend):
             options.timeouts,
             options.data_spec,
             options.stored_spec,
-            layout=options.layout,
+            layout=options_layout(options),
         )
 
     @property
@@ -561,6 +563,16 @@ class RemoteBackend(ReverbBackend):
     def close(self) -> None:
         """Nothing to release: the server runs on."""
         self._client = None
+
+
+def options_layout(options: BackendOptions) -> Layout:
+    """How the tables of `options` store steps: the primary table's `layout`, resolved for the
+    stored spec (`specs.layout_registry.resolve_layout`).
+
+    Raises:
+      ConfigError: If the layout is not a layout name.
+    """
+    return resolve_layout(options.tables[0].layout, options.stored_spec)
 
 
 def check_table_exists(client: reverb.Client, name: str, timeout: float | None) -> Any:

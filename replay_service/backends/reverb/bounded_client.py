@@ -24,16 +24,18 @@ so dropping it cannot hang either.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import reverb
 from reverb import structured_writer as structured_writer_lib
 from reverb import trajectory_writer as trajectory_writer_lib
 
+from replay_service.backends.reverb import layout_writers
 from replay_service.backends.reverb.connection import server_info
 from replay_service.backends.reverb.internals import abandon_writer
 from replay_service.bounded import call_with_timeout
+from replay_service.collect.writing import ItemWriter, TableWindows, WindowWriter
 from replay_service.config.options import Timeouts, to_ms
 from replay_service.errors import (
     CheckpointError,
@@ -42,6 +44,7 @@ from replay_service.errors import (
     WriteTimeoutError,
 )
 from replay_service.sample.priorities import check_updates, describe_bad_priorities
+from replay_service.specs.layouts import Layout
 
 _T = TypeVar("_T")
 
@@ -293,6 +296,25 @@ class BoundedClient(reverb.Client):
 
     def __reduce__(self) -> Any:
         return _reconnect, (self._server_address, self._timeouts)
+
+    def window_writer(
+        self, windows: Sequence[TableWindows], layout: Layout, *, timeout_ms: int | None
+    ) -> WindowWriter:
+        """A collector's writer of `windows` (`collect.writing.WritingClient`): Reverb's
+        `StructuredWriter` for a nested table, a `PackedWindowWriter` for a packed one
+        (`layout_writers.window_writer`), on the plain client (collectors give every wait its
+        timeout).
+
+        Raises:
+          ValueError: If the windows' configs are invalid (as Reverb).
+        """
+        return layout_writers.window_writer(self.plain_client, windows, layout, timeout_ms)
+
+    def item_writer(self, layout: Layout, sequence_length: int) -> ItemWriter:
+        """An import's writer of whole items of `sequence_length` steps stored as `layout`
+        says (`layout_writers.item_writer`), on the plain client (an import gives every wait
+        its timeout)."""
+        return layout_writers.item_writer(self.plain_client, layout, sequence_length)
 
     def __repr__(self) -> str:
         return f"BoundedClient, server_address={self._server_address}"
