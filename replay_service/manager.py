@@ -1,17 +1,18 @@
 """`ReplayBufferManager`: owns the lifecycle of one replay buffer.
 
 It starts (or connects to) a Reverb server with one table (or several, `extra_tables`), hands out
-a TF-Agents replay buffer and a trajectory observer, and checkpoints and restores. Layout,
-validation and sampling live in their own modules; this class only puts them in order.
+a TF-Agents replay buffer and a trajectory observer, and checkpoints and restores. Each public
+method validates its arguments, checks the backend's capabilities where a feature is not
+universal, and delegates: to the backend (`replay_service.backends`), to the collector
+factories of `replay_service.collect` (given a `CollectView` of the buffer) and to the samplers
+of `replay_service.sample` (given a `SampleView`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +25,9 @@ from replay_service.backends import (
     resolve_auto_layout,
 )
 from replay_service.backends.reverb.platform import inspect_patch
+from replay_service.collect import view as collect_view
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
-from replay_service.config.devices import require_device
 from replay_service.config.options import (
     DEFAULT_KEEP,
     DEFAULT_TABLE_NAME,
@@ -35,22 +36,17 @@ from replay_service.config.options import (
     Timeouts,
     require_number,
     require_positive_int,
-    require_seed,
     validate_manager_options,
     validate_path,
 )
 from replay_service.config.sizes import require_batch_size
-from replay_service.config.tables import check_extra_tables, check_mix_weights, find_table
-from replay_service.errors import (
-    BufferStateError,
-    ConfigError,
-    ManagerClosedError,
-    WriteTimeoutError,
-)
+from replay_service.config.tables import check_extra_tables, find_table
+from replay_service.errors import BufferStateError, ConfigError, ManagerClosedError
 from replay_service.monitoring import summaries
 from replay_service.monitoring.stats import BufferStats, StatsTracker, checkpoint_stats
 from replay_service.sample import priorities as priorities_lib
 from replay_service.sample import rate_limit
+from replay_service.sample.view import SampleView
 from replay_service.specs import nests as specs
 from replay_service.specs import windows as sequences
 from replay_service.specs.layouts import AUTO, NESTED, resolve_layout
@@ -75,10 +71,6 @@ if TYPE_CHECKING:
 
 
 _log = logging.getLogger(__name__)
-
-# `num_frames()` waits this long at a time for its writers' items to be confirmed before it
-# asks whether a rate limiter holds them back (a confirmation takes a round trip otherwise).
-_COUNT_WAIT_MS = 100
 
 
 class ReplayBufferManager:
@@ -182,35 +174,21 @@ class ReplayBufferManager:
             resolve_auto(backend, checkpoint_dir=checkpoint_dir, server_address=server_address),
             server_address,
         )
-        # "auto" on a remote server: its tables' layout, read once connected (`_hand_out`).
-        self._layout_from_server = layout == AUTO and server_address is not None
-        layout = resolve_auto_layout(
+        layout_name = resolve_auto_layout(
             layout,
             kind=implementation.kind,
             checkpoint_dir=checkpoint_dir,
             server_address=server_address,
         )
-        self._table = TableConfig(
+        table = TableConfig(
             name=table_name,
             capacity=capacity,
             sequence_length=sequence_length,
             sampling=sampling or SamplingConfig(),
             pad_end_of_episode=pad_end_of_episode,
-            layout=layout,
+            layout=layout_name,
         )
-        if (
-            layout != NESTED
-            and isinstance(extra_tables, Sequence)
-            and not isinstance(extra_tables, str)
-        ):
-            # The manager's layout is every table's: extra tables left at the default take it.
-            extra_tables = [
-                dataclasses.replace(t, layout=layout)
-                if isinstance(t, TableConfig) and t.layout == NESTED
-                else t
-                for t in extra_tables
-            ]
-        self._extra_tables = check_extra_tables(self._table, extra_tables)
+        extra = check_extra_tables(table, _with_layout(extra_tables, layout_name))
         validate_manager_options(
             port=port, stride_length=stride_length, keep_checkpoints=keep_checkpoints
         )
@@ -220,7 +198,7 @@ class ReplayBufferManager:
         specs.describe_spec(data_spec)  # refuses a spec that is not a nest of tensor specs
         # The one place the layout's name becomes the object that the backend, its tables'
         # handles, the observers and the writers receive.
-        self._layout = resolve_layout(layout, self._stored_spec)
+        resolved = resolve_layout(layout_name, self._stored_spec)
         if server_address is None and checkpoint_dir is None:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
         if checkpoint_dir is not None:
@@ -228,26 +206,23 @@ class ReplayBufferManager:
         _check_interval(checkpoint_interval_s, server_address)
         self._stride_length = stride_length
         self._timeouts = timeouts or Timeouts()
-        if storage not in ("memory", "memmap"):
-            raise ConfigError(f"storage must be 'memory' or 'memmap', got {storage!r}")
-        require_seed("seed", seed)
+        implementation.check_options(
+            {
+                "storage": storage,
+                "layout": layout_name,
+                "port": port,
+                "seed": seed,
+                "device": device,
+            }
+        )
         self.backend = implementation.kind
-        for capability, asked, what in (
-            (Capability.MEMMAP_STORAGE, storage != "memory", f"storage={storage!r}"),
-            (Capability.PACKED_LAYOUT, self._layout.reverb_only, f"layout={layout!r}"),
-            (Capability.PORT, port is not None, f"port={port!r}"),
-            (Capability.SEEDED_SAMPLING, seed is not None, f"seed={seed!r}"),
-            (Capability.DEVICE_STORAGE, device is not None, f"device={device!r}"),
-        ):
-            if asked and capability not in implementation.capabilities:
-                raise implementation.refusal(capability, what)
         self._backend: Backend = implementation.from_options(
             BackendOptions(
-                tables=self.tables,
+                tables=(table, *extra),
                 data_spec=data_spec,
                 stored_spec=self._stored_spec,
                 timeouts=self._timeouts,
-                layout=self._layout,
+                layout=resolved,
                 checkpoint_dir=checkpoint_dir,
                 keep_checkpoints=keep_checkpoints,
                 checkpoint_interval_s=checkpoint_interval_s,
@@ -256,12 +231,14 @@ class ReplayBufferManager:
                 storage=storage,
                 seed=seed,
                 device=device,
+                # "auto" on a remote server: its tables' layout, taken on connecting.
+                layout_from_server=layout == AUTO and server_address is not None,
             )
         )
         self._client: Any = None
         self._users_client: Any = None
         self._replay_buffer: Any = None
-        self._observers: list[TrajectoryObserver] = []
+        self._writers: list[Any] = []  # observers and writers: flushed, then closed
         self._stats_tracker: StatsTracker | None = None
         self._summary_dir = (
             None if summary_dir is None else validate_path(summary_dir, "summary_dir")
@@ -287,10 +264,9 @@ class ReplayBufferManager:
     ) -> ReplayBufferManager:
         """A manager whose data spec is built from gymnasium spaces (no spec written by hand).
 
-        Extra per-step fields (a recurrent hidden state, action log-probs, an intrinsic
-        reward...) are declared with `extras` and stored in the trajectory's `policy_info`
-        dict, as TF-Agents policies report their info: `transition_writer().add(..., hidden=h,
-        log_prob=lp)` writes them, and sampled batches carry them (`trajectory.policy_info[
+        Extra per-step fields (a recurrent hidden state, action log-probs...) are declared with
+        `extras` and stored in the trajectory's `policy_info` dict: `transition_writer().add(...,
+        hidden=h)` writes them, and sampled batches carry them (`trajectory.policy_info[
         "hidden"]`, `transition_batch.hiddens["hidden"]`).
 
         Args:
@@ -300,14 +276,13 @@ class ReplayBufferManager:
           capacity: Maximum number of items.
           checkpoint_dir: The checkpoint directory.
           sequence_length: Steps per item (2: transitions).
-          backend: "auto" (the default: the local backend, in-process tables that leave the
-            cores to torch, unless `checkpoint_dir` holds a Reverb checkpoint or a Reverb-only
-            option is set: `server_address`, `port`, `layout`), "reverb" or "local". Reverb is
-            still the default of `ReplayBufferManager(data_spec, ...)`, the TF-Agents door.
+          backend: "auto" (the default: the local backend, unless `checkpoint_dir` holds a
+            Reverb checkpoint or an option the local backend does not take is set: `port`,
+            `layout`, `server_address`; see `backends.resolve_auto`), "reverb" or "local".
           extras: Name -> one step's spec: a `(shape, dtype)` pair such as `((64,),
-            np.float32)` or `((), np.float32)`, an `ArraySpec`/`tf.TensorSpec`, or a gymnasium
-            Box/Discrete/MultiDiscrete/MultiBinary space. Names are identifiers other than the
-            trajectory's fields and the writer's arguments ("hidden" is fine). None: no extras.
+            np.float32)`, an `ArraySpec`/`tf.TensorSpec`, or a gymnasium Box/Discrete/
+            MultiDiscrete/MultiBinary space; names other than the trajectory's fields and the
+            writer's arguments. None: no extras.
           **options: Any other `ReplayBufferManager` argument.
 
         Returns:
@@ -318,49 +293,57 @@ class ReplayBufferManager:
             extra (a reserved name, a bad shape or dtype), naming it and its value.
         """
         data_spec = specs.data_spec_for_spaces(observation_space, action_space, extras=extras)
-        reverb_only = [
-            name
-            for name, default in (("server_address", None), ("port", None))
-            if options.get(name, default) != default
-        ]
-        if options.get("layout", AUTO) not in (AUTO, NESTED):  # "packed": Reverb's only
-            reverb_only.append("layout")
-        return cls(
-            data_spec,
-            capacity,
-            checkpoint_dir,
-            sequence_length,
-            backend=resolve_auto(
-                backend,
-                checkpoint_dir=checkpoint_dir,
-                server_address=options.get("server_address"),
-                single_process=True,
-                reverb_options=reverb_only,
-            ),
-            **options,
+        chosen = resolve_auto(
+            backend,
+            checkpoint_dir=checkpoint_dir,
+            server_address=options.get("server_address"),
+            single_process=True,
+            options=options,
         )
+        return cls(data_spec, capacity, checkpoint_dir, sequence_length, backend=chosen, **options)
 
     # ------------------------------------------------------------------------ properties
 
     @property
     def table_name(self) -> str:
         """Name of the primary Reverb table."""
-        return self._table.name
+        return self.table_config.name
 
     @property
     def tables(self) -> tuple[TableConfig, ...]:
         """Every table of the buffer: the primary one first, then `extra_tables`."""
-        return (self._table, *self._extra_tables)
+        return self._backend.tables
+
+    @property
+    def table_config(self) -> TableConfig:
+        """Name, capacity, sequence length and sampling of the primary table."""
+        return self._backend.tables[0]
 
     @property
     def sequence_length(self) -> int:
         """Steps per item."""
-        return self._table.sequence_length
+        return self.table_config.sequence_length
 
     @property
     def checkpoint_dir(self) -> str | None:
         """Absolute checkpoint directory (embedded mode), else None."""
         return self._backend.checkpoint_dir
+
+    @property
+    def data_spec(self) -> Any:
+        """The per-step data spec this manager was given."""
+        return self._data_spec
+
+    @property
+    def stored_spec(self) -> Any:
+        """The per-step spec of what the table stores: `data_spec`, or
+        `sequences.Masked(data_spec, mask)` with `pad_end_of_episode`."""
+        return self._stored_spec
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """Bounds on every blocking call."""
+        return self._timeouts
 
     @property
     def server_address(self) -> str:
@@ -376,10 +359,10 @@ class ReplayBufferManager:
         """The Reverb client of the server in use (local backend: its `LocalClient`, with the
         `reset`, `mutate_priorities` and `server_info` calls).
 
-        On a `layout="packed"` buffer it is a `PackingClient`: a `reverb.Client` whose
-        `trajectory_writer()` packs each appended step, so TF-Agents' own
-        `ReverbAddTrajectoryObserver(manager.py_client, ...)` writes the items this project's
-        observer writes (see `replay_service.backends.reverb.packing_client`)."""
+        On a `layout="packed"` buffer it is a `PackingClient`, whose `trajectory_writer()` packs
+        each appended step, so TF-Agents' own `ReverbAddTrajectoryObserver(manager.py_client,
+        ...)` writes the items this project's observer writes (see
+        `replay_service.backends.reverb.packing_client`)."""
         client = self._require_client()
         if self._users_client is None:
             self._users_client = self._backend.users_client(client)
@@ -406,20 +389,14 @@ class ReplayBufferManager:
           BufferStateError: If this manager already has a buffer.
         """
         self._require_no_buffer()
-        client = self._backend.create(overwrite)
-        try:
-            return self._hand_out(client)
-        except BaseException:
-            self._backend.close()
-            raise
+        return self._hand_out(self._backend.create(overwrite))
 
     def load_replay_buffer(self) -> tuple[ReplayBuffer, Any]:
         """Restores the newest complete checkpoint (embedded) or attaches to the server's table.
 
         The stored data spec, sequence length, table name and capacity, and the extra tables
         (names, capacities, sequence lengths), must equal this manager's; every differing field
-        is named. Reverb restores the capacity stored in the
-        checkpoint, so a different `capacity` is refused rather than silently ignored.
+        is named (Reverb restores the stored capacity, so a different one is refused).
 
         Returns:
           `(replay_buffer, observer)` as from `create_replay_buffer`.
@@ -431,12 +408,7 @@ class ReplayBufferManager:
           BufferStateError: If this manager already has a buffer.
         """
         self._require_no_buffer()
-        client = self._backend.load()
-        try:
-            return self._hand_out(client)
-        except BaseException:
-            self._backend.close()
-            raise
+        return self._hand_out(self._backend.load())
 
     def get_replay_buffer_and_observer(self) -> tuple[ReplayBuffer, Any]:
         """Returns the buffer created or loaded before, with a new observer.
@@ -444,9 +416,7 @@ class ReplayBufferManager:
         Raises:
           BufferStateError: If neither `create_replay_buffer` nor `load_replay_buffer` ran.
         """
-        self._require_client()
-        assert self._replay_buffer is not None
-        return self._replay_buffer, self._new_observer()
+        return self._require_buffer(), self.observer()
 
     def observer(
         self, *, pad_end_of_episodes: bool = False, tile_end_of_episodes: bool = False
@@ -456,9 +426,8 @@ class ReplayBufferManager:
         Without options it is the observer `create_replay_buffer()` hands out. With
         `pad_end_of_episodes` (and `tile_end_of_episodes`) it writes exactly the items of
         TF-Agents' `ReverbAddTrajectoryObserver(pad_end_of_episodes=...,
-        tile_end_of_episodes=...)`: zero boundary steps end each episode and the windows they
-        complete are written as plain `Trajectory` items (see
-        `replay_service.collect.episode_padding`), on both backends and layouts.
+        tile_end_of_episodes=...)`, on both backends and layouts (see
+        `replay_service.collect.episode_padding`).
 
         Args:
           pad_end_of_episodes: TF-Agents' option of that name.
@@ -473,7 +442,7 @@ class ReplayBufferManager:
           ConfigError: If a flag is not a bool, `tile_end_of_episodes` comes without
             `pad_end_of_episodes`, or the tables pad on their own (`pad_end_of_episode=True`).
         """
-        return self._new_observer(pad_end_of_episodes, tile_end_of_episodes)
+        return collect_view.observer(self._collect, pad_end_of_episodes, tile_end_of_episodes)
 
     def close(self) -> None:
         """Flushes observers, stops the embedded server and releases the directory. Idempotent.
@@ -484,9 +453,9 @@ class ReplayBufferManager:
             return
         self._closed = True
         try:
-            for observer in self._observers:
+            for writer in self._writers:
                 try:
-                    observer.close()
+                    writer.close()
                 except Exception as e:  # a dead server must not prevent the rest of close()
                     _log.warning("observer close failed: %s", e)
         finally:
@@ -496,24 +465,20 @@ class ReplayBufferManager:
                 self._replay_buffer.stop_sampling()
             self._backend.close()
             self._client = self._users_client = self._replay_buffer = None
-            self._observers = []
+            self._writers = []
 
     def __len__(self) -> int:
         """The number of items in the primary table now: `len(manager) == num_frames()`.
 
-        The primary table is the one the replay buffer and the sampling calls address by
-        default; `num_frames(table=name)` counts another one.
-
         Raises:
-          BufferStateError: Before `create_replay_buffer()` or `load_replay_buffer()` (the size
-            is not known until then: a load or a remote server may hold items).
+          BufferStateError: Before `create_replay_buffer()` or `load_replay_buffer()`.
           ManagerClosedError: After `close()`.
         """
         return self.num_frames()
 
     def __bool__(self) -> bool:
-        """Always True: a manager is truthy whatever its size (`if manager:` tests that there
-        is one, not that its buffer holds items; use `len(manager)` for that)."""
+        """Always True: `if manager:` tests that there is one, not that its buffer holds items
+        (use `len(manager)` for that)."""
         return True
 
     def __enter__(self) -> ReplayBufferManager:
@@ -535,19 +500,13 @@ class ReplayBufferManager:
     ) -> tf.data.Dataset:
         """Returns a tf.data dataset of `(trajectory, sample_info)` batches of one table.
 
-        The same batches as `replay_buffer.as_dataset(batch_size, num_steps).prefetch(3)`, from a
-        tuned pipeline (see `pipeline.sample_dataset`) when `num_steps` is None or
-        `sequence_length`; other `num_steps` split items with TF-Agents' pipeline. If no item can
-        be sampled within `timeouts.sample`, iterating raises `tf.errors.InvalidArgumentError`
-        naming the table instead of blocking forever.
-
-        Bounded when the server is lost: if the server dies (SIGKILL, SIGTERM), the network
-        drops or this manager is closed, `next()` raises `tf.errors.InvalidArgumentError`
-        naming the server address, the table and what to do, within
-        `liveness.liveness_bound(timeouts.sample, timeouts.connect)` seconds (at most
-        `2 * timeouts.sample + timeouts.connect`; about `timeouts.sample + 1 s` after a kill,
-        at once after `close()`). This holds for `iter(dataset)` and for a dataset iterated
-        inside a `tf.function`, in this process.
+        The batches of `replay_buffer.as_dataset(batch_size, num_steps).prefetch(3)`, from a
+        tuned pipeline (`pipeline.sample_dataset`) for whole items; other `num_steps` split
+        items with TF-Agents' pipeline. Iterating never blocks forever: it fails within
+        `timeouts.sample` when nothing can be sampled, and within
+        `liveness.liveness_bound(timeouts.sample, timeouts.connect)` seconds when the server is
+        lost (at once after `close()`), also inside a `tf.function` (see
+        `replay_service.backends.reverb.liveness`).
 
         Args:
           batch_size: Items per batch.
@@ -560,17 +519,14 @@ class ReplayBufferManager:
           ConfigError: If a size is not a positive integer, `batch_size` is above its ceiling
             (`config.sizes.require_batch_size`: items, memory), or `table` is unknown.
           tf.errors.InvalidArgumentError: When iterating, if nothing can be sampled within
-            `timeouts.sample`, the server is lost, or the manager was closed (see above).
+            `timeouts.sample`, the server is lost, or the manager was closed (naming them).
         """
         replay_buffer = self._require_buffer()
         config = find_table(self.tables, table)
         require_positive_int("prefetch", prefetch)
-        require_batch_size(
-            "batch_size",
-            batch_size,
-            self._item_bytes(num_steps if isinstance(num_steps, int) else None),
-            what=f"table {config.name!r}",
-        )
+        steps = num_steps if isinstance(num_steps, int) else None
+        what = f"table {config.name!r}"
+        require_batch_size("batch_size", batch_size, self._sample.item_bytes(steps), what=what)
         if num_steps not in (None, config.sequence_length):
             self._require(
                 Capability.SPLIT_SEQUENCES,
@@ -592,9 +548,9 @@ class ReplayBufferManager:
         """Returns `(trajectory, sample_info)` batches mixing several tables of this buffer.
 
         Each item comes from table `name` with probability `weights[name] / sum(weights)`,
-        sampled by that table's own sampler (see `mixing.mixed_dataset`). Item keys are
-        unique across tables, so `update_priorities(info.key, p, table=name)` with all the keys
-        of a mixed batch updates the items of `name` and ignores the others.
+        sampled by that table's own sampler (`backends.reverb.mixing.mixed_dataset`). Item keys
+        are unique across tables: `update_priorities(info.key, p, table=name)` with all the
+        keys of a mixed batch updates the items of `name` and ignores the others.
 
         Args:
           batch_size: Items per batch.
@@ -611,19 +567,18 @@ class ReplayBufferManager:
         replay_buffer = self._require_buffer()
         self._require(Capability.MIXED_DATASET, "mixed_dataset")
         require_positive_int("prefetch", prefetch)
-        require_batch_size("batch_size", batch_size, self._item_bytes(), what="the mixed tables")
+        item_bytes = self._sample.item_bytes()
+        require_batch_size("batch_size", batch_size, item_bytes, what="the mixed tables")
         return self._backend.mixed_dataset(replay_buffer, weights, batch_size, seed, prefetch)
 
     def num_frames(self, *, table: str | None = None) -> int:
         """Returns the number of items in a table (the primary one by default).
 
-        An item is one window of `sequence_length` consecutive steps (with the default stride of
-        1, an episode of T steps gives T - sequence_length + 1 items), not one environment step.
-        Every item this manager's observers and writers wrote counts: they are flushed first
-        (a packed writer sends its items at episode ends and soon after, not at every step).
-        Items of other processes count once their writers sent them, and items a
-        `samples_per_insert` rate limiter holds back count once it lets them in: a count never
-        waits for samples (a learner that logs it while its collectors wait for it goes on).
+        An item is one window of `sequence_length` steps (with stride 1, an episode of T steps
+        gives T - sequence_length + 1 items). This manager's collectors are flushed first
+        (`rate_limit.flush_for_count`): items a `samples_per_insert` rate limiter holds back
+        count once it lets them in, so a count never waits for samples. Items of other
+        processes count once their writers sent them.
 
         Raises:
           ConfigError: If `table` is not one of this buffer's tables.
@@ -632,7 +587,13 @@ class ReplayBufferManager:
         """
         name = find_table(self.tables, table).name
         client = self._require_client()
-        self._flush_for_count()
+        limited = Capability.TRAIN_SCHEDULE in self._backend.capabilities
+        rate_limit.flush_for_count(
+            self._writers,
+            self._backend.limiter_state if limited else None,
+            [t.name for t in self.tables],
+            self._timeouts.write,
+        )
         return self._backend.num_items(client, name)
 
     def clear(self) -> None:
@@ -654,10 +615,8 @@ class ReplayBufferManager:
         self._backend.after_clear()
 
     def checkpoint(self) -> str:
-        """Writes a checkpoint and returns its path.
-
-        Embedded: the path is a complete checkpoint under `<checkpoint_dir>/checkpoints/`.
-        Remote: the path on the server's machine where Reverb wrote it.
+        """Writes a checkpoint and returns its path (embedded: a complete checkpoint under
+        `<checkpoint_dir>/checkpoints/`; remote: where Reverb wrote it on the server's machine).
 
         Raises:
           CheckpointError: If the checkpoint fails, is incomplete or takes longer than
@@ -670,9 +629,6 @@ class ReplayBufferManager:
     def save_checkpoint(self) -> str:
         """Same as `checkpoint()`: flushes writers, writes a checkpoint and returns its path.
 
-        Returns:
-          The path of the complete checkpoint.
-
         Raises:
           As `checkpoint()`.
         """
@@ -680,16 +636,8 @@ class ReplayBufferManager:
 
     def stats(self) -> BufferStats:
         """Returns how full every table is, how fast it fills and is sampled, and the last
-        checkpoint (see `replay_service.monitoring.stats`).
-
-        Rates (inserts/s, samples/s, samples per insert, time blocked by the rate limiter) are
-        measured over the last `stats.DEFAULT_WINDOW_S` seconds of readings, the first window
-        starting when the buffer was created or loaded. The checkpoint (time, duration, bytes,
-        items) is known in embedded mode; a remote server reports its own
-        (`replay-server status --json`).
-
-        Returns:
-          The stats of every table of the server.
+        checkpoint (embedded mode; see `replay_service.monitoring.stats` for the rates'
+        window; a remote server reports its own: `replay-server status --json`).
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
@@ -706,8 +654,8 @@ class ReplayBufferManager:
 
         With a `samples_per_insert` rate limiter, a loop that collects and trains in one thread
         deadlocks as soon as it samples while the limiter waits for inserts (or the reverse);
-        the schedule says "train" only when a whole batch can be sampled at once and "collect"
-        otherwise. See `replay_service.sample.rate_limit` for the rule it checks.
+        the schedule says "train" only when a whole batch can be sampled at once (see
+        `replay_service.sample.rate_limit`).
 
         Args:
           batch_size: Items sampled per training step.
@@ -727,114 +675,6 @@ class ReplayBufferManager:
             batch_size,
             table_name=name,
         )
-
-    # ---------------------------------------------------------------------------- helpers
-
-    def _take_layout(self, name: str) -> None:
-        """Makes `name` every table's layout (`layout="auto"` on a remote server)."""
-        if name == self._table.layout:
-            return
-        self._table = dataclasses.replace(self._table, layout=name)
-        self._extra_tables = tuple(dataclasses.replace(t, layout=name) for t in self._extra_tables)
-        self._layout = resolve_layout(name, self._stored_spec)
-        self._backend.take_layout(self._layout, self.tables)
-
-    def _flush_writers(self) -> None:
-        for observer in self._observers:
-            observer.flush()
-
-    def _flush_for_count(self) -> None:
-        """Flushes this manager's writers for `num_frames`, in waits of `_COUNT_WAIT_MS`: it
-        stops waiting, without an error, once a table's rate limiter blocks inserts (their
-        items reach the table when samples let them in; waiting for them could only time
-        out).
-
-        Raises:
-          WriteTimeoutError: If the items are not confirmed within `Timeouts.write` while no
-            limiter blocks inserts.
-        """
-        if Capability.TRAIN_SCHEDULE not in self._backend.capabilities:
-            self._flush_writers()
-            return
-        write_s = self._timeouts.write
-        deadline = math.inf if write_s is None else time.monotonic() + write_s
-        while True:
-            try:
-                for observer in self._observers:
-                    observer.flush(_COUNT_WAIT_MS)
-                return
-            except WriteTimeoutError:
-                if time.monotonic() >= deadline:
-                    raise
-                if any(not self._backend.limiter_state(t.name).can_insert() for t in self.tables):
-                    return
-
-    def _hand_out(self, client: Any) -> tuple[Any, Any]:
-        if self._layout_from_server:
-            self._take_layout(self._backend.server_layout(client))
-        replay_buffer = self._backend.open_buffer(client, self.clear)
-        self._client = client
-        self._replay_buffer = replay_buffer
-        self._stats_tracker = StatsTracker(client, timeout=self._timeouts.connect)
-        self._stats_tracker.read(wait_for_rates=False)  # the start of the first rate window
-        if self._summary_dir is not None:
-            self._summary_writer = summaries.StatsSummaryWriter(
-                self.stats, self._summary_dir, interval_s=self._summary_interval_s
-            )
-            self._summary_writer.start()
-        return self._replay_buffer, self._new_observer()
-
-    def _require(self, capability: Capability, what: str) -> None:
-        """Refuses `what` unless the backend has `capability` (the error says the way out)."""
-        if capability not in self._backend.capabilities:
-            raise self._backend.refusal(capability, what)
-
-    def _extra_windows(self) -> list[tuple[str, int]]:
-        return [(t.name, t.sequence_length) for t in self._extra_tables]
-
-    def _new_observer(
-        self, pad_end_of_episodes: bool = False, tile_end_of_episodes: bool = False
-    ) -> TrajectoryObserver:
-        observer = TrajectoryObserver(
-            self._require_client(),
-            self.table_name,
-            self.sequence_length,
-            self._data_spec,
-            stride_length=self._stride_length,
-            timeouts=self._timeouts,
-            extra_tables=self._extra_windows(),
-            pad_end_of_episode=self._table.pad_end_of_episode,
-            layout=self._layout,
-            pad_end_of_episodes=pad_end_of_episodes,
-            tile_end_of_episodes=tile_end_of_episodes,
-        )
-        self._observers.append(observer)
-        return observer
-
-    def _require_open(self) -> None:
-        if self._closed:
-            raise ManagerClosedError("this ReplayBufferManager is closed; create a new one")
-
-    def _require_no_buffer(self) -> None:
-        self._require_open()
-        if self._client is not None:
-            raise BufferStateError(
-                "this manager already has a buffer; use get_replay_buffer_and_observer(), "
-                "clear() to empty it, or close() and a new manager to start another"
-            )
-
-    def _require_client(self) -> Any:
-        self._require_open()
-        if self._client is None:
-            raise BufferStateError(
-                "no buffer yet: call create_replay_buffer() or load_replay_buffer() first"
-            )
-        return self._client
-
-    def _require_buffer(self) -> Any:
-        self._require_client()
-        assert self._replay_buffer is not None
-        return self._replay_buffer
 
     def update_priorities(
         self,
@@ -872,28 +712,7 @@ class ReplayBufferManager:
             tracker=tracker,
         )
 
-    # ---- PyTorch, collection without TF-Agents, export/import
-
-    @property
-    def data_spec(self) -> Any:
-        """The per-step data spec this manager was given."""
-        return self._data_spec
-
-    @property
-    def stored_spec(self) -> Any:
-        """The per-step spec of what the table stores: `data_spec`, or
-        `sequences.Masked(data_spec, mask)` with `pad_end_of_episode`."""
-        return self._stored_spec
-
-    @property
-    def table_config(self) -> TableConfig:
-        """Name, capacity, sequence length and sampling of the primary table."""
-        return self._table
-
-    @property
-    def timeouts(self) -> Timeouts:
-        """Bounds on every blocking call."""
-        return self._timeouts
+    # ---- PyTorch sampling (replay_service.sample, given `_sample`)
 
     def torch_batches(
         self,
@@ -908,37 +727,30 @@ class ReplayBufferManager:
     ) -> TorchBatchStream:
         """Returns an endless iterator of torch batches sampled from this buffer.
 
-        See `replay_service.sample.torch_streams.TorchBatchStream` (options) and `TransitionBatch`
-        (`transitions=True`: states, actions, rewards, next_states, dones, truncated, hiddens).
-        `table` picks the table to sample (None: the primary one).
-
-        Bounded when the server is lost: if the server dies (SIGKILL, SIGTERM) or the network
-        drops, `next()` raises `ServerUnavailableError` naming the address, the table and what
-        to do within `liveness.liveness_bound(timeouts.sample, timeouts.connect)` seconds (at
-        most `2 * timeouts.sample + timeouts.connect`); after `close()` it raises
-        `ManagerClosedError` at once.
+        See `replay_service.sample.torch_streams.torch_batches` (options, and the bound on a
+        lost server) and `TransitionBatch` (`transitions=True`: states, actions, rewards,
+        next_states, dones, truncated, hiddens). `table` picks the table (None: the primary).
 
         Raises:
           BufferStateError: If no buffer was created or loaded; when iterating, if nothing can
             be sampled within `Timeouts.sample`.
-          ServerUnavailableError: When iterating, if the server is lost (see above).
+          ServerUnavailableError: When iterating, if the server is lost.
           ManagerClosedError: When iterating, once this manager (or the stream) is closed.
           ConfigError: If an option is invalid (a `batch_size` above its ceiling,
             `config.sizes.require_batch_size`; a device that holds no data or is not on this
             machine, `config.devices.require_device`) or `table` is unknown.
         """
-        from replay_service.sample import torch_streams as torch_sampling
+        from replay_service.sample import torch_streams
 
-        if prefetch is None:  # sampled in the calling thread (see TorchBatchStream)
-            prefetch = torch_sampling.DEFAULT_PREFETCH
-        return torch_sampling.TorchBatchStream(
-            self._torch_source(table),
+        return torch_streams.torch_batches(
+            self._sample,
             batch_size,
             device=device,
             pin_memory=pin_memory,
             prefetch=prefetch,
             transitions=transitions,
             with_info=with_info,
+            table=table,
         )
 
     def torch_dataset(
@@ -952,24 +764,18 @@ class ReplayBufferManager:
         """Returns a `torch.utils.data.IterableDataset` of batches sampled from this buffer.
 
         Use `dataset.data_loader(num_workers=N)`, or a `DataLoader(dataset, batch_size=None,
-        num_workers=N, multiprocessing_context="forkserver")`; see `TorchReplayDataset`.
-        `table` picks the table to sample (None: the primary one). Iterating fails like
-        `torch_batches` when the server is lost; a DataLoader worker holds a copy of the
-        manager's state, so after `close()` it fails when the (embedded) server is gone.
+        num_workers=N, multiprocessing_context="forkserver")`; see
+        `replay_service.sample.torch_streams.torch_dataset`. `table` picks the table.
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
-          ConfigError: If an option is invalid (a `batch_size` above its ceiling,
-            `config.sizes.require_batch_size`; a device that holds no data or is not on this
-            machine, `config.devices.require_device`) or `table` is unknown.
+          ConfigError: If an option is invalid (batch size and device as `torch_batches`) or
+            `table` is unknown.
         """
-        from replay_service.sample import torch_streams as torch_sampling
+        from replay_service.sample import torch_streams
 
-        return torch_sampling.TorchReplayDataset(
-            self._torch_source(table),
-            batch_size,
-            transitions=transitions,
-            with_info=with_info,
+        return torch_streams.torch_dataset(
+            self._sample, batch_size, transitions=transitions, with_info=with_info, table=table
         )
 
     def mixed_torch_batches(
@@ -986,21 +792,15 @@ class ReplayBufferManager:
     ) -> TorchBatchStream:
         """Returns an endless iterator of torch batches mixing several tables of this buffer.
 
-        `mixed_dataset` for PyTorch, on every backend: each item of a batch comes from table
-        `name` with probability `weights[name] / sum(weights)`, drawn independently per item
-        from a generator seeded by `seed`, and is sampled by that table's own sampler. The
-        proportions hold on average (a batch holds a binomial number of each table's items),
-        and the tables' items are interleaved in a batch. With `with_info`, batches come as
-        `(batch, MixedSampleInfo)`: each item's own table's info, and `info.table`, the
-        position of its table in `weights` (see `replay_service.sample.mixing`). Batches and
-        the other options are those of `torch_batches`.
+        `mixed_dataset` for PyTorch, on every backend: see
+        `replay_service.sample.mixing.mixed_torch_batches` (how items are drawn, and
+        `MixedSampleInfo`).
 
         Args:
           batch_size: Items per batch.
           weights: Table name -> weight; finite, >= 0, with a positive sum. The tables must
             have one sequence length.
-          seed: Seed of the choice of tables (an integer >= 0); None draws one. The items of
-            each table are drawn by its sampler, which no seed fixes.
+          seed: Seed of the choice of tables (an integer >= 0); None draws one.
           device: Where the tensors are placed (see `torch_batches`).
           pin_memory: Pin host memory before the transfer to `device`.
           prefetch: Batches prepared ahead by a background thread; None: none.
@@ -1014,28 +814,19 @@ class ReplayBufferManager:
           BufferStateError: If no buffer was created or loaded; when iterating, if a table
             yields nothing within `Timeouts.sample` (named).
           ConfigError: If a weight, table name, size, seed or option is invalid (batch size
-            and device as `torch_batches`), or the
-            tables' sequence lengths differ.
+            and device as `torch_batches`), or the tables' sequence lengths differ.
           ServerUnavailableError, ManagerClosedError: When iterating, as `torch_batches`.
         """
         from replay_service.sample import mixing
-        from replay_service.sample import torch_streams as torch_sampling
 
-        replay_buffer = self._require_buffer()
-        probabilities = check_mix_weights(self.tables, weights)
-        sources = {
-            name: self._backend.torch_source(replay_buffer, find_table(self.tables, name))
-            for name in probabilities
-        }
-        source = mixing.MixedSampleSource(
-            sources, probabilities, {name: i for i, name in enumerate(weights)}, seed=seed
-        )
-        return torch_sampling.TorchBatchStream(
-            source,
+        return mixing.mixed_torch_batches(
+            self._sample,
             batch_size,
+            weights,
+            seed=seed,
             device=device,
             pin_memory=pin_memory,
-            prefetch=torch_sampling.DEFAULT_PREFETCH if prefetch is None else prefetch,
+            prefetch=prefetch,
             transitions=transitions,
             with_info=with_info,
         )
@@ -1053,18 +844,11 @@ class ReplayBufferManager:
     ) -> EpochBatches:
         """Returns shuffled batches holding every stored item exactly once per epoch.
 
-        pytorchrl's `generate_batches(num_mini_batch, mini_batch_size, num_epochs)`: each
-        epoch is a new random permutation of the items cut into batches of `batch_size`
-        (`len(manager) // batch_size` full batches and, unless `drop_last`, one shorter
-        batch of the rest). The items are the table's at this call: a snapshot read once
-        (embedded Reverb: a snapshot checkpoint read from `<checkpoint_dir>/.snapshots/` and
-        deleted, never a checkpoint: it neither counts towards `keep_checkpoints` nor becomes
-        the newest, checkpoints go on while it is read, and one a killed process left is
-        deleted on the next start; remote: a checkpoint taken now, which becomes the newest,
-        as with `export()`, and needs the checkpoint files on this machine; local: a copy),
-        held in memory and never sampled from the table, so rate limiters and `times_sampled`
-        are untouched. Batches are torch tensors like `torch_batches` (see
-        `replay_service.sample.epochs.EpochBatches`).
+        pytorchrl's `generate_batches`: each epoch is a new permutation of the items cut into
+        batches of `batch_size` (`len(manager) // batch_size` full batches and, unless
+        `drop_last`, one shorter batch). The items are the table's at this call, a snapshot
+        read once and never sampled from the table (what each backend reads:
+        `replay_service.sample.epochs.epoch_batches`).
 
         Args:
           batch_size: Items per batch.
@@ -1072,8 +856,7 @@ class ReplayBufferManager:
           seed: Seed of the permutations (the same seed gives the same batches); None draws
             fresh ones.
           drop_last: Leave out each epoch's last, shorter batch.
-          transitions: Yield `TransitionBatch`es (tables of 2-step items) instead of item
-            nests.
+          transitions: Yield `TransitionBatch`es (tables of 2-step items), not item nests.
           device: Torch device of the batches.
           table: Table to pass over; None is the primary table.
 
@@ -1089,30 +872,15 @@ class ReplayBufferManager:
         """
         from replay_service.sample import epochs
 
-        config = find_table(self.tables, table)
-        epochs.check_options(batch_size, num_epochs, seed, drop_last, transitions)
-        # Before the snapshot is read: a batch holds at most the table's items.
-        require_batch_size(
-            "batch_size",
+        return epochs.epoch_batches(
+            self._sample,
             batch_size,
-            self._item_bytes(config.sequence_length),
-            what=f"table {config.name!r}",
-            held=config.capacity,
-        )
-        require_device(device)
-        self._require_client()
-        self._flush_writers()
-        items = self._backend.read_items(config)
-        return epochs.EpochBatches(
-            items.data,
-            self._stored_spec,
-            batch_size,
-            num_epochs=num_epochs,
+            num_epochs,
             seed=seed,
             drop_last=drop_last,
             transitions=transitions,
             device=device,
-            table_name=config.name,
+            table=table,
         )
 
     def recent_batches(
@@ -1131,10 +899,8 @@ class ReplayBufferManager:
         `c_k = max(N * eta ** (k * 1000 / num_updates), c_min)` items (capped at `N`).
 
         Emphasizing recent experience (Wang & Ross 2019; pytorchrl's `EREBuffer(eta=, cmin=)`):
-        iterate it once per round of updates, e.g. after each episode with `num_updates` the
-        episode's length. `N` is the table's size when each batch is drawn. The items are read,
-        not sampled (`times_sampled` and rate limits are untouched). See
-        `replay_service.sample.recent`.
+        iterate it once per round of updates. `N` is the table's size when each batch is
+        drawn; the items are read, not sampled. See `replay_service.sample.recent`.
 
         Args:
           batch_size: Items per batch.
@@ -1142,40 +908,24 @@ class ReplayBufferManager:
           eta: ERE's eta, in (0, 1]; 1 samples the whole table every time.
           c_min: The smallest window, in items.
           seed: Seed of the draws; None draws fresh ones.
-          transitions: Yield `TransitionBatch`es (tables of 2-step items) instead of item
-            nests.
+          transitions: Yield `TransitionBatch`es (tables of 2-step items), not item nests.
           device: Torch device of the batches.
           table: Table to sample; None is the primary table.
 
         Returns:
-          A `RecentBatches` (iterable, `len()` is `num_updates`; `windows` lists each batch's
-          `c_k`).
+          A `RecentBatches` (iterable, `len()` is `num_updates`; `windows` lists each `c_k`).
 
         Raises:
           ConfigError: If an option is invalid (named with its value; batch size and device
-            as `torch_batches`), `table` is unknown, or
-            the backend cannot sample the newest items (Reverb: use backend='local').
+            as `torch_batches`), `table` is unknown, or the backend cannot sample the newest
+            items (Reverb: use backend='local').
           BufferStateError: If no buffer was created or loaded; when iterating, if the table
             is empty.
         """
         from replay_service.sample import recent
 
-        recent.check_options(batch_size, num_updates, eta, c_min, seed, transitions)
-        config = find_table(self.tables, table)
-        require_batch_size(
-            "batch_size",
-            batch_size,
-            self._item_bytes(config.sequence_length),
-            what=f"table {config.name!r}",
-        )
-        require_device(device)
-        self._require_client()
-        self._require(Capability.RECENT_SAMPLING, f"recent_batches(eta={eta!r}, c_min={c_min!r})")
-        backend = self._backend
-        return recent.RecentBatches(
-            lambda size, window, rng: backend.read_newest(config, size, window, rng),
-            lambda: self.num_frames(table=config.name),
-            self._stored_spec,
+        return recent.recent_batches(
+            self._sample,
             batch_size,
             num_updates,
             eta=eta,
@@ -1183,22 +933,10 @@ class ReplayBufferManager:
             seed=seed,
             transitions=transitions,
             device=device,
-            table_name=config.name,
-            sequence_length=config.sequence_length,
+            table=table,
         )
 
-    def _item_bytes(self, steps: int | None = None) -> int:
-        """Bytes of one item of `steps` steps (None: the longest sequence length of the
-        tables) as a batch holds it: every field of the stored spec, every step."""
-        from replay_service.specs.packed import layout_of
-
-        if steps is None:
-            steps = max(t.sequence_length for t in self.tables)
-        return layout_of(self._stored_spec).step_bytes * steps
-
-    def _torch_source(self, table: str | None) -> Any:
-        replay_buffer = self._require_buffer()
-        return self._backend.torch_source(replay_buffer, find_table(self.tables, table))
+    # ---- Collection without TF-Agents (replay_service.collect, given `_collect`)
 
     def transition_writer(
         self, *, priority: float = 1.0, check_continuity: bool = True
@@ -1211,21 +949,9 @@ class ReplayBufferManager:
         Raises:
           BufferStateError: If no buffer was created or loaded.
         """
-        writer = TransitionWriter(
-            self._require_client(),
-            self.table_name,
-            self.sequence_length,
-            self._data_spec,
-            stride_length=self._stride_length,
-            priority=priority,
-            timeouts=self._timeouts,
-            check_continuity=check_continuity,
-            extra_tables=self._extra_windows(),
-            pad_end_of_episode=self._table.pad_end_of_episode,
-            layout=self._layout,
+        return collect_view.transition_writer(
+            self._collect, priority=priority, check_continuity=check_continuity
         )
-        self._observers.append(writer)  # type: ignore[arg-type]
-        return writer
 
     def hindsight_writer(
         self,
@@ -1241,9 +967,9 @@ class ReplayBufferManager:
         Each episode's transitions are written as they come; when it ends, `k` relabelled
         copies of each, whose `desired_goal` is a goal the episode achieved and whose reward is
         `compute_reward(achieved_goal, desired_goal, info)` (see
-        `replay_service.collect.hindsight`). The buffer's observation must be a
-        gymnasium-robotics goal observation, e.g. `from_spaces(env.observation_space, ...)` of
-        a Dict space with `observation`, `achieved_goal` and `desired_goal`.
+        `replay_service.collect.hindsight`). The observation must be a gymnasium-robotics goal
+        observation, e.g. `from_spaces` of a Dict of `observation`, `achieved_goal` and
+        `desired_goal`.
 
         Args:
           compute_reward: The environment's vectorised `compute_reward(achieved_goal,
@@ -1265,17 +991,9 @@ class ReplayBufferManager:
         """
         from replay_service.collect import hindsight
 
-        hindsight.check_options(compute_reward, strategy, k, seed)
-        hindsight.check_goal_spec(getattr(self._data_spec, "observation", None))
-        for config in self.tables:
-            if config.sequence_length != 2 or self._stride_length != 1:
-                raise ConfigError(
-                    f"hindsight_writer writes relabelled transitions as items of 2 steps; table "
-                    f"{config.name!r} has sequence_length={config.sequence_length} and "
-                    f"stride_length={self._stride_length} (it needs 2 and 1)"
-                )
-        writer = self.transition_writer(priority=priority)
-        return hindsight.HindsightWriter(writer, compute_reward, strategy=strategy, k=k, seed=seed)
+        return hindsight.hindsight_writer(
+            self._collect, compute_reward, strategy=strategy, k=k, seed=seed, priority=priority
+        )
 
     def gym_vector_writer(
         self, envs: Any, *, autoreset_mode: Any = None, priority: float = 1.0
@@ -1297,21 +1015,11 @@ class ReplayBufferManager:
           BufferStateError: If no buffer was created or loaded.
           ConfigError: If the number of envs or the mode is invalid.
         """
-        from replay_service.collect.gym_vector import GymVectorWriter
+        from replay_service.collect import gym_vector
 
-        num_envs = envs if isinstance(envs, int) else getattr(envs, "num_envs", None)
-        if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
-            raise ConfigError(f"envs must be a vector env or a number of envs >= 1, got {envs!r}")
-        if autoreset_mode is None:
-            metadata = getattr(envs, "metadata", None) or {}
-            autoreset_mode = metadata.get("autoreset_mode")
-        if autoreset_mode is None:
-            raise ConfigError(
-                f"{envs!r} does not say its autoreset_mode; pass autoreset_mode='next_step' or "
-                "'same_step'"
-            )
-        writers = [self.transition_writer(priority=priority) for _ in range(num_envs)]
-        return GymVectorWriter(writers, autoreset_mode)
+        return gym_vector.gym_vector_writer(
+            self._collect, envs, autoreset_mode=autoreset_mode, priority=priority
+        )
 
     def warm_up(
         self,
@@ -1324,17 +1032,14 @@ class ReplayBufferManager:
     ) -> int:
         """Fills the buffer with `num_steps` transitions of a gymnasium env (Velora's `warm`).
 
-        Steps `env` (a gymnasium env, or a vector env such as `gymnasium.vector.SyncVectorEnv`)
-        with `policy`, random actions by default, and writes every transition into every table,
-        as `transition_writer` (single env) or `gym_vector_writer` (vector env, either
-        auto-reset mode) does: terminations and truncations as gymnasium defines them, and the
-        episodes still running at the end written as truncated (see
-        `replay_service.collect.warm_up`). The env is reset first (`env.reset(seed=seed)`) and
-        left after its last step.
+        Steps `env` (a gymnasium env, or a vector env in either auto-reset mode) with `policy`,
+        random actions by default, and writes every transition into every table as
+        `transition_writer` or `gym_vector_writer` does; the episodes still running at the end
+        are written as truncated. The env is reset first (`env.reset(seed=seed)`) and left
+        after its last step (see `replay_service.collect.warm_up`).
 
         Args:
-          env: A gymnasium env or vector env whose spaces match the data spec (e.g. the spaces
-            this manager was made `from_spaces` of).
+          env: A gymnasium env or vector env whose spaces match the data spec.
           num_steps: Transitions to write; a vector env steps all its environments, so up to
             `num_envs - 1` more are written.
           policy: `policy(observation) -> action` (numpy or torch; batched for a vector env),
@@ -1354,19 +1059,11 @@ class ReplayBufferManager:
             (named; the transitions before it stay written).
           WriteTimeoutError: If the server does not confirm items within `timeouts.write`.
         """
-        from replay_service.collect import warm_up as warm_up_lib
+        from replay_service.collect import warm_up
 
-        extras = warm_up_lib.extra_names(self._data_spec)
-        warm_up_lib.check_options(env, num_steps, policy, seed, progress, extras)
-        self._require_client()
-        writer: Any = (
-            self.gym_vector_writer(env)
-            if warm_up_lib.is_vector_env(env)
-            else self.transition_writer()
-        )
-        return warm_up_lib.warm_up(
-            env, writer, num_steps, policy, seed=seed, progress=progress, extras=extras
-        )
+        return warm_up.fill(self._collect, env, num_steps, policy, seed=seed, progress=progress)
+
+    # ---- Export and import, Reverb table handles
 
     def export(
         self,
@@ -1393,7 +1090,7 @@ class ReplayBufferManager:
         export_lib.check_target(os.fspath(dirpath), overwrite)
         self._require_client()
         self._flush_writers()
-        return self._backend.export(self._table, os.fspath(dirpath), prefix, overwrite)
+        return self._backend.export(self.table_config, os.fspath(dirpath), prefix, overwrite)
 
     def import_buffer(
         self,
@@ -1421,10 +1118,10 @@ class ReplayBufferManager:
         export_lib.require_one_table(self.tables, "import")
         self._require_no_buffer()
         items = export_lib.read_export(
-            self._table, self._stored_spec, dirpath, prefix, drop_oldest=drop_oldest
+            self.table_config, self._stored_spec, dirpath, prefix, drop_oldest=drop_oldest
         )
         replay_buffer, observer = self.create_replay_buffer(overwrite=overwrite)
-        self._backend.insert_items(self._table, items)
+        self._backend.insert_items(self.table_config, items)
         return replay_buffer, observer
 
     def table_handle(self, table: str | None = None) -> TableHandle:
@@ -1441,6 +1138,98 @@ class ReplayBufferManager:
         self._require_client()
         self._require(Capability.TABLE_HANDLE, "table_handle")
         return self._backend.table_handle(find_table(self.tables, table))
+
+    # ---------------------------------------------------------------------------- helpers
+
+    @property
+    def _collect(self) -> collect_view.CollectView:
+        """This buffer as its collector factories see it."""
+        return collect_view.CollectView(
+            self._require_client,
+            self.tables,
+            self._data_spec,
+            self._stride_length,
+            self._timeouts,
+            self._backend.layout,
+            self._writers,
+        )
+
+    @property
+    def _sample(self) -> SampleView:
+        """This buffer as its samplers see it."""
+        return SampleView(
+            self._backend,
+            self._require_buffer,
+            self.tables,
+            self._stored_spec,
+            self._flush_writers,
+            lambda name: self.num_frames(table=name),
+        )
+
+    def _hand_out(self, client: Any) -> tuple[Any, Any]:
+        """Opens the buffer behind the client `create`/`load` returned, and starts its stats;
+        a failure stops the backend again."""
+        try:
+            self._replay_buffer = self._backend.open_buffer(client, self.clear)
+            self._client = client
+            self._stats_tracker = StatsTracker(client, timeout=self._timeouts.connect)
+            self._stats_tracker.read(wait_for_rates=False)  # the start of the first rate window
+            if self._summary_dir is not None:
+                self._summary_writer = summaries.StatsSummaryWriter(
+                    self.stats, self._summary_dir, interval_s=self._summary_interval_s
+                )
+                self._summary_writer.start()
+            return self._replay_buffer, self.observer()
+        except BaseException:
+            self._backend.close()
+            raise
+
+    def _flush_writers(self) -> None:
+        for writer in self._writers:
+            writer.flush()
+
+    def _require(self, capability: Capability, what: str) -> None:
+        """Refuses `what` unless the backend has `capability` (the error says the way out)."""
+        if capability not in self._backend.capabilities:
+            raise self._backend.refusal(capability, what)
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ManagerClosedError("this ReplayBufferManager is closed; create a new one")
+
+    def _require_no_buffer(self) -> None:
+        self._require_open()
+        if self._client is not None:
+            raise BufferStateError(
+                "this manager already has a buffer; use get_replay_buffer_and_observer(), "
+                "clear() to empty it, or close() and a new manager to start another"
+            )
+
+    def _require_client(self) -> Any:
+        self._require_open()
+        if self._client is None:
+            raise BufferStateError(
+                "no buffer yet: call create_replay_buffer() or load_replay_buffer() first"
+            )
+        return self._client
+
+    def _require_buffer(self) -> Any:
+        self._require_client()
+        assert self._replay_buffer is not None
+        return self._replay_buffer
+
+
+def _with_layout(extra_tables: Any, layout: str) -> Any:
+    """`extra_tables` with the manager's layout where they left the default: every table of a
+    buffer has one layout (anything that is not a sequence is left to `check_extra_tables`)."""
+    if layout == NESTED or not isinstance(extra_tables, Sequence) or isinstance(extra_tables, str):
+        return extra_tables
+    return [
+        dataclasses.replace(t, layout=layout)
+        if isinstance(t, TableConfig) and t.layout == NESTED
+        else t
+        for t in extra_tables
+    ]
 
 
 def _check_interval(interval: float | None, server_address: str | None) -> None:
