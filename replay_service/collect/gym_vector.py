@@ -278,7 +278,7 @@ class GymVectorWriter:
 
 
 def gym_vector_writer(
-    view: CollectView, envs: Any, *, autoreset_mode: Any = None, priority: float = 1.0
+    view: CollectView, envs: Any, autoreset_mode: Any = None, priority: float = 1.0
 ) -> GymVectorWriter:
     """A `GymVectorWriter` over one new transition writer of the buffer per environment.
 

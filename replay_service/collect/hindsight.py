@@ -270,7 +270,6 @@ def _with_goal(observation: dict[str, Any], goal: np.ndarray) -> dict[str, Any]:
 def hindsight_writer(
     view: CollectView,
     compute_reward: Callable[[Any, Any, Any], Any],
-    *,
     strategy: str = "future",
     k: int | None = None,
     seed: int | None = None,

@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.specs.layouts import Layout
+
+
+class Tables(Protocol):
+    """What describes a buffer's tables (its `Backend`)."""
+
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """The tables, the primary one first."""
+
+    @property
+    def layout(self) -> Layout:
+        """How the tables store steps."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,27 +38,32 @@ class CollectView:
       require_client: Returns the client collectors write through (a Reverb client or the
         local backend's `LocalClient`); raises `BufferStateError` before the buffer is created
         or loaded and `ManagerClosedError` after `close()`.
-      tables: The buffer's tables, the primary one first; every collector feeds all of them.
+      described: The buffer's `tables` (every collector feeds all of them) and `layout`, as
+        they are now (a remote server's layout is known once connected).
       data_spec: The per-step data spec.
       stride_length: A new item every `stride_length` steps.
       timeouts: `timeouts.write` bounds every wait for the server.
-      layout: How the tables store steps.
       writers: The buffer's open collectors; each one made from this view is added.
     """
 
     require_client: Callable[[], Any]
-    tables: tuple[TableConfig, ...]
+    described: Tables
     data_spec: Any
     stride_length: int
     timeouts: Timeouts
-    layout: Layout
     writers: list[Any]
+
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """The buffer's tables, the primary one first."""
+        return self.described.tables
 
     def _targets(self) -> dict[str, Any]:
         """The arguments every collector of this buffer shares (the primary table's first)."""
+        client = self.require_client()
         primary = self.tables[0]
         return {
-            "client": self.require_client(),
+            "client": client,
             "table_name": primary.name,
             "sequence_length": primary.sequence_length,
             "data_spec": self.data_spec,
@@ -54,7 +71,7 @@ class CollectView:
             "timeouts": self.timeouts,
             "extra_tables": [(t.name, t.sequence_length) for t in self.tables[1:]],
             "pad_end_of_episode": primary.pad_end_of_episode,
-            "layout": self.layout,
+            "layout": self.described.layout,
         }
 
 
@@ -86,7 +103,7 @@ def observer(
 
 
 def transition_writer(
-    view: CollectView, *, priority: float = 1.0, check_continuity: bool = True
+    view: CollectView, priority: float = 1.0, check_continuity: bool = True
 ) -> TransitionWriter:
     """A new `TransitionWriter` writing the observer's items into every table of the buffer.
 

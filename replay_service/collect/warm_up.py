@@ -240,7 +240,6 @@ def fill(
     env: Any,
     num_steps: int,
     policy: Callable[[Any], Any] | None = None,
-    *,
     seed: int | None = None,
     progress: bool = True,
 ) -> int:

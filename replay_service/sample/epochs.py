@@ -155,7 +155,6 @@ def epoch_batches(
     view: SampleView,
     batch_size: int,
     num_epochs: int = 1,
-    *,
     seed: int | None = None,
     drop_last: bool = False,
     transitions: bool = False,

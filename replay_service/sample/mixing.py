@@ -258,7 +258,6 @@ def mixed_torch_batches(
     view: SampleView,
     batch_size: int,
     weights: Mapping[str, float],
-    *,
     seed: int | None = None,
     device: str | torch.device = "cpu",
     pin_memory: bool = False,

@@ -187,7 +187,6 @@ def recent_batches(
     view: SampleView,
     batch_size: int,
     num_updates: int,
-    *,
     eta: float = DEFAULT_ETA,
     c_min: int = DEFAULT_C_MIN,
     seed: int | None = None,

@@ -565,7 +565,6 @@ def _placer(device: torch.device, pin: bool) -> Callable[[torch.Tensor], torch.T
 def torch_batches(
     view: SampleView,
     batch_size: int,
-    *,
     device: str | torch.device = "cpu",
     pin_memory: bool = False,
     prefetch: int | None = None,
@@ -613,7 +612,6 @@ def torch_batches(
 def torch_dataset(
     view: SampleView,
     batch_size: int,
-    *,
     transitions: bool = False,
     with_info: bool = False,
     table: str | None = None,

@@ -29,7 +29,6 @@ class SampleView:
       require_buffer: Returns the replay buffer the backend's sampling calls take back;
         raises `BufferStateError` before the buffer is created or loaded and
         `ManagerClosedError` after `close()`.
-      tables: The buffer's tables, the primary one first.
       stored_spec: What each step stores (`data_spec`, or `Masked` for padded tables).
       flush_writers: Blocks until the buffer's collectors' items reached the tables.
       count: The number of items in a table, by name (`ReplayBufferManager.num_frames`).
@@ -37,10 +36,14 @@ class SampleView:
 
     backend: Backend
     require_buffer: Callable[[], Any]
-    tables: tuple[TableConfig, ...]
     stored_spec: Any
     flush_writers: Callable[[], None]
     count: Callable[[str], int]
+
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """The buffer's tables, the primary one first (`Backend.tables`)."""
+        return self.backend.tables
 
     def table(self, name: str | None) -> TableConfig:
         """The table called `name`; None: the primary one.
