@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from replay_service.config.devices import require_device
 from replay_service.config.options import require_seed
-from replay_service.config.sizes import require_batch_size
 from replay_service.errors import BufferStateError, ConfigError
 from replay_service.sample.batches import (
     TRANSITION_SEQUENCE_LENGTH,
@@ -194,14 +192,7 @@ def epoch_batches(
     config = view.table(table)
     check_options(batch_size, num_epochs, seed, drop_last, transitions)
     # Before the snapshot is read: a batch holds at most the table's items.
-    require_batch_size(
-        "batch_size",
-        batch_size,
-        view.item_bytes(config.sequence_length),
-        what=f"table {config.name!r}",
-        held=config.capacity,
-    )
-    require_device(device)
+    view.check_batches(config, batch_size, device, held=config.capacity)
     view.require_buffer()
     view.flush_writers()
     items = view.backend.read_items(config)

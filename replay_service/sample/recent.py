@@ -28,8 +28,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from replay_service.config.devices import require_device
-from replay_service.config.sizes import require_batch_size
 from replay_service.errors import BufferStateError, ConfigError
 from replay_service.sample.batches import (
     TRANSITION_SEQUENCE_LENGTH,
@@ -221,13 +219,7 @@ def recent_batches(
     """
     check_options(batch_size, num_updates, eta, c_min, seed, transitions)
     config = view.table(table)
-    require_batch_size(
-        "batch_size",
-        batch_size,
-        view.item_bytes(config.sequence_length),
-        what=f"table {config.name!r}",
-    )
-    require_device(device)
+    view.check_batches(config, batch_size, device)
     view.require_buffer()
     read = view.backend.newest_reader(config, f"recent_batches(eta={eta!r}, c_min={c_min!r})")
     return RecentBatches(

@@ -12,7 +12,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from replay_service.config.devices import require_device
 from replay_service.config.options import TableConfig
+from replay_service.config.sizes import require_batch_size
 from replay_service.config.tables import find_table
 
 if TYPE_CHECKING:
@@ -61,6 +63,25 @@ class SampleView:
         if steps is None:
             steps = max(t.sequence_length for t in self.tables)
         return layout_of(self.stored_spec).step_bytes * steps
+
+    def check_batches(
+        self, table: TableConfig, batch_size: int, device: Any, held: int | None = None
+    ) -> None:
+        """Refuses a batch size above its ceiling for `table`'s items and an unusable device.
+
+        Args:
+          table: The table sampled.
+          batch_size: Items per batch.
+          device: The torch device of the batches.
+          held: At most this many items are held (a snapshot of the table); None: any.
+
+        Raises:
+          ConfigError: From `config.sizes.require_batch_size` or `config.devices.require_device`.
+        """
+        what = f"table {table.name!r}"
+        item_bytes = self.item_bytes(table.sequence_length)
+        require_batch_size("batch_size", batch_size, item_bytes, what=what, held=held)
+        require_device(device)
 
     def source(self, table: str | None) -> TorchSampleSource:
         """The sample source of table `table` (None: the primary one) torch streams draw from.
