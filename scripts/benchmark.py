@@ -565,7 +565,7 @@ def checkpoint_rows(
     path = CheckpointStore(manager.checkpoint_dir).latest().path
     size = dir_bytes(path)
     root = manager.checkpoint_dir
-    capacity = manager._table.capacity
+    capacity = manager.table_config.capacity
     layout = manager.table_config.layout
     manager.close()
 

@@ -42,6 +42,7 @@ from replay_service.errors import ConfigError, SpecMismatchError
 
 if TYPE_CHECKING:
     from replay_service.collect.transitions import TransitionWriter
+    from replay_service.collect.view import CollectView
 
 FINAL_OBS_KEYS = ("final_obs", "final_observation")
 """Keys of `infos` holding SAME_STEP final observations: gymnasium >= 1.0, then older ones."""
@@ -274,3 +275,41 @@ class GymVectorWriter:
                 f"{name}: expected shape [{self.num_envs}], got {list(array.shape)}"
             )
         return array.astype(bool) if kind is bool else [array[i] for i in range(self.num_envs)]
+
+
+def gym_vector_writer(
+    view: CollectView, envs: Any, autoreset_mode: Any = None, priority: float = 1.0
+) -> GymVectorWriter:
+    """A `GymVectorWriter` over one new transition writer of the buffer per environment.
+
+    Args:
+      view: The buffer.
+      envs: The vector env (its `num_envs` and `metadata["autoreset_mode"]` are read), or the
+        number of environments.
+      autoreset_mode: Overrides the env's mode; required when `envs` is a number or its
+        metadata has none (gymnasium < 1.0 envs reset in the same step).
+      priority: Initial priority of new items.
+
+    Returns:
+      The writer; its transition writers join `view.writers`.
+
+    Raises:
+      ConfigError: If the number of envs or the mode is invalid (before
+        `view.require_client`).
+      BufferStateError: If the buffer was not created or loaded.
+    """
+    from replay_service.collect.view import transition_writer
+
+    num_envs = envs if isinstance(envs, int) else getattr(envs, "num_envs", None)
+    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
+        raise ConfigError(f"envs must be a vector env or a number of envs >= 1, got {envs!r}")
+    if autoreset_mode is None:
+        metadata = getattr(envs, "metadata", None) or {}
+        autoreset_mode = metadata.get("autoreset_mode")
+    if autoreset_mode is None:
+        raise ConfigError(
+            f"{envs!r} does not say its autoreset_mode; pass autoreset_mode='next_step' or "
+            "'same_step'"
+        )
+    writers = [transition_writer(view, priority=priority) for _ in range(num_envs)]
+    return GymVectorWriter(writers, autoreset_mode)

@@ -27,6 +27,7 @@ from replay_service.errors import ConfigError, SpecMismatchError
 if TYPE_CHECKING:
     from replay_service.collect.gym_vector import GymVectorWriter
     from replay_service.collect.transitions import TransitionWriter
+    from replay_service.collect.view import CollectView
 
 _log = logging.getLogger(__name__)
 
@@ -232,3 +233,40 @@ class _Progress:
             self._bar.close()
         elif self._enabled:
             _log.info("warm-up: %d/%d transitions written", written, self._total)
+
+
+def fill(
+    view: CollectView,
+    env: Any,
+    num_steps: int,
+    policy: Callable[[Any], Any] | None = None,
+    seed: int | None = None,
+    progress: bool = True,
+) -> int:
+    """Checks the options, then `warm_up`s the buffer with a new writer of it: a
+    `gym_vector.gym_vector_writer` for a vector env, else a `TransitionWriter`.
+
+    Args:
+      view: The buffer.
+      env: A gymnasium env or vector env whose spaces match the data spec.
+      num_steps: Transitions to write.
+      policy: As `warm_up`'s; None: random actions.
+      seed: As `warm_up`'s.
+      progress: As `warm_up`'s.
+
+    Returns:
+      The number of transitions written.
+
+    Raises:
+      ConfigError: If an option is invalid (`check_options`, before `view.require_client`).
+      BufferStateError: If the buffer was not created or loaded.
+      SpecMismatchError, WriteTimeoutError: As `warm_up`.
+    """
+    from replay_service.collect.gym_vector import gym_vector_writer
+    from replay_service.collect.view import transition_writer
+
+    extras = extra_names(view.data_spec)
+    check_options(env, num_steps, policy, seed, progress, extras)
+    view.require_client()
+    writer: Any = gym_vector_writer(view, env) if is_vector_env(env) else transition_writer(view)
+    return warm_up(env, writer, num_steps, policy, seed=seed, progress=progress, extras=extras)

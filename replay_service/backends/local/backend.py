@@ -17,7 +17,7 @@ import time
 import types
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tree
@@ -31,7 +31,7 @@ from replay_service.collect.writing import TableWindows
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
 from replay_service.sample.priorities import check_updates
-from replay_service.specs.layouts import Layout
+from replay_service.specs.layouts import Layout, NestedLayout
 from replay_service.specs.nests import describe_spec
 from replay_service.storage import export as export_lib
 from replay_service.storage.schedule import CheckpointSchedule
@@ -43,6 +43,9 @@ from replay_service.storage.store import (
     Verified,
     remove_path,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 _log = logging.getLogger(__name__)
 
@@ -273,6 +276,8 @@ class LocalBackend(Backend):
       storage: "memory" or "memmap" (see `LocalTable`).
       seed: Seed of the tables' samplers (each table its own generator); None: fresh entropy.
       device: Torch device of the tables' step rings (`table.check_device`); None: host memory.
+      layout: What the collectors are given (`Backend.layout`); None: the nested layout of
+        `stored_spec` (local tables have their own storage: no other is taken).
 
     Raises:
       ConfigError: If a table's options are Reverb-only, or `device` is not usable.
@@ -300,6 +305,7 @@ class LocalBackend(Backend):
         storage: str = "memory",
         seed: int | None = None,
         device: str | None = None,
+        layout: Layout | None = None,
     ) -> None:
         self._device = None if device is None else check_device(device)
         if self._device is not None and storage != "memory":
@@ -316,6 +322,7 @@ class LocalBackend(Backend):
         self._interval = checkpoint_interval_s
         self._storage = storage
         self._seed = seed
+        self._layout = NestedLayout(stored_spec) if layout is None else layout
         self.metadata = StoreMetadata.for_tables(self._configs[0], data_spec, self._configs[1:])
         self._fields = describe_spec(stored_spec)
         self._tables: dict[str, LocalTable] = {}
@@ -357,6 +364,16 @@ class LocalBackend(Backend):
     def checkpoint_dir(self) -> str:
         """The absolute checkpoint directory."""
         return self._store.root
+
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """The tables' configurations, the primary one first."""
+        return self._configs
+
+    @property
+    def layout(self) -> Layout:
+        """The layout the collectors are given (a local table ignores it)."""
+        return self._layout
 
     # ------------------------------------------------------------------ items in and out
 
@@ -407,7 +424,9 @@ class LocalBackend(Backend):
         """Inserts the items into the table, in order, with their priorities."""
         self.client.table(table.name).insert(items.data, items.priorities)
 
-    def read_newest(self, table: TableConfig, batch_size: int, window: int, rng: Any) -> Any:
+    def read_newest(
+        self, table: TableConfig, batch_size: int, window: int, rng: np.random.Generator
+    ) -> list[torch.Tensor]:
         """Items drawn from the newest `window` of the table (`LocalTable.read_newest`)."""
         return self.client.table(table.name).read_newest(batch_size, window, rng)
 

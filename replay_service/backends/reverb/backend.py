@@ -10,6 +10,7 @@ PyTorch pipelines, export and import through Reverb); its two modes differ in li
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,16 @@ class ReverbBackend(Backend):
         self._timeouts = timeouts
         self._layout = layout
         self._client: reverb.Client | None = None
+
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """The tables on the server, the primary one first."""
+        return self._tables
+
+    @property
+    def layout(self) -> Layout:
+        """How every table stores steps."""
+        return self._layout
 
     @classmethod
     def way_out(cls, capability: Capability) -> str:
@@ -437,6 +448,8 @@ class RemoteBackend(ReverbBackend):
       data_spec: Per-step data spec.
       stored_spec: What each step stores; None: `data_spec`.
       layout: How the tables store steps.
+      layout_from_server: Take the layout of the server's tables on connecting instead
+        (`load`; the manager's `layout="auto"`).
     """
 
     description = "a remote Reverb server"
@@ -450,11 +463,13 @@ class RemoteBackend(ReverbBackend):
         stored_spec: Any = None,
         *,
         layout: Layout,
+        layout_from_server: bool = False,
     ) -> None:
         super().__init__(
             tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts, layout
         )
         self._address = address
+        self._layout_from_server = layout_from_server
 
     @classmethod
     def from_options(cls, options: BackendOptions) -> RemoteBackend:
@@ -467,6 +482,7 @@ class RemoteBackend(ReverbBackend):
             options.data_spec,
             options.stored_spec,
             layout=options_layout(options),
+            layout_from_server=options.layout_from_server,
         )
 
     @property
@@ -496,19 +512,27 @@ class RemoteBackend(ReverbBackend):
         return client
 
     def load(self) -> reverb.Client:
-        """Connects to the server.
+        """Connects to the server; with `layout_from_server`, takes its tables' layout
+        (`server_layout`) for every table, before anything is built with it.
 
         Raises:
           ServerUnavailableError: If it does not answer within `timeouts.connect`.
+          SpecMismatchError: With `layout_from_server`, if the server has no primary table.
         """
-        self._client = connect(self._address, self._timeouts.connect)
-        return self._client
+        client = connect(self._address, self._timeouts.connect)
+        if self._layout_from_server:
+            name = self.server_layout(client)
+            if name != self._tables[0].layout:
+                self._tables = tuple(dataclasses.replace(t, layout=name) for t in self._tables)
+                self._layout = resolve_layout(name, self._stored_spec)
+        self._client = client
+        return client
 
     def replay_buffer_kwargs(self) -> dict[str, Any]:
         """How TF-Agents' `ReverbReplayBuffer` reaches the server."""
         return {"server_address": self._address}
 
-    def server_layout(self, client: Any) -> str:
+    def server_layout(self, client: reverb.Client) -> str:
         """ "packed" when the primary table's signature is one `uint8[sequence_length,
         step_bytes]` tensor (a packed table's), else "nested"; `open_buffer` then checks every
         table against it.
@@ -519,11 +543,6 @@ class RemoteBackend(ReverbBackend):
         """
         info = check_table_exists(client, self._tables[0].name, self._timeouts.connect)
         return PACKED if signature_layout(info.signature) == PACKED else NESTED
-
-    def take_layout(self, layout: Layout, tables: Sequence[TableConfig]) -> None:
-        """Uses `layout` for `tables` from now on (nothing was built with the old one yet)."""
-        self._layout = layout
-        self._tables = tuple(tables)
 
     def checkpoint(self) -> str:
         """Asks the server for a checkpoint; returns where Reverb wrote it on the server's side
