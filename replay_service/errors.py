@@ -33,6 +33,12 @@ class BackendMismatchError(CheckpointError):
     """A checkpoint was written by the other backend ("reverb" or "local"); nothing is moved."""
 
 
+class NotRegularFileError(CheckpointError):
+    """A path where replay_service reads or writes one of its files holds something else (a
+    named pipe, a socket, a device, a directory or a symbolic link); it is never opened, moved
+    or deleted."""
+
+
 class ServerError(ReplayServiceError):
     """The Reverb server could not be started or reached."""
 
