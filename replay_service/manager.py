@@ -1297,8 +1297,11 @@ class ReplayBufferManager:
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
-          ConfigError: If `env`, `num_steps`, `policy`, `seed` or `progress` is invalid, or
-            random actions are asked of a data spec with extras (naming the value).
+          ConfigError: If `env`, `num_steps`, `policy`, `seed` or `progress` is invalid,
+            random actions are asked of a data spec with extras (naming the value), or the env
+            speaks the old gym API (`reset() -> observation`, `step() -> (observation, reward,
+            done, info)`; naming what it returned, before anything is written: wrap it with
+            shimmy).
           SpecMismatchError: If an observation, action or extra does not fit the data spec
             (named; the transitions before it stay written).
           WriteTimeoutError: If the server does not confirm items within `timeouts.write`.
