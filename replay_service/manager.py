@@ -48,6 +48,7 @@ from replay_service.monitoring.stats import BufferStats, StatsTracker, checkpoin
 from replay_service.sample import priorities as priorities_lib
 from replay_service.sample import rate_limit
 from replay_service.specs import nests as specs
+from replay_service.specs import sizes
 from replay_service.specs import windows as sequences
 from replay_service.specs.layouts import AUTO, NESTED, resolve_layout
 from replay_service.storage import export as export_lib
@@ -145,7 +146,11 @@ class ReplayBufferManager:
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
-        checkpoint_dir with a NUL character, two tables with one name...).
+        checkpoint_dir with a NUL character, two tables with one name...), or the sizes cannot
+        fit before anything is allocated: one item larger than the memory available (every
+        backend), or the local backend's tables (capacity x bytes per step) larger than the
+        memory (storage="memory") or free disk ("memmap") available; the error names the
+        largest fields with their shapes, the bytes per step, the total and what is available.
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs (what
         the observer and transition writer collect).
     """
@@ -218,6 +223,8 @@ class ReplayBufferManager:
         # The one place the layout's name becomes the object that the backend, its tables'
         # handles, the observers and the writers receive.
         self._layout = resolve_layout(layout, self._stored_spec)
+        # Before anything is allocated (the local backend checks its whole rings on create).
+        sizes.check_item_fits(specs.describe_spec(self._stored_spec), self.tables)
         if server_address is None and checkpoint_dir is None:
             raise ConfigError("checkpoint_dir is required unless server_address is given")
         if checkpoint_dir is not None:
@@ -309,8 +316,9 @@ class ReplayBufferManager:
           The manager (call `create_replay_buffer()` or `load_replay_buffer()` next).
 
         Raises:
-          ConfigError: For an unsupported space or option (see `ReplayBufferManager`), or a bad
-            extra (a reserved name, a bad shape or dtype), naming it and its value.
+          ConfigError: For an unsupported space or option (see `ReplayBufferManager`), a bad
+            extra (a reserved name, a bad shape or dtype), naming it and its value, or sizes
+            that cannot fit (a huge space or extra: see `ReplayBufferManager`).
         """
         data_spec = specs.data_spec_for_spaces(observation_space, action_space, extras=extras)
         reverb_only = [

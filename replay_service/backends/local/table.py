@@ -80,6 +80,7 @@ from replay_service.errors import (
     ManagerClosedError,
     SpecMismatchError,
 )
+from replay_service.specs import sizes
 from replay_service.storage.file_modes import DIR_MODE, make_dirs
 
 LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
@@ -232,12 +233,12 @@ class LocalTable:
         # step the distance to its writer's next step (`_gap`) and the number of items it is
         # the first step of (`_refs`). Steps have serial numbers: the one at ring position `p`
         # is `p - _head + _written` (mod the ring size); `[_oldest, _written)` are in the ring.
-        self._ring_size = capacity + length - 1
+        self._ring_size = ring_steps(capacity, length, storage)
         self._max_steps = capacity * length * length
         # Files cannot grow: reserved once, for `capacity` windows that share no step.
         self._shares = storage == "memory"
         if storage == "memmap":
-            self._max_steps = self._ring_size = capacity * length
+            self._max_steps = self._ring_size
         # numpy views of `_tensors`, or with a `device` the tensors themselves.
         self._columns: list[Any] | None = None
         self._tensors: list[torch.Tensor] = []
@@ -1095,6 +1096,7 @@ class LocalTable:
                 ],
                 f"the memory-mapped storage of table {self.name!r} ({steps} steps of "
                 f"{self.step_bytes} bytes)",
+                self.fields,
             )
         columns, tensors = [], []
         for index, (shape, dtype) in enumerate(zip(self._step_shapes, self._dtypes, strict=True)):
@@ -1222,7 +1224,9 @@ def _link_target(path: str) -> str:
         return "?"
 
 
-def _reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
+def _reserve_files(
+    files: Sequence[tuple[str, int]], what: str, fields: Sequence[dict[str, Any]]
+) -> None:
     """Creates each file of `files` with its whole size allocated on disk (`posix_fallocate`).
 
     A memory-mapped file whose blocks are not allocated takes them when a page is first
@@ -1232,6 +1236,7 @@ def _reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
     Args:
       files: `(path, bytes)` of each file to create; none of them may exist.
       what: What the files hold, for the error.
+      fields: The step's fields (`specs.describe_spec`), named in the error.
 
     Raises:
       ConfigError: If a file cannot be created or its space cannot be reserved (a full disk, a
@@ -1240,16 +1245,9 @@ def _reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
         removed again.
     """
     needed = sum(n for _, n in files)
-    directory = os.path.dirname(files[0][0]) if files else "."
-    free = _free_bytes(directory)
-    if free is not None and needed > free:
-        # Refused before any block is taken: a reservation that fails part way holds the
-        # disk full meanwhile, for every other writer on it too.
-        raise ConfigError(
-            f"cannot reserve {needed} bytes on disk for {what} in {directory!r} ({free} bytes "
-            f"free there): files {[os.path.basename(p) for p, _ in files]} need more than is "
-            "free; free disk space, lower the capacity or use storage='memory'"
-        )
+    # Refused before any block is taken: a reservation that fails part way holds the disk
+    # full meanwhile, for every other writer on it too.
+    _check_free(files, what, fields)
     created: list[str] = []
     path, size = "", 0
     try:
@@ -1275,9 +1273,118 @@ def _reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
         ) from e
 
 
+def ring_steps(capacity: int, sequence_length: int, storage: str) -> int:
+    """Steps of a table's step ring when it is made: `capacity + sequence_length - 1` in RAM
+    (windows of one writer share steps; it grows if writers interleave), `capacity *
+    sequence_length` in files ("memmap": reserved once, for windows that share no step)."""
+    if storage == "memmap":
+        return capacity * sequence_length
+    return capacity + sequence_length - 1
+
+
+def check_tables_fit(
+    configs: Sequence[TableConfig],
+    fields: Sequence[dict[str, Any]],
+    storage: str,
+    scratch_root: str,
+) -> None:
+    """Refuses tables whose step rings cannot fit where they would live, before any exists.
+
+    `storage="memory"`: the rings' bytes (`ring_steps` x the step's bytes, every table) must
+    fit in the memory available (`sizes.available_memory`); RAM pages are committed as steps
+    are written, so a ring too large would be accepted and the process killed once it fills.
+    "memmap": every table's files must fit on the disk of `scratch_root` (`_check_free`, which
+    `_reserve_files` applies again to each table's files when they are made). Unknown amounts
+    (another platform) pass.
+
+    Args:
+      configs: The tables (capacity, sequence length, name).
+      fields: `specs.describe_spec(stored_spec)` of one step.
+      storage: "memory" or "memmap".
+      scratch_root: `<checkpoint_dir>/.memmap` (it may not exist yet), for "memmap".
+
+    Raises:
+      ConfigError: Naming the bytes per step and the largest fields with their shapes, each
+        table's steps, the total and the bytes available.
+    """
+    per_step = sizes.step_bytes(fields)
+    rings = [(c.name, ring_steps(c.capacity, c.sequence_length, storage), c) for c in configs]
+    if storage == "memmap":
+        files = [
+            (os.path.join(scratch_root, name, f"field{index}.memmap"), steps * field.nbytes)
+            for name, steps, _ in rings
+            for index, field in enumerate(sizes.field_sizes(fields))
+        ]
+        names = ", ".join(repr(name) for name, _, _ in rings)
+        # An earlier buffer's files there are deleted before the new ones are reserved.
+        reclaimable = sum(_scratch_file_bytes(os.path.join(scratch_root, n)) for n, _, _ in rings)
+        what = f"the memory-mapped storage of tables {names}"
+        _check_free(files, what, fields, scratch_root, reclaimable)
+        return
+    available = sizes.available_memory()
+    total = sum(steps for _, steps, _ in rings) * per_step
+    if available is None or total <= available:
+        return
+    tables = "; ".join(
+        f"table {name!r}: {steps} steps for capacity {config.capacity}"
+        for name, steps, config in rings
+    )
+    raise ConfigError(
+        f"the local tables need {total} bytes ({sizes.human(total)}) of memory "
+        f"(storage='memory'), but {available} bytes ({sizes.human(available)}) are available: "
+        f"{per_step} bytes per step ({tables}); the largest fields per step: "
+        f"{sizes.largest_fields(fields)}. Nothing was allocated: lower the capacity or the "
+        "field's shape, or use storage='memmap' (the rings in files on the disk of "
+        "checkpoint_dir)"
+    )
+
+
+def _check_free(
+    files: Sequence[tuple[str, int]],
+    what: str,
+    fields: Sequence[dict[str, Any]],
+    directory: str | None = None,
+    reclaimable: int = 0,
+) -> None:
+    """Refuses `files` (`(path, bytes)`) that need more than the disk of `directory` (their
+    first one's directory by default; the nearest existing parent is measured) has free, plus
+    `reclaimable` bytes that are deleted before they are made.
+
+    Raises:
+      ConfigError: Naming the bytes needed and free, the files, the bytes per step and the
+        largest fields per step with their shapes.
+    """
+    needed = sum(n for _, n in files)
+    directory = directory or (os.path.dirname(files[0][0]) if files else ".")
+    free = _free_bytes(directory)
+    if free is None or needed <= free + reclaimable:
+        return
+    shown = sorted({os.path.basename(p) for p, _ in files})
+    raise ConfigError(
+        f"cannot reserve {needed} bytes ({sizes.human(needed)}) on disk for {what} in "
+        f"{directory!r} ({free} bytes free there): files {shown} need more than is free "
+        f"({sizes.step_bytes(fields)} bytes per step; the largest fields per step: "
+        f"{sizes.largest_fields(fields)}); free disk space, lower the capacity or the field's "
+        "shape, or use storage='memory'"
+    )
+
+
+def _scratch_file_bytes(directory: str) -> int:
+    """Bytes of the `field<N>.memmap` regular files an earlier buffer left in `directory`
+    (which `prepare_scratch_dir` deletes); 0 where there are none or it cannot be listed."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if _SCRATCH_FILE.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
 def _free_bytes(directory: str) -> int | None:
-    """Bytes an unprivileged process may still write on the disk of `directory`; None if
-    unknown."""
+    """Bytes an unprivileged process may still write on the disk of `directory` (or of its
+    nearest existing parent, for one not made yet); None if unknown."""
+    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
     try:
         stats = os.statvfs(directory)
     except OSError:
