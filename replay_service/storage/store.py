@@ -889,8 +889,11 @@ class CheckpointStore:
                 checkpoint = self.read_checkpoint(sequence, path)
                 _check_backend(checkpoint, backend)
                 load(checkpoint)
-            except (SpecMismatchError, BackendMismatchError, NotRegularFileError):
-                raise  # a configuration mistake or another kind of file: nothing is moved
+            except (SpecMismatchError, BackendMismatchError):
+                raise
+            except NotRegularFileError:
+                discard()  # another kind of file, not damage: nothing is moved
+                raise
             except CheckpointError as e:
                 discard()
                 target = self.quarantine_path(path)
