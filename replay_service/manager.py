@@ -106,9 +106,14 @@ class ReplayBufferManager:
         gathered on ("cpu", "cuda:1"; needs storage="memory"); None: host memory.
 
     Raises:
-      ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, two
-        tables with one name, an option the backend does not take...), naming it.
-      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs.
+      ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
+        checkpoint_dir with a NUL character, two tables with one name...), or the sizes cannot
+        fit before anything is allocated: one item larger than the memory available (every
+        backend), or the local backend's tables (capacity x bytes per step) larger than the
+        memory (storage="memory") or free disk ("memmap") available; the error names the
+        largest fields with their shapes, the bytes per step, the total and what is available.
+      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs (what
+        the observer and transition writer collect).
     """
 
     def __init__(
@@ -201,7 +206,9 @@ class ReplayBufferManager:
           **options: Any other `ReplayBufferManager` argument.
 
         Raises:
-          ConfigError: For an unsupported space, option or extra, naming it and its value.
+          ConfigError: For an unsupported space or option (see `ReplayBufferManager`), a bad
+            extra (a reserved name, a bad shape or dtype), naming it and its value, or sizes
+            that cannot fit (a huge space or extra: see `ReplayBufferManager`).
         """
         data_spec = specs.data_spec_for_spaces(observation_space, action_space, extras=extras)
         chosen = resolve_auto(
@@ -717,8 +724,13 @@ class ReplayBufferManager:
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
-          ConfigError: If an option is invalid (named).
-          SpecMismatchError: If a step does not fit the data spec (the ones before stay).
+          ConfigError: If `env`, `num_steps`, `policy`, `seed` or `progress` is invalid,
+            random actions are asked of a data spec with extras (naming the value), or the env
+            speaks the old gym API (`reset() -> observation`, `step() -> (observation, reward,
+            done, info)`; naming what it returned, before anything is written: wrap it with
+            shimmy).
+          SpecMismatchError: If an observation, action or extra does not fit the data spec
+            (named; the transitions before it stay written).
           WriteTimeoutError: If the server does not confirm items within `timeouts.write`.
         """
         from replay_service.collect import warm_up

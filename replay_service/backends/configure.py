@@ -21,6 +21,7 @@ from replay_service.config.options import (
 from replay_service.config.tables import check_extra_tables
 from replay_service.errors import ConfigError
 from replay_service.specs import nests as specs
+from replay_service.specs import sizes
 from replay_service.specs import windows as sequences
 from replay_service.specs.layout_registry import resolve_layout
 from replay_service.specs.layouts import AUTO, NESTED
@@ -85,6 +86,8 @@ def configure(
     specs.check_collect_spec(data_spec, "ReplayBufferManager")
     stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
     specs.describe_spec(data_spec)  # refuses a spec that is not a nest of tensor specs
+    # Before anything is allocated (the local backend checks its whole rings on create).
+    sizes.check_item_fits(specs.describe_spec(stored_spec), (table, *extra))
     # A layout the stored spec cannot take is refused before anything is created (the Reverb
     # backend resolves the tables' layout again: `backends.reverb.backend.options_layout`).
     resolve_layout(name, stored_spec)

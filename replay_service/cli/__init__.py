@@ -20,6 +20,20 @@ from typing import Any
 EXIT_USAGE = 2
 """Exit status of a tool given a bad flag, a bad value or an unknown command (as argparse)."""
 
+HELP_ARGS = frozenset(
+    {"-h", "-?", "-help", "--help", "-helpshort", "--helpshort", "-helpfull", "--helpfull"}
+)
+"""Arguments that ask a tool for its usage: printed on stdout, exit status 0."""
+_ABSL_HELP_ARGS = HELP_ARGS | {"-helpxml", "--helpxml"}
+# What absl does not know: `-h` and `-?` are its `--help`.
+_HELP_SPELLINGS = {"-h": "--help", "-?": "--help"}
+
+
+def asks_for_help(argv: Sequence[str], spellings: frozenset[str] = HELP_ARGS) -> bool:
+    """Whether the command line (program name first) asks for the usage before any `--`."""
+    args = list(argv[1:])
+    return bool(spellings.intersection(args[: args.index("--")] if "--" in args else args))
+
 
 def usage_error(tool: str, message: str) -> SystemExit:
     """Prints `tool: error: message` as one line on stderr; returns the exit to raise.
@@ -37,10 +51,13 @@ def usage_error(tool: str, message: str) -> SystemExit:
 
 
 def flags_parser(tool: str) -> Callable[[Sequence[str]], list[str]]:
-    """An absl `app.run` flags parser that reports a bad flag as one line and exits 2.
+    """An absl `app.run` flags parser that reports a bad flag as one line and exits 2, and
+    prints the usage on stdout and exits 0 for `--help`, `-h`, `--helpshort` and `--helpfull`.
 
     absl's own parser prints `FATAL Flags parsing error: ...` and a second line, and exits 1,
-    the status of a crash. `--help` keeps absl's behaviour (usage on stdout, exit 1).
+    the status of a crash; its help flags print the usage and exit 1 too (absl's convention),
+    and it does not know `-h`. Every installed command answers `--help` and `-h` alike: usage
+    on stdout, exit status 0, as `replay-populate` and argparse do.
 
     Args:
       tool: The command's name, printed before the error.
@@ -52,10 +69,20 @@ def flags_parser(tool: str) -> Callable[[Sequence[str]], list[str]]:
     def parse(argv: Sequence[str]) -> list[str]:
         from absl import flags
 
+        args = list(argv)
+        helping = asks_for_help(args, _ABSL_HELP_ARGS)
+        if helping:
+            end = args.index("--") if "--" in args else len(args)
+            args = [args[0], *(_HELP_SPELLINGS.get(a, a) for a in args[1:end]), *args[end:]]
         try:
-            return flags.FLAGS(list(argv))
+            return flags.FLAGS(args)
         except flags.Error as e:
             raise usage_error(tool, f"{e} (see --help)") from None
+        except SystemExit as e:
+            if helping and e.code == 1:  # absl's help flags: the usage is printed
+                sys.stdout.flush()
+                raise SystemExit(0) from None
+            raise
 
     return parse
 

@@ -158,12 +158,22 @@ class GymVectorWriter:
 
         Raises:
           BufferStateError: If `reset` was not called first.
-          SpecMismatchError: If a size differs from `num_envs`, or the step does not fit the
-            auto-reset mode (named, with the environment); nothing of the step is written.
+          SpecMismatchError: If a size differs from `num_envs`, the step does not fit the
+            auto-reset mode (named, with the environment), or it is the old gym API's four
+            values (`infos` as `truncated`); nothing of the step is written.
             Values that do not fit the data spec, and missing or unknown extras, are refused
             by the environment's `TransitionWriter` (environments before it in the step are
             written).
         """
+        if infos is None and isinstance(truncated, Mapping):
+            raise SpecMismatchError(
+                "GymVectorWriter.add(actions, observations, rewards, terminated, truncated, "
+                "infos) takes the five values of gymnasium's envs.step(), but got four "
+                "(observations, rewards, dones, infos: the infos dict came as `truncated`), as "
+                "the old gym vector API (gym < 0.26) returns; its dones do not say whether an "
+                "episode terminated or was truncated. Make the vector env with gymnasium (or "
+                "wrap each env with shimmy's GymV21Environment-v0); nothing was written"
+            )
         if self._previous is None:
             from replay_service.errors import BufferStateError
 

@@ -78,6 +78,7 @@ from replay_service.errors import (
     CheckpointExistsError,
     ConfigError,
     NoCheckpointError,
+    NotRegularFileError,
     ReplayServiceError,
     SpecMismatchError,
     UnknownFormatError,
@@ -89,6 +90,8 @@ from replay_service.storage.file_modes import (
     FILE_MODE,
     fsync_dir,
     make_dirs,
+    open_regular,
+    regular_file_exists,
     restrict_tree,
     write_json_atomic,
 )
@@ -446,8 +449,13 @@ class CheckpointStore:
     # ----------------------------------------------------------------------------- inspection
 
     def is_store(self) -> bool:
-        """Whether the directory holds a replay_service store file."""
-        return os.path.isfile(self.store_file)
+        """Whether the directory holds a replay_service store file.
+
+        Raises:
+          NotRegularFileError: If something other than a regular file is in its place (a
+            named pipe, a symbolic link...), naming it; it is not opened.
+        """
+        return regular_file_exists(self.store_file)
 
     def stored_layout(self) -> str | None:
         """The layout the store file records (what a load compares), for `layout="auto"`;
@@ -468,7 +476,7 @@ class CheckpointStore:
         """
         self._check_is_store()
         try:
-            with open(self.store_file, encoding="utf-8") as f:
+            with open_regular(self.store_file, "r", encoding="utf-8") as f:
                 data = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise CheckpointError(f"cannot read {self.store_file!r}: {e}") from e
@@ -490,12 +498,13 @@ class CheckpointStore:
         Raises:
           UnknownFormatError: If the metadata file's format is unknown or newer (not damage).
           CheckpointError: If `DONE` or the metadata file is missing or unreadable.
+          NotRegularFileError: If one of them is not a regular file (a named pipe...).
         """
         if not is_reverb_checkpoint(path):
             raise CheckpointError(f"checkpoint {path!r} has no {DONE_FILE} file")
         meta_path = os.path.join(path, CHECKPOINT_META_FILE)
         try:
-            with open(meta_path, encoding="utf-8") as f:
+            with open_regular(meta_path, "r", encoding="utf-8") as f:
                 info = json.load(f)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot read {meta_path!r}: {e}") from e
@@ -664,7 +673,7 @@ class CheckpointStore:
             except UnknownFormatError:
                 raise  # not damage: left in place
             except CheckpointError as e:
-                if os.path.isdir(path):
+                if os.path.isdir(path) and not isinstance(e, NotRegularFileError):
                     moved = self.quarantine_path(path)
                     _log.warning(
                         "staged checkpoint %s is damaged (%s); moved it to %s", path, e, moved
@@ -693,7 +702,7 @@ class CheckpointStore:
             except UnknownFormatError:
                 raise  # not damage: left in place
             except CheckpointError as e:
-                if not os.path.isdir(path):
+                if not os.path.isdir(path) or isinstance(e, NotRegularFileError):
                     raise
                 moved = self.quarantine_path(path)
                 _log.warning("staged checkpoint %s is damaged (%s); moved it to %s", path, e, moved)
@@ -996,9 +1005,11 @@ class CheckpointStore:
         (damage) calls `discard()` to drop what was half loaded, moves that checkpoint to
         `corrupt/` with a warning naming it and the one tried next, and tries the previous one.
         A `SpecMismatchError` (a configuration mistake, not damage) stops the search, and so
-        does a checkpoint written by the other backend, before `load` sees it, and one whose
+        does a checkpoint written by the other backend, before `load` sees it, one whose
         file format is unknown or newer (`UnknownFormatError`: written by a newer release; it is
-        left in place and the load refused).
+        left in place and the load refused), and a `NotRegularFileError` (a named pipe or
+        another kind of file where one of the checkpoint's files belongs: it is not the
+        checkpoint's damage, and it is never moved).
 
         Args:
           load: Verifies and loads one checkpoint; raises `CheckpointError` for damage.
@@ -1015,6 +1026,8 @@ class CheckpointStore:
           UnknownFormatError: If a file of the checkpoint tried has an unknown or newer format
             tag (nothing is moved).
           SpecMismatchError: From `load`.
+          NotRegularFileError: If a file of a checkpoint is not a regular file (nothing is
+            moved).
           CheckpointError: If a damaged checkpoint cannot be moved aside.
         """
         moved: list[str] = []
@@ -1025,8 +1038,8 @@ class CheckpointStore:
                 load(checkpoint)
             except (SpecMismatchError, BackendMismatchError):
                 raise
-            except UnknownFormatError:
-                discard()  # a newer release's checkpoint: refused, left in place
+            except (UnknownFormatError, NotRegularFileError):
+                discard()  # a newer release's format, or another kind of file: nothing moved
                 raise
             except CheckpointError as e:
                 discard()
@@ -1457,18 +1470,22 @@ def _check_backend(checkpoint: Checkpoint, backend: str) -> None:
 
 
 def _refuse_symlink(path: str) -> None:
-    """Raises `CheckpointError` if the lock file `path` is a symbolic link (never followed)."""
+    """Raises `CheckpointError` if the lock file `path` is a symbolic link (never followed),
+    and `NotRegularFileError` if it is another kind of file (a named pipe...)."""
     if os.path.islink(path):
         raise CheckpointError(
             f"{path!r} is a symbolic link; replay_service writes its lock there and "
             "never follows links: remove it"
         )
+    regular_file_exists(path)
 
 
 def _lock_holder(path: str) -> str:
     """The pid written in the lock file `path`, or "unknown"."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        )
     except OSError:
         return "unknown"
     try:

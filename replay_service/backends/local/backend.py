@@ -25,6 +25,7 @@ import tree
 from replay_service.backends.base import Backend, BackendOptions, Capability, Lifeline
 from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
+from replay_service.backends.local.ring import check_tables_fit
 from replay_service.backends.local.scratch import check_scratch_dir
 from replay_service.backends.local.table import LocalTable, check_device, check_local_table
 from replay_service.collect.writing import TableWindows
@@ -447,8 +448,11 @@ class LocalBackend(Backend):
         Raises:
           CheckpointExistsError: If checkpoints exist and `overwrite` is False.
           CheckpointError: If the directory is foreign, in use or not writable.
+          ConfigError: If the tables cannot fit in the memory or on the disk they would take
+            (`check_tables_fit`); nothing was changed.
         """
         store = self._store
+        self._check_sizes()  # before anything is written or deleted
         store.check_new(overwrite)
         self._closed = False  # close() releases the directory again (a manager may retry)
         with store.serving():
@@ -467,9 +471,12 @@ class LocalBackend(Backend):
           BackendMismatchError: If the newest checkpoint was written by Reverb.
           SpecMismatchError: If the stored tables or data spec differ from the configured ones.
           CheckpointError: If the directory is foreign, in use or unreadable.
+          ConfigError: If the tables cannot fit in the memory or on the disk they would take
+            (`check_tables_fit`); nothing was changed.
         """
         store = self._store
         stored = store.read_metadata()  # first: it names an unusable directory
+        self._check_sizes()
         store.check_backend("local")
         stored.check_matches(self.metadata, store.store_file)
         self._closed = False  # close() releases the directory again (a manager may retry)
@@ -563,6 +570,18 @@ class LocalBackend(Backend):
         for table in self._tables.values():
             if table.nbytes:
                 self._scratch_made.add(self._scratch_dir(table.name))
+
+    def _check_sizes(self) -> None:
+        """Refuses tables that cannot fit in memory ("memory") or on the disk of `.memmap/`
+        ("memmap"), before anything is allocated (`check_tables_fit`); a device's ring is
+        refused by torch when it is allocated.
+
+        Raises:
+          ConfigError: Naming the fields, their shapes, the bytes and what is available.
+        """
+        if self._device is None:
+            scratch_root = os.path.join(self._store.root, MEMMAP_DIR)
+            check_tables_fit(self._configs, self._fields, self._storage, scratch_root)
 
     def _check_scratch(self) -> None:
         """Checks every table's memory-mapped directory ("memmap"; `check_scratch_dir`).

@@ -25,6 +25,7 @@ host steps and gathered there by index.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,8 +33,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from replay_service.backends.local.scratch import prepare_scratch_dir, reserve_files, scratch_file
+from replay_service.backends.local.scratch import (
+    check_free,
+    prepare_scratch_dir,
+    reserve_files,
+    scratch_file,
+    scratch_file_bytes,
+)
 from replay_service.backends.local.shared import SharedTable
+from replay_service.config.options import TableConfig
+from replay_service.errors import ConfigError
+from replay_service.specs import sizes
 
 STORAGES = ("memory", "memmap")
 # A growing step ring takes at least this fraction of its size more (a growth copies the ring).
@@ -89,12 +99,12 @@ class StepRing:
         self._dtypes = list(dtypes)
         self._storage_kind = storage
         self._scratch_dir = scratch_dir
-        self._ring_size = capacity + length - 1
+        self._ring_size = ring_steps(capacity, length, storage)
         self._max_steps = capacity * length * length
         # Files cannot grow: reserved once, for `capacity` windows that share no step.
         self._shares = storage == "memory"
         if storage == "memmap":
-            self._max_steps = self._ring_size = capacity * length
+            self._max_steps = self._ring_size
         # numpy views of `_tensors`, or with a `device` the tensors themselves.
         self._columns: list[Any] | None = None
         self._tensors: list[torch.Tensor] = []
@@ -288,6 +298,7 @@ class StepRing:
                 ],
                 f"the memory-mapped storage of table {self.name!r} ({steps} steps of "
                 f"{self.step_bytes} bytes)",
+                self.fields,
             )
         columns, tensors = [], []
         for index, (shape, dtype) in enumerate(zip(self._step_shapes, self._dtypes, strict=True)):
@@ -309,3 +320,69 @@ class StepRing:
         self._tensors = tensors
         self._gap = None
         self._refs = np.zeros(steps, dtype=np.uint8)
+
+
+def ring_steps(capacity: int, sequence_length: int, storage: str) -> int:
+    """Steps of a table's step ring when it is made: `capacity + sequence_length - 1` in RAM
+    (windows of one writer share steps; it grows if writers interleave), `capacity *
+    sequence_length` in files ("memmap": reserved once, for windows that share no step)."""
+    if storage == "memmap":
+        return capacity * sequence_length
+    return capacity + sequence_length - 1
+
+
+def check_tables_fit(
+    configs: Sequence[TableConfig],
+    fields: Sequence[dict[str, Any]],
+    storage: str,
+    scratch_root: str,
+) -> None:
+    """Refuses tables whose step rings cannot fit where they would live, before any exists.
+
+    `storage="memory"`: the rings' bytes (`ring_steps` x the step's bytes, every table) must
+    fit in the memory available (`sizes.available_memory`); RAM pages are committed as steps
+    are written, so a ring too large would be accepted and the process killed once it fills.
+    "memmap": every table's files must fit on the disk of `scratch_root` (`scratch.check_free`,
+    which `reserve_files` applies again to each table's files when they are made). Unknown
+    amounts (another platform) pass.
+
+    Args:
+      configs: The tables (capacity, sequence length, name).
+      fields: `specs.describe_spec(stored_spec)` of one step.
+      storage: "memory" or "memmap".
+      scratch_root: `<checkpoint_dir>/.memmap` (it may not exist yet), for "memmap".
+
+    Raises:
+      ConfigError: Naming the bytes per step and the largest fields with their shapes, each
+        table's steps, the total and the bytes available.
+    """
+    per_step = sizes.step_bytes(fields)
+    rings = [(c.name, ring_steps(c.capacity, c.sequence_length, storage), c) for c in configs]
+    if storage == "memmap":
+        files = [
+            (os.path.join(scratch_root, name, f"field{index}.memmap"), steps * field.nbytes)
+            for name, steps, _ in rings
+            for index, field in enumerate(sizes.field_sizes(fields))
+        ]
+        names = ", ".join(repr(name) for name, _, _ in rings)
+        # An earlier buffer's files there are deleted before the new ones are reserved.
+        reclaimable = sum(scratch_file_bytes(os.path.join(scratch_root, n)) for n, _, _ in rings)
+        what = f"the memory-mapped storage of tables {names}"
+        check_free(files, what, fields, scratch_root, reclaimable)
+        return
+    available = sizes.available_memory()
+    total = sum(steps for _, steps, _ in rings) * per_step
+    if available is None or total <= available:
+        return
+    tables = "; ".join(
+        f"table {name!r}: {steps} steps for capacity {config.capacity}"
+        for name, steps, config in rings
+    )
+    raise ConfigError(
+        f"the local tables need {total} bytes ({sizes.human(total)}) of memory "
+        f"(storage='memory'), but {available} bytes ({sizes.human(available)}) are available: "
+        f"{per_step} bytes per step ({tables}); the largest fields per step: "
+        f"{sizes.largest_fields(fields)}. Nothing was allocated: lower the capacity or the "
+        "field's shape, or use storage='memmap' (the rings in files on the disk of "
+        "checkpoint_dir)"
+    )

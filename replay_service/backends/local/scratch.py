@@ -15,8 +15,10 @@ import os
 import re
 import stat
 from collections.abc import Sequence
+from typing import Any
 
 from replay_service.errors import CheckpointError, ConfigError
+from replay_service.specs import sizes
 from replay_service.storage.file_modes import DIR_MODE, make_dirs
 
 # The files of a table's memory-mapped storage (`scratch_file`): the only ones it ever deletes.
@@ -115,7 +117,9 @@ def _link_target(path: str) -> str:
         return "?"
 
 
-def reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
+def reserve_files(
+    files: Sequence[tuple[str, int]], what: str, fields: Sequence[dict[str, Any]]
+) -> None:
     """Creates each file of `files` with its whole size allocated on disk (`posix_fallocate`).
 
     A memory-mapped file whose blocks are not allocated takes them when a page is first
@@ -125,6 +129,7 @@ def reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
     Args:
       files: `(path, bytes)` of each file to create; none of them may exist.
       what: What the files hold, for the error.
+      fields: The step's fields (`specs.describe_spec`), named in the error.
 
     Raises:
       ConfigError: If a file cannot be created or its space cannot be reserved (a full disk, a
@@ -133,16 +138,9 @@ def reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
         removed again.
     """
     needed = sum(n for _, n in files)
-    directory = os.path.dirname(files[0][0]) if files else "."
-    free = free_bytes(directory)
-    if free is not None and needed > free:
-        # Refused before any block is taken: a reservation that fails part way holds the
-        # disk full meanwhile, for every other writer on it too.
-        raise ConfigError(
-            f"cannot reserve {needed} bytes on disk for {what} in {directory!r} ({free} bytes "
-            f"free there): files {[os.path.basename(p) for p, _ in files]} need more than is "
-            "free; free disk space, lower the capacity or use storage='memory'"
-        )
+    # Refused before any block is taken: a reservation that fails part way holds the disk
+    # full meanwhile, for every other writer on it too.
+    check_free(files, what, fields)
     created: list[str] = []
     path, size = "", 0
     try:
@@ -182,3 +180,44 @@ def free_bytes(directory: str) -> int | None:
     except OSError:
         return None
     return stats.f_bavail * stats.f_frsize
+
+
+def check_free(
+    files: Sequence[tuple[str, int]],
+    what: str,
+    fields: Sequence[dict[str, Any]],
+    directory: str | None = None,
+    reclaimable: int = 0,
+) -> None:
+    """Refuses `files` (`(path, bytes)`) that need more than the disk of `directory` (their
+    first one's directory by default; the nearest existing parent is measured) has free, plus
+    `reclaimable` bytes that are deleted before they are made.
+
+    Raises:
+      ConfigError: Naming the bytes needed and free, the files, the bytes per step and the
+        largest fields per step with their shapes.
+    """
+    needed = sum(n for _, n in files)
+    directory = directory or (os.path.dirname(files[0][0]) if files else ".")
+    free = free_bytes(directory)
+    if free is None or needed <= free + reclaimable:
+        return
+    shown = sorted({os.path.basename(p) for p, _ in files})
+    raise ConfigError(
+        f"cannot reserve {needed} bytes ({sizes.human(needed)}) on disk for {what} in "
+        f"{directory!r} ({free} bytes free there): files {shown} need more than is free "
+        f"({sizes.step_bytes(fields)} bytes per step; the largest fields per step: "
+        f"{sizes.largest_fields(fields)}); free disk space, lower the capacity or the field's "
+        "shape, or use storage='memory'"
+    )
+
+
+def scratch_file_bytes(directory: str) -> int:
+    """Bytes of the `field<N>.memmap` regular files an earlier buffer left in `directory`
+    (which `prepare_scratch_dir` deletes); 0 where there are none or it cannot be listed."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if _SCRATCH_FILE.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total

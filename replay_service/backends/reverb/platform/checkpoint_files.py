@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from replay_service.errors import CheckpointError
+from replay_service.storage.file_modes import open_regular, regular_file_exists
 
 TABLES_FILE = "tables.tfrecord"
 CHUNKS_FILE = "chunks.tfrecord"
@@ -33,8 +34,12 @@ _RECORD_OVERHEAD = 16
 
 
 def is_reverb_checkpoint(path: str) -> bool:
-    """Whether `path` is a directory that Reverb finished writing (it holds `DONE`)."""
-    return os.path.isfile(os.path.join(path, DONE_FILE))
+    """Whether `path` is a directory that Reverb finished writing (it holds `DONE`).
+
+    Raises:
+      NotRegularFileError: If its `DONE` is not a regular file (a named pipe, a link...).
+    """
+    return regular_file_exists(os.path.join(path, DONE_FILE))
 
 
 def verify_files(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
@@ -69,6 +74,7 @@ def check_recorded_files(
 
     Raises:
       CheckpointError: If a file is missing, or its size or SHA-256 differs; names the file.
+      NotRegularFileError: If one is not a regular file (a named pipe...): it is not opened.
     """
     for name in names:
         file_path = os.path.join(path, name)
@@ -76,6 +82,8 @@ def check_recorded_files(
         if not isinstance(want, dict):
             raise CheckpointError(f"{path!r} records no checksum of {name}")
         try:
+            if not regular_file_exists(file_path):
+                raise FileNotFoundError(2, "No such file or directory", file_path)
             size = os.path.getsize(file_path)
         except OSError as e:
             raise CheckpointError(f"cannot read {file_path!r}: {e}") from e
@@ -98,10 +106,11 @@ def file_sha256(path: str) -> str:
     """Returns the hex SHA-256 digest of a file, read in blocks.
 
     Raises:
+      NotRegularFileError: If `path` is not a regular file (it is not opened).
       OSError: If the file cannot be read.
     """
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         while block := f.read(_READ_BLOCK):
             digest.update(block)
     return digest.hexdigest()
@@ -113,7 +122,7 @@ def _verify_file(path: str) -> dict[str, Any]:
     pending = b""
     records = size = 0
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             while block := f.read(_READ_BLOCK):
                 size += len(block)
                 digest.update(block)
@@ -151,10 +160,12 @@ def iter_records(checkpoint_path: str, name: str) -> Iterator[bytes]:
 
     Raises:
       CheckpointError: If the file cannot be read.
+      NotRegularFileError: If it is not a regular file (it is not opened).
     """
     import tensorflow as tf
 
     path = os.path.join(checkpoint_path, name)
+    regular_file_exists(path)
     try:
         dataset = tf.data.TFRecordDataset(path, compression_type=COMPRESSION)
         for batch in dataset.batch(256).as_numpy_iterator():
@@ -168,10 +179,12 @@ def read_records(checkpoint_path: str, name: str) -> list[bytes]:
 
     Raises:
       CheckpointError: If the file cannot be read.
+      NotRegularFileError: If it is not a regular file (it is not opened).
     """
     import tensorflow as tf
 
     path = os.path.join(checkpoint_path, name)
+    regular_file_exists(path)
     try:
         dataset = tf.data.TFRecordDataset(path, compression_type=COMPRESSION)
         return [r for batch in dataset.batch(4096).as_numpy_iterator() for r in batch]

@@ -23,6 +23,10 @@ from replay_service.storage.file_modes import DIR_MODE
 pytestmark = pytest.mark.local
 
 
+FIELDS = [{"path": "observation", "dtype": "uint8", "shape": [4096]}]
+"""The step the reserved files hold (named in the errors)."""
+
+
 def entries(directory: Path) -> dict[str, bytes]:
     """Every file directly in `directory` and its contents."""
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
@@ -118,7 +122,7 @@ def test_an_entry_with_the_tables_name_that_is_no_regular_file_is_refused(tmp_pa
 
 def test_reserve_files_allocates_every_file_whole(tmp_path: Path) -> None:
     files = [(str(tmp_path / "field0.memmap"), 4096), (str(tmp_path / "field1.memmap"), 0)]
-    scratch.reserve_files(files, "two fields")
+    scratch.reserve_files(files, "two fields", FIELDS)
     for path, size in files:
         info = os.stat(path)
         assert info.st_size == size
@@ -133,9 +137,9 @@ def test_files_larger_than_the_free_space_are_refused_before_any_is_created(
     monkeypatch.setattr(scratch, "free_bytes", lambda directory: 1000)
     files = [(str(tmp_path / "field0.memmap"), 600), (str(tmp_path / "field1.memmap"), 600)]
     with pytest.raises(
-        ConfigError, match=r"cannot reserve 1200 bytes on disk for two fields .*\(1000 bytes free"
+        ConfigError, match=r"cannot reserve 1200 bytes .*on disk for two fields .*\(1000 bytes free"
     ):
-        scratch.reserve_files(files, "two fields")
+        scratch.reserve_files(files, "two fields", FIELDS)
     assert os.listdir(tmp_path) == []
 
 
@@ -156,7 +160,7 @@ def test_a_reservation_failing_part_way_removes_the_files_it_created(
     second = str(tmp_path / "field1.memmap")
     files = [(str(tmp_path / "field0.memmap"), 4096), (second, 8192)]
     with pytest.raises(ConfigError, match=rf"'{second}' \(8192 bytes\): No space left on device"):
-        scratch.reserve_files(files, "two fields")
+        scratch.reserve_files(files, "two fields", FIELDS)
     assert calls == [4096, 8192]
     assert os.listdir(tmp_path) == []
 
@@ -167,7 +171,7 @@ def test_reserve_files_never_replaces_an_existing_file(tmp_path: Path) -> None:
     (tmp_path / "field1.memmap").write_bytes(b"kept")
     files = [(str(tmp_path / "field0.memmap"), 16), (str(tmp_path / "field1.memmap"), 16)]
     with pytest.raises(ConfigError, match="field1.memmap"):
-        scratch.reserve_files(files, "two fields")
+        scratch.reserve_files(files, "two fields", FIELDS)
     assert entries(tmp_path) == {"field1.memmap": b"kept"}
 
 
