@@ -167,7 +167,8 @@ def reserve_files(
 
 
 def free_bytes(directory: str) -> int | None:
-    """Bytes an unprivileged process may still write on the disk of `directory`.
+    """Bytes an unprivileged process may still write on the disk of `directory` (or of its
+    nearest existing parent, for one not made yet).
 
     Args:
       directory: Any path on the disk (a tmpfs such as /dev/shm included).
@@ -175,6 +176,8 @@ def free_bytes(directory: str) -> int | None:
     Returns:
       The bytes free to unprivileged writers; None if the disk cannot be queried.
     """
+    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
     try:
         stats = os.statvfs(directory)
     except OSError:

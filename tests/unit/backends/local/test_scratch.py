@@ -178,4 +178,6 @@ def test_reserve_files_never_replaces_an_existing_file(tmp_path: Path) -> None:
 def test_free_bytes_of_a_directory_and_of_a_missing_path(tmp_path: Path) -> None:
     free = scratch.free_bytes(str(tmp_path))
     assert isinstance(free, int) and free > 0
-    assert scratch.free_bytes(str(tmp_path / "missing")) is None
+    # A directory not made yet is measured on the disk of its nearest existing parent.
+    missing = scratch.free_bytes(str(tmp_path / "missing" / "deeper"))
+    assert isinstance(missing, int) and missing > 0
