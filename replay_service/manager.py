@@ -16,6 +16,7 @@ from replay_service.backends import Backend, Capability, resolve_auto
 from replay_service.backends.configure import configure
 from replay_service.backends.reverb.platform import inspect_patch
 from replay_service.collect import view as collect_view
+from replay_service.config.batch_limits import require_batch_size
 from replay_service.config.options import (
     DEFAULT_KEEP,
     DEFAULT_TABLE_NAME,
@@ -26,7 +27,6 @@ from replay_service.config.options import (
     require_positive_int,
     validate_path,
 )
-from replay_service.config.sizes import require_batch_size
 from replay_service.config.tables import find_table
 from replay_service.errors import BufferStateError, ManagerClosedError
 from replay_service.monitoring import summaries
@@ -382,7 +382,7 @@ class ReplayBufferManager:
         split ones; `num_parallel_calls` unpack those, `prefetch` batches are prefetched.
 
         Raises:
-          ConfigError: If a size is invalid (`config.sizes.require_batch_size`) or `table`
+          ConfigError: If a size is invalid (`config.batch_limits.require_batch_size`) or `table`
             (None: the primary one) is unknown.
           tf.errors.InvalidArgumentError: When iterating, if nothing can be sampled within
             `timeouts.sample`, the server is lost, or the manager was closed.

@@ -44,9 +44,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from replay_service.config.batch_limits import require_batch_size
 from replay_service.config.devices import require_device
 from replay_service.config.options import require_int
-from replay_service.config.sizes import require_batch_size
 from replay_service.errors import BufferStateError, ConfigError, ManagerClosedError
 from replay_service.sample.batches import (
     TRANSITION_SEQUENCE_LENGTH,

@@ -12,9 +12,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from replay_service.config.batch_limits import require_batch_size
 from replay_service.config.devices import require_device
 from replay_service.config.options import TableConfig
-from replay_service.config.sizes import require_batch_size
 from replay_service.config.tables import find_table
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ class SampleView:
           held: At most this many items are held (a snapshot of the table); None: any.
 
         Raises:
-          ConfigError: From `config.sizes.require_batch_size` or `config.devices.require_device`.
+          ConfigError: From `config.batch_limits.require_batch_size` or
+            `config.devices.require_device`.
         """
         what = f"table {table.name!r}"
         item_bytes = self.item_bytes(table.sequence_length)

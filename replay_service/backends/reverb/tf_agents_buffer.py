@@ -15,8 +15,8 @@ from tf_agents.replay_buffers import reverb_replay_buffer
 from replay_service.backends.base import Lifeline
 from replay_service.backends.reverb.layout_datasets import sequence_preprocess
 from replay_service.backends.reverb.sampling_errors import bound_sampling, sampling_timeout_message
+from replay_service.config.batch_limits import require_batch_size
 from replay_service.config.options import to_ms
-from replay_service.config.sizes import require_batch_size
 from replay_service.specs.layout_registry import as_layout
 from replay_service.specs.layouts import NESTED, Layout
 from replay_service.specs.packed import layout_of
