@@ -33,7 +33,7 @@ test: $(STAMP)
 # The fast tier, for the edit-and-test loop: tests/unit/ and the integration tests not marked
 # `heavy` (under a minute on 2 idle cores). `make test` runs every tier and stays the CI command.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not heavy" tests/unit tests/integration
+	$(BIN)/python -m pytest -q -m "not slow and not heavy" --durations=15 tests/unit tests/integration
 
 # Python 3.12, torch path only: the local-backend tests. Without python3.12 this is skipped
 # with a warning, except in CI (CI=true), where it fails.

@@ -41,6 +41,12 @@ class UnknownFormatError(CheckpointError):
     """
 
 
+class NotRegularFileError(CheckpointError):
+    """A path where replay_service reads or writes one of its files holds something else (a
+    named pipe, a socket, a device, a directory or a symbolic link); it is never opened, moved
+    or deleted."""
+
+
 class ServerError(ReplayServiceError):
     """The Reverb server could not be started or reached."""
 

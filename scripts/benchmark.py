@@ -360,7 +360,7 @@ def insert_trajectory_writer(manager: ReplayBufferManager, steps: list[Any]) -> 
 
 
 def insert_structured_writer(manager: ReplayBufferManager, steps: list[Any]) -> float:
-    from replay_service.collect.observer import window_config
+    from replay_service.backends.reverb.layout_writers import window_config
 
     config = window_config(manager._data_spec, manager.table_name, SEQUENCE_LENGTH, 1, 1.0)
 
@@ -565,7 +565,7 @@ def checkpoint_rows(
     path = CheckpointStore(manager.checkpoint_dir).latest().path
     size = dir_bytes(path)
     root = manager.checkpoint_dir
-    capacity = manager._table.capacity
+    capacity = manager.table_config.capacity
     layout = manager.table_config.layout
     manager.close()
 

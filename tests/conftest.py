@@ -9,6 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("GRPC_POLL_STRATEGY", "epoll1")
 
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -274,13 +275,17 @@ def start_server(tmp_path) -> Iterator:
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    """Relative path -> sha256 of every file (and a marker for every directory) under root."""
+    """Relative path -> sha256 of every file (and a marker for every directory, and for
+    anything else: a named pipe is never opened) under root."""
     digest = {}
     for directory, dirs, files in os.walk(root):
         for name in dirs:
             digest[os.path.relpath(os.path.join(directory, name), root)] = "dir"
         for name in files:
             path = os.path.join(directory, name)
+            if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+                digest[os.path.relpath(path, root)] = f"special {os.stat(path).st_mode:o}"
+                continue
             digest[os.path.relpath(path, root)] = hashlib.sha256(
                 Path(path).read_bytes()
             ).hexdigest()

@@ -15,7 +15,8 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping
+from typing import Any
 
 from replay_service.backends.base import Backend, BackendOptions, Capability
 from replay_service.backends.local.checkpoint import CHECKPOINT_FORMAT as LOCAL_FORMAT
@@ -112,7 +113,7 @@ def resolve_auto(
     checkpoint_dir: str | os.PathLike[str] | None,
     server_address: str | None = None,
     single_process: bool = False,
-    reverb_options: Sequence[str] = (),
+    options: Mapping[str, Any] | None = None,
 ) -> str:
     """What `backend="auto"` means for a manager, before `choose_backend` resolves the rest.
 
@@ -122,9 +123,9 @@ def resolve_auto(
     (`single_process`, the one-process PyTorch door) the local backend, whose tables live in
     the process with no server, gRPC or tf.data threads competing with torch's for the cores
     (a CleanRL-style DQN runs about as fast as with a numpy ring buffer, where an embedded
-    Reverb server costs 1.5-4x on a small machine), unless an option only Reverb has is set
-    (`reverb_options`, e.g. `port`, `layout`); `ReplayBufferManager(data_spec, ...)`, the
-    TF-Agents door, Reverb where it imports.
+    Reverb server costs 1.5-4x on a small machine), unless `options` set one the local backend
+    does not take (`Backend.refused_options`: `port`, `layout="packed"`);
+    `ReplayBufferManager(data_spec, ...)`, the TF-Agents door, Reverb where it imports.
 
     Args:
       backend: The `backend=` argument; anything but "auto" is returned unchanged, and so is
@@ -132,7 +133,7 @@ def resolve_auto(
       checkpoint_dir: The checkpoint directory, only read (its newest checkpoint's backend).
       server_address: The remote server's address, or None.
       single_process: Whether the entry point is the single-process door (`from_spaces`).
-      reverb_options: The Reverb-only options the caller set, by name.
+      options: The caller's other manager options, by name (only read).
 
     Returns:
       "local", "reverb", or "auto" (for `choose_backend`: Reverb where it imports).
@@ -142,9 +143,9 @@ def resolve_auto(
     written_by = _newest_checkpoint_backend(checkpoint_dir)
     if written_by == "local":
         return "local"
-    if written_by == "reverb" or reverb_options:
+    if written_by == "reverb" or not single_process:
         return "auto"
-    return "local" if single_process else "auto"
+    return "auto" if backend_class("local").refused_options(options or {}) else "local"
 
 
 def resolve_auto_layout(
@@ -157,7 +158,7 @@ def resolve_auto_layout(
     """What `layout="auto"` (the manager's default) means, before any server is contacted.
 
     A local backend has its own storage: "nested". A remote server's tables already have a
-    layout, which the manager follows once it connects (`Backend.server_layout`): "nested"
+    layout, which the backend takes once it connects (`BackendOptions.layout_from_server`): "nested"
     until then. An embedded Reverb server keeps the layout the directory's store recorded
     (an old nested buffer stays nested), and a new buffer gets "packed": one `uint8` row per
     step, several times less server memory and faster inserts and sampling, which every

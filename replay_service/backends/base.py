@@ -15,16 +15,21 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
+import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from replay_service.config.options import TableConfig, Timeouts
+from replay_service.config.options import TableConfig, Timeouts, require_seed
 from replay_service.errors import ConfigError
 
 if TYPE_CHECKING:
+    import numpy as np
     import tensorflow as tf
+    import torch
 
+    from replay_service.sample.rate_limit import LimiterState
+    from replay_service.sample.torch_streams import TorchSampleSource
     from replay_service.specs.layouts import Layout
     from replay_service.storage.export import ExportedItems
     from replay_service.storage.metadata import Checkpoint
@@ -70,6 +75,20 @@ class Capability(enum.Enum):
     DEVICE_STORAGE = "device= (a table's storage on a torch device, sampled there)"
 
 
+STORAGES = ("memory", "memmap")
+"""The values of a manager's `storage=` (`Capability.MEMMAP_STORAGE` for "memmap")."""
+
+# The manager's options that ask a capability of the backend, in the order they are checked:
+# (name, capability, whether the value asks for it).
+_CAPABILITY_OPTIONS: tuple[tuple[str, Capability, Callable[[Any], bool]], ...] = (
+    ("storage", Capability.MEMMAP_STORAGE, lambda value: value != "memory"),
+    ("layout", Capability.PACKED_LAYOUT, lambda value: value not in ("auto", "nested")),
+    ("port", Capability.PORT, lambda value: value is not None),
+    ("seed", Capability.SEEDED_SAMPLING, lambda value: value is not None),
+    ("device", Capability.DEVICE_STORAGE, lambda value: value is not None),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class BackendOptions:
     """Everything a backend is built from, validated by the manager.
@@ -85,18 +104,17 @@ class BackendOptions:
       port: Port of an embedded server; None picks one.
       server_address: "host:port" of a running server (remote mode), else None.
       storage: "memory" or "memmap".
-      layout: How the tables store steps, resolved from the primary table's `layout` for
-        `stored_spec` (`specs.layouts.resolve_layout`).
       seed: Seed of the samplers (`Capability.SEEDED_SAMPLING`); None: fresh entropy.
       device: Torch device of the tables' storage (`Capability.DEVICE_STORAGE`); None: host
         memory.
+      layout_from_server: Remote mode: take the layout of the server's tables on connecting
+        (the manager's `layout="auto"`), replacing `layout` and the tables' `layout`.
     """
 
     tables: tuple[TableConfig, ...]
     data_spec: Any
     stored_spec: Any
     timeouts: Timeouts
-    layout: Layout
     checkpoint_dir: str | os.PathLike[str] | None = None
     keep_checkpoints: int = 3
     checkpoint_interval_s: float | None = None
@@ -105,6 +123,7 @@ class BackendOptions:
     storage: str = "memory"
     seed: int | None = None
     device: str | None = None
+    layout_from_server: bool = False
 
 
 class Backend(abc.ABC):
@@ -148,9 +167,50 @@ class Backend(abc.ABC):
         )
 
     @classmethod
+    def refused_options(cls, options: Mapping[str, Any]) -> list[str]:
+        """The options among `options` (a manager's keyword arguments, by name) that ask for a
+        capability this backend lacks, in the order `check_options` checks them."""
+        return [
+            name
+            for name, capability, asks in _CAPABILITY_OPTIONS
+            if name in options and asks(options[name]) and capability not in cls.capabilities
+        ]
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuses a manager's backend options before anything is built.
+
+        Args:
+          options: `storage`, `layout` (a resolved name), `port`, `seed` and `device`, by name.
+
+        Raises:
+          ConfigError: If `storage` is not one of `STORAGES`, `seed` not an integer >= 0, or an
+            option asks for a capability this backend lacks (`refusal`, naming the value).
+        """
+        storage = options.get("storage", "memory")
+        if storage not in STORAGES:
+            raise ConfigError(f"storage must be 'memory' or 'memmap', got {storage!r}")
+        require_seed("seed", options.get("seed"))
+        refused = cls.refused_options(options)
+        for name, capability, _ in _CAPABILITY_OPTIONS:
+            if name in refused:
+                raise cls.refusal(capability, f"{name}={options[name]!r}")
+
+    @classmethod
     @abc.abstractmethod
     def from_options(cls, options: BackendOptions) -> Backend:
         """Builds the backend; nothing starts and nothing is written before `create`/`load`."""
+
+    @property
+    @abc.abstractmethod
+    def tables(self) -> tuple[TableConfig, ...]:
+        """The buffer's tables, the primary one first (with a remote server's layout once
+        `load` took it: `BackendOptions.layout_from_server`)."""
+
+    @property
+    @abc.abstractmethod
+    def layout(self) -> Layout:
+        """How the tables store steps (`BackendOptions.layout`, or the remote server's)."""
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -210,23 +270,6 @@ class Backend(abc.ABC):
           SpecMismatchError: If a table does not hold what this buffer stores.
         """
 
-    def server_layout(self, client: Any) -> str:
-        """The layout of the tables of a server this backend connects to but did not start (a
-        remote server's), which a manager's `layout="auto"` takes.
-
-        Raises:
-          NotImplementedError: If the backend starts its own tables.
-        """
-        raise NotImplementedError(f"{self.description} starts its own tables")
-
-    def take_layout(self, layout: Layout, tables: Sequence[TableConfig]) -> None:
-        """Takes `layout` (`server_layout`'s) for `tables`, before `open_buffer`.
-
-        Raises:
-          NotImplementedError: If the backend starts its own tables.
-        """
-        raise NotImplementedError(f"{self.description} starts its own tables")
-
     def users_client(self, client: Any) -> Any:
         """The client handed to users (`ReplayBufferManager.py_client`) for the client
         `create`/`load` returned: itself unless the tables' storage needs writers of its own
@@ -254,7 +297,7 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def torch_source(self, replay_buffer: Any, table: TableConfig) -> Any:
+    def torch_source(self, replay_buffer: Any, table: TableConfig) -> TorchSampleSource:
         """The `TorchSampleSource` the PyTorch streams of `table` draw from."""
 
     def note_clear(self, replay_buffer: Any) -> None:  # noqa: B027 (optional hook)
@@ -299,7 +342,7 @@ class Backend(abc.ABC):
         """Batches mixing the buffer's tables by `weights` (`Capability.MIXED_DATASET`)."""
         raise NotImplementedError(Capability.MIXED_DATASET.value)
 
-    def limiter_state(self, table: str) -> Any:
+    def limiter_state(self, table: str) -> LimiterState:
         """The rate limiter state of `table` (`Capability.TRAIN_SCHEDULE`)."""
         raise NotImplementedError(Capability.TRAIN_SCHEDULE.value)
 
@@ -307,7 +350,25 @@ class Backend(abc.ABC):
         """A picklable description of `table` (`Capability.TABLE_HANDLE`)."""
         raise NotImplementedError(Capability.TABLE_HANDLE.value)
 
-    def read_newest(self, table: TableConfig, batch_size: int, window: int, rng: Any) -> Any:
+    def newest_reader(
+        self, table: TableConfig, what: str
+    ) -> Callable[[int, int, np.random.Generator], list[torch.Tensor]]:
+        """`read_newest` of `table`: `reader(batch_size, window, rng)`.
+
+        Args:
+          table: The table read.
+          what: What the user asked for, naming the values (for the refusal).
+
+        Raises:
+          ConfigError: If the backend lacks `Capability.RECENT_SAMPLING` (`refusal`).
+        """
+        if Capability.RECENT_SAMPLING not in self.capabilities:
+            raise self.refusal(Capability.RECENT_SAMPLING, what)
+        return functools.partial(self.read_newest, table)
+
+    def read_newest(
+        self, table: TableConfig, batch_size: int, window: int, rng: np.random.Generator
+    ) -> list[torch.Tensor]:
         """`batch_size` items of `table` drawn uniformly from its newest `window` items, one
         torch tensor per field, without counting them as sampled (`Capability.RECENT_SAMPLING`)."""
         raise NotImplementedError(Capability.RECENT_SAMPLING.value)

@@ -15,7 +15,7 @@ from tf_agents.policies import random_py_policy
 from tf_agents.train import actor
 from tf_agents.train.utils import train_utils
 
-from replay_service.cli import flags_parser, show_flags_in_help, usage_error
+from replay_service.cli.parsing import flags_parser, show_flags_in_help, usage_error
 from replay_service.errors import ConfigError, ReplayServiceError
 from replay_service.manager import ReplayBufferManager
 from replay_service.specs.nests import collect_data_spec

@@ -27,6 +27,7 @@ from typing import NoReturn, TextIO
 import tqdm
 from absl import app, flags, logging
 
+from replay_service.cli.parsing import asks_for_help
 from replay_service.config.options import DEFAULT_TABLE_NAME
 from replay_service.errors import ConfigError, ReplayServiceError
 from replay_service.specs.layouts import NESTED
@@ -52,9 +53,6 @@ from replay_service.storage.store import CheckpointStore
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
-HELP_ARGS = frozenset(
-    {"-h", "-?", "-help", "--help", "-helpshort", "--helpshort", "-helpfull", "--helpfull"}
-)
 REFRESH_S = 0.1
 PLAIN_REFRESH_S = 10.0
 _FLAG_ARG = re.compile(r"(--?)([A-Za-z][\w-]*)(=.*)?", re.DOTALL)
@@ -317,8 +315,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
       The arguments left after parsing the flags, program name first.
     """
     args = normalize_flag_spelling(argv, POPULATE_FLAGS)
-    before_separator = args[1 : args.index("--")] if "--" in args else args[1:]
-    if HELP_ARGS.intersection(before_separator):
+    if asks_for_help(args):
         sys.stdout.write(help_text())
         sys.exit(0)
     try:

@@ -42,6 +42,7 @@ from replay_service.errors import ConfigError, SpecMismatchError
 
 if TYPE_CHECKING:
     from replay_service.collect.transitions import TransitionWriter
+    from replay_service.collect.view import CollectView
 
 FINAL_OBS_KEYS = ("final_obs", "final_observation")
 """Keys of `infos` holding SAME_STEP final observations: gymnasium >= 1.0, then older ones."""
@@ -157,12 +158,22 @@ class GymVectorWriter:
 
         Raises:
           BufferStateError: If `reset` was not called first.
-          SpecMismatchError: If a size differs from `num_envs`, or the step does not fit the
-            auto-reset mode (named, with the environment); nothing of the step is written.
+          SpecMismatchError: If a size differs from `num_envs`, the step does not fit the
+            auto-reset mode (named, with the environment), or it is the old gym API's four
+            values (`infos` as `truncated`); nothing of the step is written.
             Values that do not fit the data spec, and missing or unknown extras, are refused
             by the environment's `TransitionWriter` (environments before it in the step are
             written).
         """
+        if infos is None and isinstance(truncated, Mapping):
+            raise SpecMismatchError(
+                "GymVectorWriter.add(actions, observations, rewards, terminated, truncated, "
+                "infos) takes the five values of gymnasium's envs.step(), but got four "
+                "(observations, rewards, dones, infos: the infos dict came as `truncated`), as "
+                "the old gym vector API (gym < 0.26) returns; its dones do not say whether an "
+                "episode terminated or was truncated. Make the vector env with gymnasium (or "
+                "wrap each env with shimmy's GymV21Environment-v0); nothing was written"
+            )
         if self._previous is None:
             from replay_service.errors import BufferStateError
 
@@ -274,3 +285,41 @@ class GymVectorWriter:
                 f"{name}: expected shape [{self.num_envs}], got {list(array.shape)}"
             )
         return array.astype(bool) if kind is bool else [array[i] for i in range(self.num_envs)]
+
+
+def gym_vector_writer(
+    view: CollectView, envs: Any, autoreset_mode: Any = None, priority: float = 1.0
+) -> GymVectorWriter:
+    """A `GymVectorWriter` over one new transition writer of the buffer per environment.
+
+    Args:
+      view: The buffer.
+      envs: The vector env (its `num_envs` and `metadata["autoreset_mode"]` are read), or the
+        number of environments.
+      autoreset_mode: Overrides the env's mode; required when `envs` is a number or its
+        metadata has none (gymnasium < 1.0 envs reset in the same step).
+      priority: Initial priority of new items.
+
+    Returns:
+      The writer; its transition writers join `view.writers`.
+
+    Raises:
+      ConfigError: If the number of envs or the mode is invalid (before
+        `view.require_client`).
+      BufferStateError: If the buffer was not created or loaded.
+    """
+    from replay_service.collect.view import transition_writer
+
+    num_envs = envs if isinstance(envs, int) else getattr(envs, "num_envs", None)
+    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
+        raise ConfigError(f"envs must be a vector env or a number of envs >= 1, got {envs!r}")
+    if autoreset_mode is None:
+        metadata = getattr(envs, "metadata", None) or {}
+        autoreset_mode = metadata.get("autoreset_mode")
+    if autoreset_mode is None:
+        raise ConfigError(
+            f"{envs!r} does not say its autoreset_mode; pass autoreset_mode='next_step' or "
+            "'same_step'"
+        )
+    writers = [transition_writer(view, priority=priority) for _ in range(num_envs)]
+    return GymVectorWriter(writers, autoreset_mode)

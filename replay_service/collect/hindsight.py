@@ -32,12 +32,16 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from replay_service.collect.writing import WritingClient
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.specs.arrays import to_numpy
+
+if TYPE_CHECKING:
+    from replay_service.collect.view import CollectView
 
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 """The keys of a gymnasium-robotics goal observation."""
@@ -146,7 +150,7 @@ class HindsightWriter:
         """Relabelled transitions written so far."""
 
     @property
-    def py_client(self) -> Any:
+    def py_client(self) -> WritingClient:
         """The client written through."""
         return self._writer.py_client
 
@@ -262,3 +266,47 @@ def _with_goal(observation: dict[str, Any], goal: np.ndarray) -> dict[str, Any]:
     relabelled = dict(observation)
     relabelled["desired_goal"] = goal
     return relabelled
+
+
+def hindsight_writer(
+    view: CollectView,
+    compute_reward: Callable[[Any, Any, Any], Any],
+    strategy: str = "future",
+    k: int | None = None,
+    seed: int | None = None,
+    priority: float = 1.0,
+) -> HindsightWriter:
+    """A `HindsightWriter` over a new transition writer of the buffer (see module docs).
+
+    Args:
+      view: The buffer; its observation must be a gymnasium-robotics goal observation (a Dict
+        of `observation`, `achieved_goal` and `desired_goal`).
+      compute_reward: The environment's vectorised `compute_reward(achieved_goal,
+        desired_goal, info)`.
+      strategy: "future" or "final".
+      k: Relabels per transition; None: 4 for "future", 1 for "final".
+      seed: Seed of the "future" draws; None draws fresh ones.
+      priority: Initial priority of new items.
+
+    Returns:
+      The writer; its transition writer joins `view.writers`.
+
+    Raises:
+      ConfigError: If an option is invalid, the observation is not a goal observation, or a
+        table's items are not single transitions (sequence_length 2, stride_length 1); all
+        checked before `view.require_client`.
+      BufferStateError: If the buffer was not created or loaded.
+    """
+    from replay_service.collect.view import transition_writer
+
+    check_options(compute_reward, strategy, k, seed)
+    check_goal_spec(getattr(view.data_spec, "observation", None))
+    for config in view.tables:
+        if config.sequence_length != 2 or view.stride_length != 1:
+            raise ConfigError(
+                f"hindsight_writer writes relabelled transitions as items of 2 steps; table "
+                f"{config.name!r} has sequence_length={config.sequence_length} and "
+                f"stride_length={view.stride_length} (it needs 2 and 1)"
+            )
+    writer = transition_writer(view, priority=priority)
+    return HindsightWriter(writer, compute_reward, strategy=strategy, k=k, seed=seed)

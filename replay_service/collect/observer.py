@@ -6,32 +6,31 @@ with what that observer lacks: every wait has a timeout, items are flushed as th
 on close, a wrongly shaped step fails at once with the field that is wrong, and a window never
 spans two episodes.
 
-Items are created by a Reverb `StructuredWriter` whose pattern and conditions are fixed up front,
-so the per-step Python work is one `append`; TF-Agents' observer slices the writer history and
-calls `create_item` in Python for every step.
+Items are created by the writer the tables' client hands out (`collect.writing`): on Reverb a
+`StructuredWriter` whose pattern and conditions are fixed up front (a nested table) or a packed
+writer that cuts the same windows itself, so the per-step Python work is one `append`;
+TF-Agents' observer slices the writer history and calls `create_item` in Python for every step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from replay_service.backends.reverb.internals import abandon_writer
 from replay_service.collect.episode_padding import EpisodePadding
+from replay_service.collect.writing import TableWindows, WindowWriter, WritingClient
 from replay_service.config.options import Timeouts, require_int, require_number, to_ms
-from replay_service.errors import ManagerClosedError, SpecMismatchError, WriteTimeoutError
-from replay_service.specs.layouts import NESTED, Layout, as_layout
-from replay_service.specs.nests import check_collect_spec, diff_value, normalize_spec
-from replay_service.specs.windows import (
-    Masked,
-    last_steps_config,
-    padded_window_config,
-    padding_needed,
-    padding_step,
-    stored_spec,
+from replay_service.errors import (
+    ConfigError,
+    ManagerClosedError,
+    SpecMismatchError,
+    WriteTimeoutError,
 )
+from replay_service.specs.layout_registry import as_layout
+from replay_service.specs.layouts import NESTED, Layout
+from replay_service.specs.nests import check_collect_spec, diff_value
+from replay_service.specs.windows import Masked, padding_needed, padding_step, stored_spec
 
 # Steps appended between waits for the server, which keeps unconfirmed items well below the
 # ~50 at which Reverb warns; the wait lets the newest half stay in flight.
@@ -52,66 +51,32 @@ def flush_every(num_tables: int) -> int:
     return max(1, FLUSH_EVERY // max(1, num_tables))
 
 
-def window_config(
-    data_spec: Any, table_name: str, sequence_length: int, stride_length: int, priority: float
-) -> Any:
-    """The `StructuredWriter` config that inserts the last `sequence_length` steps of an episode
-    into `table_name` every `stride_length` steps."""
-    from reverb import structured_writer as sw
-
-    return last_steps_config(
-        normalize_spec(data_spec),
-        table_name,
-        sequence_length,
-        sw.Condition.steps_since_applied() >= stride_length,
-        priority,
-    )
-
-
-def window_configs(
-    data_spec: Any,
-    table_name: str,
-    sequence_length: int,
-    stride_length: int,
-    priority: float,
-    extra_tables: Sequence[tuple[str, int]] = (),
-    pad_end_of_episode: bool = False,
-) -> list[Any]:
-    """One `StructuredWriter` config per table: `table_name` first, then each
-    `(name, sequence_length)` of `extra_tables`. A single `StructuredWriter` given this list
-    feeds every table with the windows of the same steps, each table with its own window
-    length; padded tables (`padded_window_config`) store `Masked` steps."""
-    make = padded_window_config if pad_end_of_episode else window_config
-    tables = [(table_name, sequence_length), *extra_tables]
-    return [make(data_spec, name, length, stride_length, priority) for name, length in tables]
-
-
 @dataclasses.dataclass(frozen=True)
 class WriteTarget:
     """What a collector writes to, shared by `TrajectoryObserver` and `TransitionWriter`: the
     tables' windows, how often to wait for the server, and padding.
 
     Attributes:
-      client: Client of the server holding the tables: a `reverb.Client`, or the local
-        backend's `LocalClient` (which has `window_writer`).
+      client: Client of the tables, which hands out their writers (`collect.writing`): the
+        manager's `py_client` (a Reverb backend's `BoundedClient`, the local backend's
+        `LocalClient`).
       table_name: The primary table (named in errors).
       sequence_length: Steps per item.
       stride_length: A new item every `stride_length` steps.
       windows: Per table `(name, sequence_length, stride_length, priority, padded)`, the
         primary table first.
-      data_spec: The per-step data spec (the Reverb configs are built from it).
+      data_spec: The per-step data spec.
       flush_every: Steps between waits for the server (`flush_every`).
       timeout_ms: Bound on every wait, in milliseconds (None: forever).
       pad_end_of_episode: Whether steps are `Masked` and episode ends padded.
-      layout: How the tables store steps; it opens the Reverb writer (`Layout.window_writer`:
-        a `StructuredWriter` for "nested", a `packed.PackedWindowWriter` for "packed").
+      layout: How the tables store steps (the client's writer writes steps as it says).
     """
 
-    client: Any
+    client: WritingClient
     table_name: str
     sequence_length: int
     stride_length: int
-    windows: list[tuple[str, int, int, float, bool]]
+    windows: list[TableWindows]
     data_spec: Any
     flush_every: int
     timeout_ms: int | None
@@ -121,7 +86,7 @@ class WriteTarget:
     @classmethod
     def build(
         cls,
-        client: Any,
+        client: WritingClient,
         table_name: str,
         sequence_length: int,
         data_spec: Any,
@@ -136,10 +101,17 @@ class WriteTarget:
         """Validates the lengths and describes the windows (arguments as `TrajectoryObserver`'s).
 
         Raises:
-          ConfigError: If `sequence_length` or `stride_length` is not an integer in
-            1..`INT32_MAX` (bools are refused), `priority` is not a finite number >= 0, or
-            `layout` is not a layout name.
+          ConfigError: If `client` hands out no writers (it is not a `WritingClient`),
+            `sequence_length` or `stride_length` is not an integer in 1..`INT32_MAX` (bools
+            are refused), `priority` is not a finite number >= 0, or `layout` is not a layout
+            name.
         """
+        if not isinstance(client, WritingClient):
+            raise ConfigError(
+                "client must be the client of a buffer's tables that hands out their writers "
+                "(a collect.writing.WritingClient: the manager's py_client), got "
+                f"{type(client).__name__} {client!r}"
+            )
         require_int("sequence_length", sequence_length, 1)
         require_int("stride_length", stride_length, 1)
         require_number("priority", priority, 0)
@@ -160,33 +132,9 @@ class WriteTarget:
             layout=as_layout(layout, stored_spec(data_spec, pad_end_of_episode)),
         )
 
-    @functools.cached_property
-    def configs(self) -> list[Any]:
-        """One Reverb `StructuredWriter` config per table (`window_configs`)."""
-        name, length, stride, priority, padded = self.windows[0]
-        return window_configs(
-            self.data_spec,
-            name,
-            length,
-            stride,
-            priority,
-            [(w[0], w[1]) for w in self.windows[1:]],
-            padded,
-        )
-
-    def open_writer(self) -> Any:
-        """A new writer of these windows: Reverb's `StructuredWriter`, or the local backend's
-        `LocalWindowWriter`."""
-        local = getattr(self.client, "window_writer", None)
-        if local is not None:
-            return local(self.windows)
-        writer = self.layout.window_writer(self.client, self.windows, lambda: self.configs)
-        # A packed writer (`specs.packed.SentWriter`) never closed waits for its items at
-        # interpreter exit at most the write timeout.
-        bound_waits = getattr(writer, "bound_waits", None)
-        if bound_waits is not None:
-            bound_waits(self.timeout_ms)
-        return writer
+    def open_writer(self) -> WindowWriter:
+        """A new writer of these windows, from the client (`WritingClient.window_writer`)."""
+        return self.client.window_writer(self.windows, self.layout, timeout_ms=self.timeout_ms)
 
     def padding(self, num_steps: int) -> int:
         """Padding steps that end an episode of `num_steps` steps (0 unless padded)."""
@@ -225,7 +173,7 @@ class TrajectoryObserver:
       priority: Initial priority of new items.
       timeouts: `timeouts.write` bounds every wait for the server.
       extra_tables: `(name, sequence_length)` of further tables on the same server that get
-        the windows of the same steps (see `window_configs`).
+        the windows of the same steps.
       pad_end_of_episode: Write `Masked(step, mask)` steps and pad each episode's end (the
         tables must be padded too, with one sequence length; see `replay_service.specs.windows`).
       layout: The tables' storage layout, "nested" or "packed" (see `config.TableConfig`), or
@@ -244,7 +192,7 @@ class TrajectoryObserver:
 
     def __init__(
         self,
-        client: Any,
+        client: WritingClient,
         table_name: str,
         sequence_length: int,
         data_spec: Any,
@@ -283,14 +231,14 @@ class TrajectoryObserver:
         self._flush_every = target.flush_every  # read on every step
         self._padding = padding_step(data_spec) if pad_end_of_episode else None
         self._episode_steps = 0
-        self._writer: Any = None
+        self._writer: WindowWriter | None = None
         self._steps_since_flush = 0
         self._checked = False
         self._closed = False
 
     @property
-    def py_client(self) -> Any:
-        """The Reverb client written through (TF-Agents observers expose the same)."""
+    def py_client(self) -> WritingClient:
+        """The client written through (TF-Agents observers expose the same)."""
         return self._target.client
 
     def __call__(self, trajectory: Any) -> None:
@@ -361,7 +309,8 @@ class TrajectoryObserver:
             if self._writer is not None:
                 self._end_episode()
         except Exception:
-            abandon_writer(self._writer)
+            if self._writer is not None:
+                self._writer.abandon()
             raise
         finally:
             self._writer = None
@@ -373,7 +322,7 @@ class TrajectoryObserver:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _open(self, trajectory: Any) -> Any:
+    def _open(self, trajectory: Any) -> WindowWriter:
         """Checks the first step against the spec and creates the writer.
 
         Raises:
@@ -394,8 +343,8 @@ class TrajectoryObserver:
           pad: Append TF-Agents' padding steps first (with `pad_end_of_episodes`).
           confirm: Wait until the writer's items are confirmed (reset, close). False, at a
             boundary step: a writer that can end an episode without waiting
-            (`PackedWindowWriter.next_episode`) does, and its items stay counted for the
-            periodic wait, which bounds them as within an episode.
+            (`WindowWriter.next_episode`) does, and its items stay counted for the periodic
+            wait, which bounds them as within an episode.
 
         Returns:
           Whether every item written so far is confirmed.
@@ -411,9 +360,7 @@ class TrajectoryObserver:
                 writer.append(tf_agents_padding.step)
             padding += extra
         self._episode_steps = 0
-        next_episode = None if confirm else getattr(writer, "next_episode", None)
-        if next_episode is not None:
-            next_episode()
+        if not confirm and writer.next_episode():
             self._steps_since_flush += padding
             return False
         self._steps_since_flush = 0

@@ -12,7 +12,7 @@ from replay_service.config.options import DEFAULT_TABLE_NAME
 from replay_service.errors import (
     SpecMismatchError,
 )
-from replay_service.monitoring.report import TableStatus, server_status, table_line
+from replay_service.monitoring.report import TableReport, server_status, table_line
 from replay_service.monitoring.stats import BufferStats, TableStats
 
 _T = TypeVar("_T")
@@ -29,7 +29,7 @@ class ShardStatus:
     """
 
     address: str
-    tables: tuple[TableStatus, ...]
+    tables: tuple[TableReport, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ShardedStatus:
 
     table_name: str
     shards: tuple[ShardStatus, ...]
-    total: TableStatus
+    total: TableReport
 
 
 def sharded_status(
@@ -72,7 +72,7 @@ def sharded_status(
     return ShardedStatus(table_name=table_name, shards=shards, total=_total(table_name, shards))
 
 
-def _total(table_name: str, shards: Sequence[ShardStatus]) -> TableStatus:
+def _total(table_name: str, shards: Sequence[ShardStatus]) -> TableReport:
     tables = []
     for shard in shards:
         match = [t for t in shard.tables if t.name == table_name]
@@ -82,7 +82,7 @@ def _total(table_name: str, shards: Sequence[ShardStatus]) -> TableStatus:
                 f"{sorted(t.name for t in shard.tables)}"
             )
         tables.append(match[0])
-    return TableStatus(
+    return TableReport(
         name=table_name,
         size=sum(t.size for t in tables),
         capacity=sum(t.capacity for t in tables),

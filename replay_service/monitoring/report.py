@@ -11,13 +11,21 @@ import dataclasses
 from typing import Any
 
 from replay_service.backends.reverb.connection import connect, server_info
+from replay_service.monitoring.stats import samples_per_insert
 from replay_service.specs.layouts import signature_layout
 from replay_service.storage.store import CheckpointStore
 
 
 @dataclasses.dataclass(frozen=True)
-class TableStatus:
-    """One table's counters.
+class TableReport:
+    """One table's line of the status report: its counters, read once, and its selectors.
+
+    Not merged with `stats.TableStats` (fill level, rates and rate limiter, measured over a
+    window): `TableStats` is what `BufferStats.to_json()`, `replay-server status --json` and
+    `ShardedStats.to_json()` write, key for key, and has no sampler or remover, which this
+    report prints; one type for both would add those keys to that JSON, or print stats the
+    text report never showed. Its samples per insert is the same ratio
+    (`stats.samples_per_insert`).
 
     Attributes:
       name: Table name.
@@ -44,22 +52,22 @@ class TableStatus:
     @property
     def samples_per_insert(self) -> float | None:
         """Observed samples per insert, or None before the first insert."""
-        return self.samples / self.inserts if self.inserts else None
+        return samples_per_insert(self.samples, self.inserts)
 
 
-def server_status(address: str, timeout: float | None = 10.0) -> list[TableStatus]:
+def server_status(address: str, timeout: float | None = 10.0) -> list[TableReport]:
     """Reads every table's counters from the server at `address`.
 
     Raises:
       ServerUnavailableError: If no server answers within `timeout`.
     """
     infos = server_info(connect(address, timeout), timeout)
-    return [_table_status(info) for _, info in sorted(infos.items())]
+    return [_table_report(info) for _, info in sorted(infos.items())]
 
 
-def _table_status(info: Any) -> TableStatus:
+def _table_report(info: Any) -> TableReport:
     limiter = info.rate_limiter_info
-    return TableStatus(
+    return TableReport(
         name=info.name,
         size=int(info.current_size),
         capacity=int(info.max_size),
@@ -81,7 +89,7 @@ def _selector_name(options: Any) -> str:
     return kind
 
 
-def table_line(table: TableStatus) -> str:
+def table_line(table: TableReport) -> str:
     """One table's line of the status report."""
     ratio = "n/a" if table.samples_per_insert is None else f"{table.samples_per_insert:.2f}"
     return (
@@ -91,7 +99,7 @@ def table_line(table: TableStatus) -> str:
     )
 
 
-def format_status(address: str, tables: list[TableStatus], checkpoint_dir: str | None) -> str:
+def format_status(address: str, tables: list[TableReport], checkpoint_dir: str | None) -> str:
     """Renders `server_status` output (and the last checkpoint, if a directory is given)."""
     lines = [f"server {address}"]
     lines.extend(f"  {table_line(t)}" for t in tables)

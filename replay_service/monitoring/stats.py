@@ -305,20 +305,16 @@ def _table_stats(
     samples_per_s = _rate(samples, before[1], window)
     window_ms = window * 1000.0 if window else None
     limiter = info.rate_limiter_info
-    capacity = int(info.max_size)
-    size = int(info.current_size)
     window_inserts = inserts - before[0]
-    return TableStats(
+    return _with_ratios(
         layout=signature_layout(getattr(info, "signature", None)),
         name=str(info.name),
-        size=size,
-        capacity=capacity,
-        fill_ratio=size / capacity if capacity else 0.0,
+        size=int(info.current_size),
+        capacity=int(info.max_size),
         inserts=inserts,
         samples=samples,
         inserts_per_s=inserts_per_s,
         samples_per_s=samples_per_s,
-        samples_per_insert=samples / inserts if inserts else None,
         window_samples_per_insert=(
             (samples - before[1]) / window_inserts
             if window is not None and window_inserts > 0 and samples >= before[1]
@@ -336,6 +332,35 @@ def _table_stats(
             sample_blocked_fraction=_fraction(sample_ms - before[3], window_ms),
         ),
     )
+
+
+def _with_ratios(
+    *, size: int, capacity: int, inserts: int, samples: int, **rest: Any
+) -> TableStats:
+    """A `TableStats` of these counts and `rest` (the other fields), its fill ratio and samples
+    per insert since the start computed from the counts."""
+    return TableStats(
+        size=size,
+        capacity=capacity,
+        fill_ratio=size / capacity if capacity else 0.0,
+        inserts=inserts,
+        samples=samples,
+        samples_per_insert=samples_per_insert(samples, inserts),
+        **rest,
+    )
+
+
+def samples_per_insert(samples: int, inserts: int) -> float | None:
+    """Observed samples per insert.
+
+    Args:
+      samples: Completed samples.
+      inserts: Completed inserts, counted over the same span.
+
+    Returns:
+      `samples / inserts`, or None before the first insert.
+    """
+    return samples / inserts if inserts else None
 
 
 def _bound(value: float) -> float | None:
@@ -412,26 +437,20 @@ def total_table(name: str, tables: Sequence[TableStats]) -> TableStats:
     """
     if not tables:
         raise ConfigError(f"no shard stats to sum for table {name!r}")
-    size = sum(t.size for t in tables)
-    capacity = sum(t.capacity for t in tables)
-    inserts = sum(t.inserts for t in tables)
-    samples = sum(t.samples for t in tables)
     inserts_per_s = _sum_or_none([t.inserts_per_s for t in tables])
     samples_per_s = _sum_or_none([t.samples_per_s for t in tables])
     limiters = [t.rate_limiter for t in tables]
     first = limiters[0]
     layouts = {t.layout for t in tables}
-    return TableStats(
+    return _with_ratios(
         layout=layouts.pop() if len(layouts) == 1 else "/".join(sorted(map(str, layouts))),
         name=name,
-        size=size,
-        capacity=capacity,
-        fill_ratio=size / capacity if capacity else 0.0,
-        inserts=inserts,
-        samples=samples,
+        size=sum(t.size for t in tables),
+        capacity=sum(t.capacity for t in tables),
+        inserts=sum(t.inserts for t in tables),
+        samples=sum(t.samples for t in tables),
         inserts_per_s=inserts_per_s,
         samples_per_s=samples_per_s,
-        samples_per_insert=samples / inserts if inserts else None,
         window_samples_per_insert=(
             samples_per_s / inserts_per_s if inserts_per_s and samples_per_s is not None else None
         ),
@@ -514,6 +533,7 @@ __all__ = [
     "TableStats",
     "checkpoint_figures",
     "checkpoint_stats",
+    "samples_per_insert",
     "scalars",
     "server_stats",
     "table_figures",

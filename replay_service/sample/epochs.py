@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from replay_service.sample.batches import (
 )
 from replay_service.sample.torch_streams import _resolve_device
 from replay_service.specs.windows import Masked
+
+if TYPE_CHECKING:
+    from replay_service.sample.view import SampleView
 
 
 class EpochBatches:
@@ -144,3 +147,63 @@ def check_options(
     for name, value in (("drop_last", drop_last), ("transitions", transitions)):
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be True or False, got {value!r}")
+
+
+def epoch_batches(
+    view: SampleView,
+    batch_size: int,
+    num_epochs: int = 1,
+    seed: int | None = None,
+    drop_last: bool = False,
+    transitions: bool = False,
+    device: str | torch.device = "cpu",
+    table: str | None = None,
+) -> EpochBatches:
+    """`EpochBatches` of the items one table of the buffer holds now.
+
+    The items are a snapshot read once (`Backend.read_items`; embedded Reverb: a snapshot
+    checkpoint read from `<checkpoint_dir>/.snapshots/` and deleted, never a checkpoint: it
+    neither counts towards `keep_checkpoints` nor becomes the newest, checkpoints go on while it
+    is read, and one a killed process left is deleted on the next start; remote: a checkpoint
+    taken now, which becomes the newest, as with `export()`, and needs the checkpoint files on
+    this machine; local: a copy), held in memory and never sampled from the table, so rate
+    limiters and `times_sampled` are untouched. The collectors are flushed first.
+
+    Args:
+      view: The buffer.
+      batch_size: Items per batch.
+      num_epochs: Passes over the items.
+      seed: Seed of the permutations; None draws fresh ones.
+      drop_last: Leave out each epoch's last, shorter batch.
+      transitions: Yield `TransitionBatch`es.
+      device: Torch device of the batches.
+      table: The table read; None: the primary one.
+
+    Returns:
+      The batches.
+
+    Raises:
+      ConfigError: If an option is invalid (`check_options`; the batch size and device as
+        `torch_batches`), checked before the snapshot is read; `table` is unknown (first);
+        `transitions` does not apply or `drop_last` leaves no batch.
+      BufferStateError: If the buffer was not created or loaded, or the table is empty.
+      CheckpointError: Reverb: if the snapshot's checkpoint cannot be taken or read.
+    """
+    config = view.table(table)
+    check_options(batch_size, num_epochs, seed, drop_last, transitions)
+    # Before the snapshot is read: a batch holds at most the table's items.
+    view.check_batches(config, batch_size, device, held=config.capacity)
+    view.require_buffer()
+    view.flush_writers()
+    items = view.backend.read_items(config)
+    return EpochBatches(
+        items.data,
+        view.stored_spec,
+        batch_size,
+        num_epochs=num_epochs,
+        seed=seed,
+        drop_last=drop_last,
+        transitions=transitions,
+        device=device,
+        table_name=config.name,
+    )

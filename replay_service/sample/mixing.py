@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
 
 from replay_service.config.options import require_seed
+from replay_service.config.tables import check_mix_weights
 from replay_service.errors import ManagerClosedError
+from replay_service.sample import torch_streams
 from replay_service.sample.batches import Packer, item_packer
 from replay_service.sample.torch_streams import TorchSampleSource
+
+if TYPE_CHECKING:
+    from replay_service.sample.view import SampleView
 
 
 class MixedSampleInfo(NamedTuple):
@@ -247,3 +252,65 @@ def _interleave(
         for target, tensor in zip(out, tensors or [], strict=True):
             target[rows] = _signed(tensor)
     return [_signed(t, like.dtype) for t, like in zip(out, first, strict=True)]
+
+
+def mixed_torch_batches(
+    view: SampleView,
+    batch_size: int,
+    weights: Mapping[str, float],
+    seed: int | None = None,
+    device: str | torch.device = "cpu",
+    pin_memory: bool = False,
+    prefetch: int | None = None,
+    transitions: bool = False,
+    with_info: bool = False,
+) -> torch_streams.TorchBatchStream:
+    """An endless stream of torch batches mixing several tables of the buffer, on every backend.
+
+    Each item of a batch comes from table `name` with probability `weights[name] /
+    sum(weights)`, drawn independently per item from a generator seeded by `seed`, and is
+    sampled by that table's own sampler. The proportions hold on average (a batch holds a
+    binomial number of each table's items), and the tables' items are interleaved in a batch.
+    With `with_info`, batches come as `(batch, MixedSampleInfo)`: each item's own table's info,
+    and `info.table`, the position of its table in `weights`. Batches and the other options
+    are those of `torch_streams.torch_batches`.
+
+    Args:
+      view: The buffer.
+      batch_size: Items per batch.
+      weights: Table name -> weight; finite, >= 0, with a positive sum. The tables must have
+        one sequence length.
+      seed: Seed of the choice of tables (an integer >= 0); None draws one. The items of each
+        table are drawn by its sampler, which no seed fixes.
+      device: Where the tensors are placed.
+      pin_memory: Pin host memory before the transfer to `device`.
+      prefetch: Batches prepared ahead by a background thread; None: none.
+      transitions: Yield `TransitionBatch`es (tables of 2-step items).
+      with_info: Yield `(batch, MixedSampleInfo)` pairs.
+
+    Returns:
+      A `TorchBatchStream` (close it, or use it in `with`, to stop its thread).
+
+    Raises:
+      BufferStateError: If the buffer was not created or loaded (first); when iterating, if a
+        table yields nothing within `Timeouts.sample` (named).
+      ConfigError: If a weight, table name, size, seed or option is invalid, or the tables'
+        sequence lengths differ.
+    """
+    replay_buffer = view.require_buffer()
+    probabilities = check_mix_weights(view.tables, weights)
+    sources = {
+        name: view.backend.torch_source(replay_buffer, view.table(name)) for name in probabilities
+    }
+    source = MixedSampleSource(
+        sources, probabilities, {name: i for i, name in enumerate(weights)}, seed=seed
+    )
+    return torch_streams.TorchBatchStream(
+        source,
+        batch_size,
+        device=device,
+        pin_memory=pin_memory,
+        prefetch=torch_streams.DEFAULT_PREFETCH if prefetch is None else prefetch,
+        transitions=transitions,
+        with_info=with_info,
+    )

@@ -23,15 +23,65 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 from replay_service.collect.observer import FLUSH_DOWN_TO, FLUSH_EVERY
 from replay_service.config.options import require_positive_int
-from replay_service.errors import ConfigError
+from replay_service.errors import ConfigError, WriteTimeoutError
 
 # Items of one table a writer may have in flight (unconfirmed) before it waits, plus one.
 IN_FLIGHT = FLUSH_DOWN_TO + FLUSH_EVERY + 1
+
+COUNT_WAIT_MS = 100
+"""`flush_for_count` waits this long at a time for the writers' items to be confirmed before it
+asks whether a rate limiter holds them back (a confirmation takes a round trip otherwise)."""
+
+
+class Flushable(Protocol):
+    """A collector whose written items can be waited for (observers and writers)."""
+
+    def flush(self, timeout_ms: int | None = None) -> None:
+        """Blocks until the items written so far are confirmed (within `timeout_ms`)."""
+
+
+def flush_for_count(
+    writers: Iterable[Flushable],
+    read_state: Callable[[str], LimiterState] | None,
+    tables: Sequence[str],
+    write_s: float | None,
+) -> None:
+    """Flushes `writers` before a count of items, in waits of `COUNT_WAIT_MS`: it stops waiting,
+    without an error, once a table's rate limiter blocks inserts (their items reach the table
+    when samples let them in; waiting for them could only time out).
+
+    Args:
+      writers: The buffer's observers and writers.
+      read_state: A table's `LimiterState` by name; None where the backend has no rate
+        limiters (every writer is flushed with its own timeout).
+      tables: The names of the buffer's tables.
+      write_s: `Timeouts.write`: the bound on the whole wait (None: no bound).
+
+    Raises:
+      WriteTimeoutError: If the items are not confirmed within `write_s` while no limiter
+        blocks inserts.
+    """
+    if read_state is None:
+        for writer in writers:
+            writer.flush()
+        return
+    deadline = math.inf if write_s is None else time.monotonic() + write_s
+    while True:
+        try:
+            for writer in writers:
+                writer.flush(COUNT_WAIT_MS)
+            return
+        except WriteTimeoutError:
+            if time.monotonic() >= deadline:
+                raise
+            if any(not read_state(name).can_insert() for name in tables):
+                return
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ from replay_service.sample.batches import (
 )
 from replay_service.sample.torch_streams import _resolve_device
 from replay_service.specs.windows import Masked
+
+if TYPE_CHECKING:
+    from replay_service.sample.view import SampleView
 
 DEFAULT_ETA = 0.996
 """The paper's initial eta."""
@@ -176,3 +179,60 @@ class RecentBatches:
                 flat = [t.to(self._device) for t in flat]
             self.windows.append(window)
             yield self._packer(flat)
+
+
+def recent_batches(
+    view: SampleView,
+    batch_size: int,
+    num_updates: int,
+    eta: float = DEFAULT_ETA,
+    c_min: int = DEFAULT_C_MIN,
+    seed: int | None = None,
+    transitions: bool = False,
+    device: str | torch.device = "cpu",
+    table: str | None = None,
+) -> RecentBatches:
+    """One round of ERE batches of one table of the buffer (`RecentBatches`).
+
+    `N` is the table's size when each batch is drawn (`view.count`, which flushes the
+    collectors); the items are read, not sampled (`Backend.newest_reader`).
+
+    Args:
+      view: The buffer.
+      batch_size: Items per batch.
+      num_updates: Batches in the round (K).
+      eta: ERE's eta, in (0, 1].
+      c_min: The smallest window, in items.
+      seed: Seed of the draws; None draws fresh ones.
+      transitions: Yield `TransitionBatch`es.
+      device: Torch device of the batches.
+      table: The table read; None: the primary one.
+
+    Returns:
+      The batches.
+
+    Raises:
+      ConfigError: If an option is invalid (`check_options`; the batch size and device as
+        `torch_batches`), `table` is unknown, or the backend cannot read the newest items
+        (after the buffer is required).
+      BufferStateError: If the buffer was not created or loaded.
+    """
+    check_options(batch_size, num_updates, eta, c_min, seed, transitions)
+    config = view.table(table)
+    view.check_batches(config, batch_size, device)
+    view.require_buffer()
+    read = view.backend.newest_reader(config, f"recent_batches(eta={eta!r}, c_min={c_min!r})")
+    return RecentBatches(
+        read,
+        lambda: view.count(config.name),
+        view.stored_spec,
+        batch_size,
+        num_updates,
+        eta=eta,
+        c_min=c_min,
+        seed=seed,
+        transitions=transitions,
+        device=device,
+        table_name=config.name,
+        sequence_length=config.sequence_length,
+    )

@@ -38,15 +38,15 @@ import queue
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from replay_service.config.batch_limits import require_batch_size
 from replay_service.config.devices import require_device
 from replay_service.config.options import require_int
-from replay_service.config.sizes import require_batch_size
 from replay_service.errors import BufferStateError, ConfigError, ManagerClosedError
 from replay_service.sample.batches import (
     TRANSITION_SEQUENCE_LENGTH,
@@ -57,6 +57,9 @@ from replay_service.sample.batches import (
     transition_packer,
 )
 from replay_service.specs.windows import Masked
+
+if TYPE_CHECKING:
+    from replay_service.sample.view import SampleView
 
 # Batches prepared ahead by a Python thread. None by default: the Reverb pipeline prefetches in
 # tf.data's C++ threads, which do not hold the GIL, and a local table is sampled in
@@ -557,3 +560,81 @@ def _placer(device: torch.device, pin: bool) -> Callable[[torch.Tensor], torch.T
         return tensor.to(device, non_blocking=pin)
 
     return place
+
+
+def torch_batches(
+    view: SampleView,
+    batch_size: int,
+    device: str | torch.device = "cpu",
+    pin_memory: bool = False,
+    prefetch: int | None = None,
+    transitions: bool = False,
+    with_info: bool = False,
+    table: str | None = None,
+) -> TorchBatchStream:
+    """An endless `TorchBatchStream` of batches sampled from one table of the buffer.
+
+    Bounded when the server is lost: if it dies (SIGKILL, SIGTERM) or the network drops,
+    `next()` raises `ServerUnavailableError` naming the address, the table and what to do
+    within `liveness.liveness_bound(timeouts.sample, timeouts.connect)` seconds (at most
+    `2 * timeouts.sample + timeouts.connect`); after the manager's `close()` it raises
+    `ManagerClosedError` at once.
+
+    Args:
+      view: The buffer.
+      batch_size: Items per batch.
+      device: Where the tensors are placed.
+      pin_memory: Pin host memory before the transfer to `device`.
+      prefetch: Batches prepared ahead by a background thread; None: `DEFAULT_PREFETCH`.
+      transitions: Yield `TransitionBatch`es (tables of 2-step items).
+      with_info: Yield `(batch, TorchSampleInfo)` pairs.
+      table: The table sampled; None: the primary one.
+
+    Returns:
+      The stream (close it, or use it in `with`, to stop its thread).
+
+    Raises:
+      BufferStateError: If the buffer was not created or loaded; when iterating, if nothing
+        can be sampled within `Timeouts.sample`.
+      ConfigError: If an option is invalid (`TorchBatchStream`) or `table` is unknown.
+    """
+    return TorchBatchStream(
+        view.source(table),
+        batch_size,
+        device=device,
+        pin_memory=pin_memory,
+        prefetch=DEFAULT_PREFETCH if prefetch is None else prefetch,
+        transitions=transitions,
+        with_info=with_info,
+    )
+
+
+def torch_dataset(
+    view: SampleView,
+    batch_size: int,
+    transitions: bool = False,
+    with_info: bool = False,
+    table: str | None = None,
+) -> TorchReplayDataset:
+    """A `TorchReplayDataset` of batches sampled from one table of the buffer.
+
+    Iterating fails like `torch_batches` when the server is lost; a DataLoader worker holds a
+    copy of the manager's state, so after `close()` it fails when the (embedded) server is gone.
+
+    Args:
+      view: The buffer.
+      batch_size: Items per batch.
+      transitions: Yield `TransitionBatch`es.
+      with_info: Yield `(batch, TorchSampleInfo)` pairs.
+      table: The table sampled; None: the primary one.
+
+    Returns:
+      The dataset (`dataset.data_loader(num_workers=N)` reads it in worker processes).
+
+    Raises:
+      BufferStateError: If the buffer was not created or loaded.
+      ConfigError: If an option is invalid (`TorchReplayDataset`) or `table` is unknown.
+    """
+    return TorchReplayDataset(
+        view.source(table), batch_size, transitions=transitions, with_info=with_info
+    )

@@ -1,8 +1,8 @@
-"""How a table stores steps: the `Layout` interface, the nested layout, and `resolve_layout`.
+"""How a table stores steps: the `Layout` interface and the nested layout.
 
-A layout is every decision that depends on how a step is stored: the table signature, what a
-writer appends per step, how items read back become the step nest again, and how an import
-chunks what it writes. Two implementations:
+A layout is every decision about how a step is stored that does not depend on a backend: the
+table signature, what a writer appends per step, how items read back become the step nest
+again, and how an import chunks what it writes. Two implementations:
 
 - `NestedLayout` ("nested", the default): one Reverb column per field of the step; what is
   stored is the nest itself, so reading unpacks nothing.
@@ -10,24 +10,23 @@ chunks what it writes. Two implementations:
   `uint8` row.
 
 The layout's name is the public spelling (`TableConfig.layout`, config files, checkpoint and
-export metadata); `resolve_layout` turns it into the object once, where a table's configuration
-becomes a running table (the manager, `make_table`, a collector built on its own), and the
-object is what writers, readers and export receive.
+export metadata); `specs.layout_registry.resolve_layout` turns it into the object once, where a
+table's configuration becomes a running table (the manager, `make_table`, a collector built on
+its own), and the object is what writers, readers and export receive. The Reverb writers and
+tf.data steps of each layout live in `replay_service.backends.reverb` (`layout_writers`,
+`layout_datasets`).
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import tree
 
 from replay_service.errors import ConfigError
-
-if TYPE_CHECKING:
-    from replay_service.specs.packed import PackedLayout
 
 NESTED = "nested"
 PACKED = "packed"
@@ -107,30 +106,10 @@ class Layout(abc.ABC):
         `decode_columns`."""
 
     @abc.abstractmethod
-    def window_writer(
-        self,
-        client: Any,
-        windows: Sequence[tuple[str, int, int, float, bool]],
-        configs: Callable[[], Sequence[Any]],
-    ) -> Any:
-        """A Reverb writer of the windows of a collector (`append`, `flush`, `end_episode`).
-
-        Args:
-          client: The `reverb.Client`.
-          windows: Per table `(name, sequence_length, stride_length, priority, padded)`.
-          configs: Returns the `StructuredWriter` configs of these windows.
-        """
-
-    @abc.abstractmethod
     def writer_chunking(self, sequence_length: int) -> tuple[int, int | None]:
         """`(num_keep_alive_refs, max_chunk_length)` of a `TrajectoryWriter` that writes whole
         items of `sequence_length` steps (an import); a max_chunk_length of None leaves the
         chunks to Reverb."""
-
-    @abc.abstractmethod
-    def item_writer(self, client: Any, sequence_length: int) -> Any:
-        """A Reverb `TrajectoryWriter` for whole items of `sequence_length` steps, chunked as
-        `writer_chunking` says."""
 
     # ------------------------------------------------------------------------------ reading
 
@@ -158,21 +137,11 @@ class Layout(abc.ABC):
         """
 
     @abc.abstractmethod
-    def unpack_samples(self, dataset: Any) -> Any:
-        """A tf.data dataset of `ReplaySample(info, data)` batches with `data` as the nest
-        (`dataset` itself where nothing is packed)."""
-
-    @abc.abstractmethod
-    def sequence_preprocess(self, fn: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
-        """TF-Agents' `sequence_preprocess_fn` for items read as `step_spec` steps: unpacks
-        each sequence before `fn` sees it (`fn` itself where nothing is packed)."""
-
-    @abc.abstractmethod
     def batch_reader(
         self,
         max_step_bytes: int,
         read_nest: Callable[[Any], Any],
-        rows_reader: Callable[[PackedLayout], Callable[[Any], Any]],
+        rows_reader: Callable[[Any], Callable[[Any], Any]],
     ) -> tuple[Callable[[Any], Any], bool]:
         """Chooses, once per stream, who unpacks the batches of a reader that can unpack
         packed rows itself (in numpy).
@@ -222,24 +191,9 @@ class NestedLayout(Layout):
         """`columns` themselves."""
         return list(columns)
 
-    def window_writer(
-        self,
-        client: Any,
-        windows: Sequence[tuple[str, int, int, float, bool]],
-        configs: Callable[[], Sequence[Any]],
-    ) -> Any:
-        """Reverb's `StructuredWriter` of `configs()`."""
-        del windows  # the configs hold them
-        return client.structured_writer(configs())
-
     def writer_chunking(self, sequence_length: int) -> tuple[int, None]:
         """The item's steps kept alive; Reverb's own chunks."""
         return sequence_length, None
-
-    def item_writer(self, client: Any, sequence_length: int) -> Any:
-        """`client.trajectory_writer` keeping one item's steps alive."""
-        keep, _ = self.writer_chunking(sequence_length)
-        return client.trajectory_writer(num_keep_alive_refs=keep)
 
     def unpack(self, rows: Any) -> Any:
         """`rows` itself: a nested table stores the nest."""
@@ -251,19 +205,11 @@ class NestedLayout(Layout):
             return [np.array(column) for column in columns]
         return list(columns)
 
-    def unpack_samples(self, dataset: Any) -> Any:
-        """`dataset` itself."""
-        return dataset
-
-    def sequence_preprocess(self, fn: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
-        """`fn` itself."""
-        return fn
-
     def batch_reader(
         self,
         max_step_bytes: int,
         read_nest: Callable[[Any], Any],
-        rows_reader: Callable[[PackedLayout], Callable[[Any], Any]],
+        rows_reader: Callable[[Any], Callable[[Any], Any]],
     ) -> tuple[Callable[[Any], Any], bool]:
         """`(read_nest, True)`: the pipeline yields the nest."""
         return read_nest, True
@@ -296,34 +242,3 @@ def signature_layout(signature: Any) -> str | None:
     if getattr(dtype, "name", None) == "uint8" and shape is not None and len(shape) == 2:
         return PACKED
     return NESTED
-
-
-def resolve_layout(name: str, stored_spec: Any, where: str = "layout") -> Layout:
-    """The layout called `name` of a table storing `stored_spec` steps: a `NestedLayout`, or
-    the (cached, see `packed.layout_of`) `PackedLayout` of `stored_spec`.
-
-    Args:
-      name: "nested" or "packed".
-      stored_spec: The per-step spec the table stores.
-      where: What `name` is, for the error.
-
-    Raises:
-      ConfigError: If `name` is not a layout name, listing them.
-    """
-    # The packed implementation imports this module.
-    from replay_service.specs.packed import layout_of
-
-    make: dict[str, Callable[[Any], Layout]] = {NESTED: NestedLayout, PACKED: layout_of}
-    return make[check_layout(name, where)](stored_spec)
-
-
-def as_layout(layout: Layout | str, stored_spec: Any) -> Layout:
-    """`layout` itself, or the layout its name resolves to (`resolve_layout`): what the public
-    constructors that take `layout=` (a name or a resolved layout) keep.
-
-    Raises:
-      ConfigError: If `layout` is not a layout name.
-    """
-    if isinstance(layout, Layout):
-        return layout
-    return resolve_layout(layout, stored_spec)

@@ -50,6 +50,7 @@ from replay_service.errors import (
 )
 from replay_service.storage import formats
 from replay_service.storage.checkpoint_format import CheckpointFormat, registered
+from replay_service.storage.file_modes import open_regular, regular_file_exists
 from replay_service.storage.files import DONE_FILE, is_done, is_settled, list_dir
 from replay_service.storage.metadata import Checkpoint, StoreMetadata
 
@@ -115,8 +116,13 @@ class CheckpointDirectory:
     # ----------------------------------------------------------------------------- inspection
 
     def is_store(self) -> bool:
-        """Whether the directory holds a replay_service store file."""
-        return os.path.isfile(self.store_file)
+        """Whether the directory holds a replay_service store file.
+
+        Raises:
+          NotRegularFileError: If something other than a regular file is in its place (a
+            named pipe, a symbolic link...), naming it; it is not opened.
+        """
+        return regular_file_exists(self.store_file)
 
     def stored_layout(self) -> str | None:
         """The layout the store file records (what a load compares), for `layout="auto"`;
@@ -137,7 +143,7 @@ class CheckpointDirectory:
         """
         self._check_is_store()
         try:
-            with open(self.store_file, encoding="utf-8") as f:
+            with open_regular(self.store_file, "r", encoding="utf-8") as f:
                 data = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise CheckpointError(f"cannot read {self.store_file!r}: {e}") from e
@@ -159,12 +165,13 @@ class CheckpointDirectory:
         Raises:
           UnknownFormatError: If the metadata file's format is unknown or newer (not damage).
           CheckpointError: If `DONE` or the metadata file is missing or unreadable.
+          NotRegularFileError: If one of them is not a regular file (a named pipe...).
         """
         if not is_done(path):
             raise CheckpointError(f"checkpoint {path!r} has no {DONE_FILE} file")
         meta_path = os.path.join(path, CHECKPOINT_META_FILE)
         try:
-            with open(meta_path, encoding="utf-8") as f:
+            with open_regular(meta_path, "r", encoding="utf-8") as f:
                 info = json.load(f)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot read {meta_path!r}: {e}") from e

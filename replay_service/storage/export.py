@@ -54,7 +54,13 @@ from replay_service.errors import (
 )
 from replay_service.specs import nests as specs
 from replay_service.storage import formats
-from replay_service.storage.file_modes import make_dirs, open_private, sync_file
+from replay_service.storage.file_modes import (
+    make_dirs,
+    open_private,
+    open_regular,
+    regular_file_exists,
+    sync_file,
+)
 from replay_service.storage.files import file_sha256
 
 FORMAT = formats.EXPORT.tag
@@ -346,9 +352,10 @@ def read_metadata(path: str) -> dict[str, Any]:
     Raises:
       UnknownFormatError: If its format tag is unknown or of a newer version (not damage).
       CheckpointError: If it is missing, not JSON, or malformed.
+      NotRegularFileError: If it is not a regular file (a named pipe...): it is not opened.
     """
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path, "r", encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError as e:
         raise CheckpointError(f"export metadata {path!r} does not exist") from e
@@ -461,6 +468,8 @@ def read_state_fields(
     """
     if tensors is None:
         try:
+            if not regular_file_exists(path):  # a named pipe would block `load_file`
+                raise FileNotFoundError(2, "No such file or directory", path)
             tensors = load_file(path)
         except FileNotFoundError as e:
             raise CheckpointError(f"export state {path!r} does not exist") from e
@@ -504,6 +513,8 @@ def _write_files(
 ) -> None:
     directory = os.path.dirname(state_path) or "."
     try:
+        for path in (state_path, metadata_path):  # replaced below: never another kind of file
+            regular_file_exists(path)
         make_dirs(directory)
         state_tmp, metadata_tmp = f"{state_path}.tmp", f"{metadata_path}.tmp"
         with open_private(state_tmp, "wb") as f:
@@ -535,7 +546,7 @@ def mapped_state(path: str, expected_sha256: str) -> Iterator[dict[str, np.ndarr
         digest differs from `expected_sha256` (naming the file and both digests).
     """
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
     except FileNotFoundError as e:
@@ -600,7 +611,7 @@ def _compare_read_back(path: str, chunks: list[Any]) -> None:
     """
     offset = 0
     buffer = np.empty(_READ_BACK_BLOCK, np.uint8)
-    with open(path, "rb", buffering=0) as f:
+    with open_regular(path, "rb", buffering=0) as f:
         for chunk in chunks:
             view = np.frombuffer(chunk, np.uint8)
             for start in range(0, len(view), _READ_BACK_BLOCK):

@@ -19,14 +19,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from replay_service.errors import CheckpointError
+from replay_service.storage.file_modes import open_regular, regular_file_exists
 
 DONE_FILE = "DONE"
 _READ_BLOCK = 1 << 20
 
 
 def is_done(path: str) -> bool:
-    """Whether `path` is a checkpoint directory its writer finished (it holds `DONE`)."""
-    return os.path.isfile(os.path.join(path, DONE_FILE))
+    """Whether `path` is a checkpoint directory its writer finished (it holds `DONE`).
+
+    Raises:
+      NotRegularFileError: If its `DONE` is not a regular file (a named pipe, a link...).
+    """
+    return regular_file_exists(os.path.join(path, DONE_FILE))
 
 
 def is_settled(path: str, settle_s: float) -> bool:
@@ -50,10 +55,11 @@ def file_sha256(path: str) -> str:
     """Returns the hex SHA-256 digest of a file, read in blocks.
 
     Raises:
+      NotRegularFileError: If `path` is not a regular file (it is not opened).
       OSError: If the file cannot be read.
     """
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         while block := f.read(_READ_BLOCK):
             digest.update(block)
     return digest.hexdigest()
@@ -86,6 +92,7 @@ def check_recorded_files(
 
     Raises:
       CheckpointError: If a file is missing, or its size or SHA-256 differs; names the file.
+      NotRegularFileError: If one is not a regular file (a named pipe...): it is not opened.
     """
     for name in names:
         file_path = os.path.join(path, name)
@@ -93,6 +100,8 @@ def check_recorded_files(
         if not isinstance(want, dict):
             raise CheckpointError(f"{path!r} records no checksum of {name}")
         try:
+            if not regular_file_exists(file_path):
+                raise FileNotFoundError(2, "No such file or directory", file_path)
             size = os.path.getsize(file_path)
         except OSError as e:
             raise CheckpointError(f"cannot read {file_path!r}: {e}") from e

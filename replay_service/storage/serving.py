@@ -20,7 +20,7 @@ import filelock
 from replay_service.errors import CheckpointError
 from replay_service.storage.checkpoint_format import CheckpointFormat
 from replay_service.storage.directory import LOCK_FILE, CheckpointDirectory
-from replay_service.storage.file_modes import FILE_MODE, make_dirs
+from replay_service.storage.file_modes import FILE_MODE, make_dirs, regular_file_exists
 
 
 class DirectoryLock:
@@ -185,18 +185,22 @@ class ServedDirectory(CheckpointDirectory):
 
 
 def refuse_symlink(path: str) -> None:
-    """Raises `CheckpointError` if the lock file `path` is a symbolic link (never followed)."""
+    """Raises `CheckpointError` if the lock file `path` is a symbolic link (never followed),
+    and `NotRegularFileError` if it is another kind of file (a named pipe...)."""
     if os.path.islink(path):
         raise CheckpointError(
             f"{path!r} is a symbolic link; replay_service writes its lock there and "
             "never follows links: remove it"
         )
+    regular_file_exists(path)
 
 
 def lock_holder(path: str) -> str:
     """The pid written in the lock file `path`, or "unknown"."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        )
     except OSError:
         return "unknown"
     try:

@@ -38,6 +38,7 @@ from replay_service.errors import (
     CheckpointExistsError,
     ConfigError,
     NoCheckpointError,
+    NotRegularFileError,
     SpecMismatchError,
     UnknownFormatError,
 )
@@ -199,7 +200,7 @@ class CheckpointStore(ServedDirectory):
             except UnknownFormatError:
                 raise  # not damage: left in place
             except CheckpointError as e:
-                if os.path.isdir(path):
+                if os.path.isdir(path) and not isinstance(e, NotRegularFileError):
                     moved = self.quarantine_path(path)
                     _log.warning(
                         "staged checkpoint %s is damaged (%s); moved it to %s", path, e, moved
@@ -229,7 +230,7 @@ class CheckpointStore(ServedDirectory):
             except UnknownFormatError:
                 raise  # not damage: left in place
             except CheckpointError as e:
-                if not os.path.isdir(path):
+                if not os.path.isdir(path) or isinstance(e, NotRegularFileError):
                     raise
                 moved = self.quarantine_path(path)
                 _log.warning("staged checkpoint %s is damaged (%s); moved it to %s", path, e, moved)
@@ -459,9 +460,11 @@ class CheckpointStore(ServedDirectory):
         (damage) calls `discard()` to drop what was half loaded, moves that checkpoint to
         `corrupt/` with a warning naming it and the one tried next, and tries the previous one.
         A `SpecMismatchError` (a configuration mistake, not damage) stops the search, and so
-        does a checkpoint written by the other backend, before `load` sees it, and one whose
+        does a checkpoint written by the other backend, before `load` sees it, one whose
         file format is unknown or newer (`UnknownFormatError`: written by a newer release; it is
-        left in place and the load refused).
+        left in place and the load refused), and a `NotRegularFileError` (a named pipe or
+        another kind of file where one of the checkpoint's files belongs: it is not the
+        checkpoint's damage, and it is never moved).
 
         Args:
           load: Verifies and loads one checkpoint; raises `CheckpointError` for damage.
@@ -478,6 +481,8 @@ class CheckpointStore(ServedDirectory):
           UnknownFormatError: If a file of the checkpoint tried has an unknown or newer format
             tag (nothing is moved).
           SpecMismatchError: From `load`.
+          NotRegularFileError: If a file of a checkpoint is not a regular file (nothing is
+            moved).
           CheckpointError: If a damaged checkpoint cannot be moved aside.
         """
         moved: list[str] = []
@@ -488,8 +493,8 @@ class CheckpointStore(ServedDirectory):
                 load(checkpoint)
             except (SpecMismatchError, BackendMismatchError):
                 raise
-            except UnknownFormatError:
-                discard()  # a newer release's checkpoint: refused, left in place
+            except (UnknownFormatError, NotRegularFileError):
+                discard()  # a newer release's format, or another kind of file: nothing moved
                 raise
             except CheckpointError as e:
                 discard()

@@ -129,3 +129,6 @@ def test_architecture_listing_matches_the_package() -> None:
     packages = {p.parent for p in package.rglob("__init__.py")} - {package}
     unlisted = sorted(str(p.relative_to(REPO_ROOT)) for p in packages - set(listed))
     assert not unlisted, f"docs/architecture.md does not list these packages: {unlisted}"
+    modules = {p for p in package.rglob("*.py") if p.name != "__init__.py"}
+    unlisted = sorted(str(p.relative_to(REPO_ROOT)) for p in modules - set(listed))
+    assert not unlisted, f"docs/architecture.md does not list these modules: {unlisted}"

@@ -122,3 +122,15 @@ def test_no_module_imports_itself_back() -> None:
         if module not in done:
             visit(module, [module])
     assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
+
+
+def test_the_architecture_page_shows_this_map() -> None:
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    block = text.split("### Floors", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    shown = []
+    for line in block.splitlines():
+        parts = line.split()
+        if parts and parts[0].isdigit():
+            rooms = [p for p in parts[1:3] if p.endswith(("/", ".py")) or "/{" in p]
+            shown.append(tuple(r.split("/")[0].removesuffix(".py") for r in rooms))
+    assert shown == list(LAYERS), f"docs/architecture.md shows {shown}, the test checks {LAYERS}"

@@ -17,7 +17,7 @@ import time
 import types
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tree
@@ -25,15 +25,14 @@ import tree
 from replay_service.backends.base import Backend, BackendOptions, Capability, Lifeline
 from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
-from replay_service.backends.local.table import (
-    LocalTable,
-    check_device,
-    check_local_table,
-    check_scratch_dir,
-)
+from replay_service.backends.local.ring import check_tables_fit
+from replay_service.backends.local.scratch import check_scratch_dir
+from replay_service.backends.local.table import LocalTable, check_device, check_local_table
+from replay_service.collect.writing import TableWindows
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, ConfigError, SpecMismatchError
 from replay_service.sample.priorities import check_updates
+from replay_service.specs.layouts import Layout, NestedLayout
 from replay_service.specs.nests import describe_spec
 from replay_service.storage import export as export_lib
 from replay_service.storage.checkpoint_format import Verified
@@ -42,6 +41,9 @@ from replay_service.storage.files import check_recorded_files, remove_path
 from replay_service.storage.metadata import Checkpoint, StoreMetadata
 from replay_service.storage.schedule import CheckpointSchedule
 from replay_service.storage.store import CheckpointStore
+
+if TYPE_CHECKING:
+    import torch
 
 _log = logging.getLogger(__name__)
 
@@ -86,8 +88,8 @@ class Window:
 class LocalWindowWriter:
     """Appends steps of one episode at a time and inserts windows into local tables.
 
-    It has the calls of Reverb's `StructuredWriter` that the collectors use (`append`,
-    `flush`, `end_episode`), with the same items: for an unpadded table, at step index
+    A collector's `collect.writing.WindowWriter`, with the items of Reverb's `StructuredWriter`
+    configs: for an unpadded table, at step index
     `i >= sequence_length - 1` when at least `stride_length` steps passed since its last item;
     for a padded one, when `i % stride_length == (sequence_length - 1) % stride_length`.
 
@@ -167,6 +169,13 @@ class LocalWindowWriter:
         for window in self._windows:
             window.stream.reset()
 
+    def next_episode(self) -> bool:
+        """False: `end_episode` ends the episode (it never waits)."""
+        return False
+
+    def abandon(self) -> None:
+        """Nothing to give up: nothing is pending."""
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -183,8 +192,26 @@ class LocalClient:
     def __init__(self, tables: dict[str, LocalTable]) -> None:
         self.tables = tables
 
-    def window_writer(self, windows: Sequence[tuple[str, int, int, float, bool]]) -> Any:
-        """A writer of `(table, sequence_length, stride_length, priority, padded)` windows."""
+    def window_writer(
+        self,
+        windows: Sequence[TableWindows],
+        layout: Layout | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> LocalWindowWriter:
+        """A writer of `(table, sequence_length, stride_length, priority, padded)` windows
+        (`collect.writing.WritingClient`).
+
+        Args:
+          windows: The windows of every table written.
+          layout: Not read: local tables store the step nest (`LocalWindowWriter` checks each
+            step against their fields).
+          timeout_ms: Not read: items are in the table once `append` returns.
+
+        Raises:
+          ConfigError: If a table is unknown or holds items of another length.
+        """
+        del layout, timeout_ms
         return LocalWindowWriter(
             [Window(self.table(name), *rest) for name, *rest in windows]  # type: ignore[arg-type]
         )
@@ -247,6 +274,8 @@ class LocalBackend(Backend):
       storage: "memory" or "memmap" (see `LocalTable`).
       seed: Seed of the tables' samplers (each table its own generator); None: fresh entropy.
       device: Torch device of the tables' step rings (`table.check_device`); None: host memory.
+      layout: What the collectors are given (`Backend.layout`); None: the nested layout of
+        `stored_spec` (local tables have their own storage: no other is taken).
 
     Raises:
       ConfigError: If a table's options are Reverb-only, or `device` is not usable.
@@ -274,6 +303,7 @@ class LocalBackend(Backend):
         storage: str = "memory",
         seed: int | None = None,
         device: str | None = None,
+        layout: Layout | None = None,
     ) -> None:
         self._device = None if device is None else check_device(device)
         if self._device is not None and storage != "memory":
@@ -290,6 +320,7 @@ class LocalBackend(Backend):
         self._interval = checkpoint_interval_s
         self._storage = storage
         self._seed = seed
+        self._layout = NestedLayout(stored_spec) if layout is None else layout
         self.metadata = StoreMetadata.for_tables(self._configs[0], data_spec, self._configs[1:])
         self._fields = describe_spec(stored_spec)
         self._tables: dict[str, LocalTable] = {}
@@ -331,6 +362,16 @@ class LocalBackend(Backend):
     def checkpoint_dir(self) -> str:
         """The absolute checkpoint directory."""
         return self._store.root
+
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """The tables' configurations, the primary one first."""
+        return self._configs
+
+    @property
+    def layout(self) -> Layout:
+        """The layout the collectors are given (a local table ignores it)."""
+        return self._layout
 
     # ------------------------------------------------------------------ items in and out
 
@@ -381,7 +422,9 @@ class LocalBackend(Backend):
         """Inserts the items into the table, in order, with their priorities."""
         self.client.table(table.name).insert(items.data, items.priorities)
 
-    def read_newest(self, table: TableConfig, batch_size: int, window: int, rng: Any) -> Any:
+    def read_newest(
+        self, table: TableConfig, batch_size: int, window: int, rng: np.random.Generator
+    ) -> list[torch.Tensor]:
         """Items drawn from the newest `window` of the table (`LocalTable.read_newest`)."""
         return self.client.table(table.name).read_newest(batch_size, window, rng)
 
@@ -402,8 +445,11 @@ class LocalBackend(Backend):
         Raises:
           CheckpointExistsError: If checkpoints exist and `overwrite` is False.
           CheckpointError: If the directory is foreign, in use or not writable.
+          ConfigError: If the tables cannot fit in the memory or on the disk they would take
+            (`check_tables_fit`); nothing was changed.
         """
         store = self._store
+        self._check_sizes()  # before anything is written or deleted
         store.check_new(overwrite)
         self._closed = False  # close() releases the directory again (a manager may retry)
         with store.serving():
@@ -422,9 +468,12 @@ class LocalBackend(Backend):
           BackendMismatchError: If the newest checkpoint was written by Reverb.
           SpecMismatchError: If the stored tables or data spec differ from the configured ones.
           CheckpointError: If the directory is foreign, in use or unreadable.
+          ConfigError: If the tables cannot fit in the memory or on the disk they would take
+            (`check_tables_fit`); nothing was changed.
         """
         store = self._store
         stored = store.read_metadata()  # first: it names an unusable directory
+        self._check_sizes()
         store.check_backend("local")
         stored.check_matches(self.metadata, store.store_file)
         self._closed = False  # close() releases the directory again (a manager may retry)
@@ -518,6 +567,18 @@ class LocalBackend(Backend):
         for table in self._tables.values():
             if table.nbytes:
                 self._scratch_made.add(self._scratch_dir(table.name))
+
+    def _check_sizes(self) -> None:
+        """Refuses tables that cannot fit in memory ("memory") or on the disk of `.memmap/`
+        ("memmap"), before anything is allocated (`check_tables_fit`); a device's ring is
+        refused by torch when it is allocated.
+
+        Raises:
+          ConfigError: Naming the fields, their shapes, the bytes and what is available.
+        """
+        if self._device is None:
+            scratch_root = os.path.join(self._store.root, MEMMAP_DIR)
+            check_tables_fit(self._configs, self._fields, self._storage, scratch_root)
 
     def _check_scratch(self) -> None:
         """Checks every table's memory-mapped directory ("memmap"; `check_scratch_dir`).

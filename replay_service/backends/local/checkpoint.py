@@ -24,7 +24,12 @@ from replay_service.config.options import TableConfig
 from replay_service.errors import CheckpointError
 from replay_service.storage import export as export_lib
 from replay_service.storage import formats
-from replay_service.storage.file_modes import DIR_MODE, write_synced
+from replay_service.storage.file_modes import (
+    DIR_MODE,
+    open_regular,
+    regular_file_exists,
+    write_synced,
+)
 from replay_service.storage.files import DONE_FILE, file_digest
 
 FORMAT = formats.LOCAL_CHECKPOINT.tag
@@ -32,8 +37,12 @@ INDEX_FILE = "local_checkpoint.json"
 
 
 def is_local_checkpoint(path: str) -> bool:
-    """Whether `path` holds a local-backend checkpoint (its index file)."""
-    return os.path.isfile(os.path.join(path, INDEX_FILE))
+    """Whether `path` holds a local-backend checkpoint (its index file).
+
+    Raises:
+      NotRegularFileError: If its index is not a regular file (a named pipe...).
+    """
+    return regular_file_exists(os.path.join(path, INDEX_FILE))
 
 
 class LocalCheckpointFormat:
@@ -117,10 +126,11 @@ def read_index(path: str) -> list[str]:
     Raises:
       UnknownFormatError: If its format tag is unknown or of a newer version (not damage).
       CheckpointError: If the index is missing, unreadable or malformed.
+      NotRegularFileError: If it is not a regular file (it is not opened).
     """
     index_path = os.path.join(path, INDEX_FILE)
     try:
-        with open(index_path, encoding="utf-8") as f:
+        with open_regular(index_path, "r", encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint index {index_path!r} cannot be read: {e}") from e
@@ -142,7 +152,7 @@ def verify(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
     Raises:
       CheckpointError: If `DONE`, the index or a table's files are missing or damaged.
     """
-    if not os.path.isfile(os.path.join(path, DONE_FILE)):
+    if not regular_file_exists(os.path.join(path, DONE_FILE)):
         raise CheckpointError(f"local checkpoint {path!r} is incomplete (no {DONE_FILE} file)")
     tables = read_index(path)
     num_items = 0

@@ -21,7 +21,7 @@ from torch.utils.data import get_worker_info
 from replay_service.backends.base import Lifeline
 from replay_service.backends.local.shared import SharedTable
 from replay_service.backends.local.table import LocalTable
-from replay_service.config.sizes import require_batch_size
+from replay_service.config.batch_limits import require_batch_size
 from replay_service.errors import ConfigError, ManagerClosedError
 
 # A torch stream of a uniform local table draws up to this many items and batches per table
@@ -129,7 +129,8 @@ class LocalSampleSource:
         empty dict without `with_info`).
 
         Raises:
-          ConfigError: If `batch_size` is above its ceiling (`config.sizes.require_batch_size`).
+          ConfigError: If `batch_size` is above its ceiling
+            (`config.batch_limits.require_batch_size`).
           ManagerClosedError: If the manager was closed.
           BufferStateError: If nothing can be sampled within `sample_timeout`.
         """
@@ -401,7 +402,7 @@ class LocalReplayBuffer:
 
         Raises:
           ConfigError: For options the local backend does not have, a `sample_batch_size`
-            above its ceiling (`config.sizes.require_batch_size`), or without TensorFlow.
+            above its ceiling (`config.batch_limits.require_batch_size`), or without TensorFlow.
         """
         del num_parallel_calls
         length = self._source.sequence_length

@@ -36,6 +36,9 @@ import torch
 from replay_service.backends.local.slots import item_keys
 from replay_service.errors import BufferStateError, ManagerClosedError
 
+# The cell of counters a shared table publishes (`LocalTable._publish`), by index: items held,
+# closed, the insertion numbers of the oldest held item and of the next one.
+CELL_SIZE, CELL_CLOSED, CELL_OLDEST, CELL_NEXT = range(4)
 # How often a reader waiting for `min_size_to_sample` items looks again.
 POLL_S = 0.01
 # Draws of one batch that may land on slots being changed before the reader gives up (each
@@ -120,12 +123,12 @@ class SharedReader:
         """
         need = max(self.table.min_size, 1)
         while True:
-            if self._cell[1]:
+            if self._cell[CELL_CLOSED]:
                 raise ManagerClosedError(
                     f"the buffer of table {self.table.name!r} was closed; create or load a new one"
                 )
-            oldest = int(self._cell[2])
-            size = min(int(self._cell[3]) - oldest, self.table.capacity)
+            oldest = int(self._cell[CELL_OLDEST])
+            size = min(int(self._cell[CELL_NEXT]) - oldest, self.table.capacity)
             if size >= need:
                 return oldest, size
             if deadline is not None and time.monotonic() >= deadline:
@@ -174,7 +177,7 @@ class SharedReader:
             np.remainder(positions, self.table.ring_size, out=positions)
             for target, column in zip(data, self._columns, strict=True):
                 target[pending] = column.take(positions, axis=0)
-            good = numbers >= self._cell[2]  # not removed while read
+            good = numbers >= self._cell[CELL_OLDEST]  # not removed while read
             done = pending[good]
             numbers_out[done] = numbers[good]
             sizes_out[done] = size
@@ -204,4 +207,4 @@ class SharedReader:
 
     def closed(self) -> bool:
         """Whether the owner closed the table."""
-        return bool(self._cell[1])
+        return bool(self._cell[CELL_CLOSED])

@@ -1,34 +1,15 @@
 """`LocalTable`: one table of the in-process backend.
 
 A table holds up to `capacity` items, each a window of `sequence_length` steps over a ring of
-steps, as Reverb's chunks and TorchRL's slice sampler keep them: every field of the stored
-spec is one tensor `[step_capacity, *field_shape]` in which each step is stored once, however
-many items it belongs to, and an item is the serial number of its first step plus, where the
-writers of a table interleave their steps, the distance from each step to its writer's next one
-(`gap`, per step, made when writers first interleave). Per-item and per-step metadata are numpy
-arrays: no Python object per item. Per item slot a table keeps its first step's serial and its
-sample count (12 bytes), its priority only once the items' priorities differ, and which slots
-are held, in which order and under which keys through `slots.Slots` (nothing per item where
-items leave oldest first; see `slots.slots_for`).
-
-Steps are written as the items that hold them are inserted: a collector's writer
-(`WindowStream`, one per writer and table) writes only the steps its previous item did not
-hold (one per item at stride 1), `insert` of whole windows (an import, a restore) writes every
-step of each item except those it shares with the item before it (the previous window shifted
-by one step, compared byte for byte). A writer shares steps only with its last item while that
-item is held, so no item holds steps older than every held item's. The ring starts at
-`capacity + sequence_length - 1` steps, what one writer's overlapping windows need, and grows
-(the storage is copied in step order, by an eighth of its size or more) whenever the step it would
-overwrite next still belongs to an item, so `capacity` items fit whatever the writers, strides
-and padding. Its storage is in RAM (`torch.empty`, committed as it fills), growing up to
-`capacity * sequence_length**2` steps, or, with "memmap", tensordict `MemoryMappedTensor` files
-(for buffers larger than RAM) created with the table for `capacity * sequence_length` steps
-(`capacity` windows that share nothing), their whole size reserved on disk then (a full disk
-is a `ConfigError` there, never a SIGBUS at a later write); its writers do not share steps
-between windows (each window is written whole into a ring of `capacity` windows, so
-`capacity` items fit there too). Should a ring at its largest size still be short, it evicts
-the oldest items until none holds a step it overwrites. Samples gather the steps of the drawn
-items with one `np.take` per field.
+steps (`ring.StepRing`): every field of the stored spec is one tensor `[step_capacity,
+*field_shape]` in which each step is stored once, however many items it belongs to
+(`windows.WindowInserts` writes them), and an item is the serial number of its first step
+plus, where the writers of a table interleave their steps, the distance from each step to its
+writer's next one. Per-item and per-step metadata are numpy arrays: no Python object per item.
+Per item slot a table keeps its first step's serial and its sample count (12 bytes), its
+priority only once the items' priorities differ, and which slots are held, in which order and
+under which keys through `slots.Slots` (nothing per item where items leave oldest first; see
+`slots.slots_for`). Samples gather the steps of the drawn items with one `np.take` per field.
 
 Items are evicted oldest first once the table is full (Reverb's FIFO remover) and removed after
 `max_times_sampled` samples when set.
@@ -50,18 +31,14 @@ Sampling waits until the table holds `min_size_to_sample` items, at most `timeou
 Every item has a key that is unique for the life of the table and among the buffer's tables
 (`update_priorities` takes it; a key of another table is ignored, as an evicted item's).
 The table is thread-safe: one lock guards it, so a sampling thread and a collecting thread can
-share it. `share_memory()` moves it into shared memory for DataLoader worker processes, which
-read it without the lock (`shared.SharedTable`). With `device=` the step ring is torch tensors
-on that device (written step by step from the host, gathered there by index).
+share it. `share_memory()` (`sharing.Shareable`) moves it into shared memory for DataLoader
+worker processes, which read it without the lock (`shared.SharedTable`). With `device=` the
+step ring is torch tensors on that device (written step by step from the host, gathered there
+by index).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import stat
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -70,34 +47,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from replay_service.backends.local.shared import SharedTable
+from replay_service.backends.local.ring import STORAGES
+from replay_service.backends.local.shared import (
+    CELL_CLOSED,
+    CELL_NEXT,
+    CELL_OLDEST,
+    CELL_SIZE,
+    SharedTable,
+)
+from replay_service.backends.local.sharing import Shareable
 from replay_service.backends.local.slots import RingSlots, slots_for
 from replay_service.backends.local.sum_tree import SumTree
+from replay_service.backends.local.windows import WindowInserts
 from replay_service.config.devices import available_devices, require_device
 from replay_service.config.options import TableConfig
 from replay_service.errors import (
     BufferStateError,
-    CheckpointError,
     ConfigError,
     ManagerClosedError,
-    SpecMismatchError,
 )
-from replay_service.storage.file_modes import DIR_MODE, make_dirs
 
 LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
 LOCAL_REMOVERS = ("fifo",)
-STORAGES = ("memory", "memmap")
-# The files of a table's memory-mapped storage (`_allocate`): the only ones it ever deletes.
-_SCRATCH_FILE = re.compile(r"field[0-9]+\.memmap")
-# A growing step ring takes at least this fraction of its size more (a growth copies the ring).
-_GROWTH = 0.125
-
-# The per-slot arrays (and the cell of counters) a `SharedTable` reads, moved to shared memory.
-_SHARED_FIELDS = ("_first", "_priority", "_times_sampled", "_cell")
-# `_cell`: items held, closed, insertion numbers of the oldest held and of the next item.
-_SIZE, _CLOSED, _OLDEST, _NEXT = range(4)
-# Where torch places shared memory (POSIX shared memory, a tmpfs: Docker gives it 64 MB).
-SHM_DIR = "/dev/shm"
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -157,28 +128,10 @@ def check_local_table(config: TableConfig) -> None:
         )
 
 
-class WindowStream:
-    """What a table remembers of one writer's steps: the serial numbers of the last
-    `sequence_length` steps it wrote, which its next overlapping window shares.
-
-    Attributes:
-      serials: Serial numbers in the table's step ring, oldest first.
-    """
-
-    __slots__ = ("key", "serials")
-
-    def __init__(self) -> None:
-        self.serials: list[int] = []
-        self.key = 0  # the key of the writer's last item, 0: none
-
-    def reset(self) -> None:
-        """The writer's next window shares no step with its last one (a new episode)."""
-        self.serials = []
-        self.key = 0
-
-
-class LocalTable:
-    """One table of the local backend (see module docstring).
+class LocalTable(WindowInserts, Shareable):
+    """One table of the local backend (see module docstring): its items, their sampling,
+    priorities and checkpoints; its step ring, inserts and move into shared memory are its base
+    classes' (`ring.StepRing`, `windows.WindowInserts`, `sharing.Shareable`).
 
     Args:
       config: The table's name, capacity, sequence length and sampling.
@@ -213,8 +166,8 @@ class LocalTable:
         check_local_table(config)
         if storage not in STORAGES:
             raise ConfigError(f"storage must be one of {STORAGES}, got {storage!r}")
-        self._device = None if device is None else check_device(device)
-        if self._device is not None and storage != "memory":
+        checked = None if device is None else check_device(device)
+        if checked is not None and storage != "memory":
             raise ConfigError(
                 f"device={device!r} needs storage='memory': storage={storage!r} keeps the "
                 "table in host files"
@@ -224,32 +177,16 @@ class LocalTable:
         length = config.sequence_length
         capacity = config.capacity
         self._length = length
-        self._step_shapes = [tuple(int(d) for d in f["shape"]) for f in self.fields]
-        self._shapes = [(length, *s) for s in self._step_shapes]
-        self._dtypes = [np.dtype(f["dtype"]) for f in self.fields]
-        self._storage_kind = storage
-        self._scratch_dir = scratch_dir
-        # The step ring: one array per field, `[ring size, *field_shape]` (`_allocate`), and per
-        # step the distance to its writer's next step (`_gap`) and the number of items it is
-        # the first step of (`_refs`). Steps have serial numbers: the one at ring position `p`
-        # is `p - _head + _written` (mod the ring size); `[_oldest, _written)` are in the ring.
-        self._ring_size = capacity + length - 1
-        self._max_steps = capacity * length * length
-        # Files cannot grow: reserved once, for `capacity` windows that share no step.
-        self._shares = storage == "memory"
-        if storage == "memmap":
-            self._max_steps = self._ring_size = capacity * length
-        # numpy views of `_tensors`, or with a `device` the tensors themselves.
-        self._columns: list[Any] | None = None
-        self._tensors: list[torch.Tensor] = []
-        # `_gap` exists once a writer's steps interleave with another's (None: every gap 1);
-        # `_refs` is uint8 until a step is the first of 255 items.
-        self._gap: np.ndarray | None = None
-        self._refs = np.zeros(0, dtype=np.uint8)
-        self._head = 0
-        self._written = 0
-        self._oldest = 0
-        self._offsets = np.arange(length, dtype=np.int64)
+        step_shapes = [tuple(int(d) for d in f["shape"]) for f in self.fields]
+        self._shapes = [(length, *s) for s in step_shapes]
+        self._init_ring(
+            capacity=capacity,
+            step_shapes=step_shapes,
+            dtypes=[np.dtype(f["dtype"]) for f in self.fields],
+            storage=storage,
+            scratch_dir=scratch_dir,
+            device=checked,
+        )
         # Per item slot: its first step's serial and samples; its priority once items differ
         # (before: `_flat_priority`, every item's); whether its steps are consecutive serials
         # once an item's are not. Which slots are held, their order and keys: `_slots`.
@@ -295,169 +232,14 @@ class LocalTable:
         """Items held."""
         return self._slots.size
 
-    @property
-    def step_bytes(self) -> int:
-        """Bytes of one step's data (every field)."""
-        return sum(
-            int(np.prod(s)) * d.itemsize
-            for s, d in zip(self._step_shapes, self._dtypes, strict=True)
-        )
-
-    @property
-    def item_bytes(self) -> int:
-        """Bytes of one item's data as sampled (every field, every step)."""
-        return self.step_bytes * self._length
-
-    @property
-    def step_capacity(self) -> int:
-        """Steps the ring holds now (it grows as needed, see the module docstring)."""
-        return self._ring_size
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the storage holds: the step ring's data and its per-step metadata (0 before
-        the first insert in RAM)."""
-        if self._columns is None:
-            return 0
-        gap = 0 if self._gap is None else self._gap.nbytes
-        return self._ring_size * self.step_bytes + gap + self._refs.nbytes
-
     def close(self) -> None:
         """Wakes and fails every waiting sampler; the items stay readable for a checkpoint."""
         with self._changed:
             self._closed = True
-            self._cell[_CLOSED] = 1
+            self._cell[CELL_CLOSED] = 1
             self._changed.notify_all()
 
-    # ---------------------------------------------------------------------------- writing
-
-    def stream(self) -> WindowStream:
-        """A new writer's memory of its steps, for `insert_window`."""
-        return WindowStream()
-
-    def insert(self, data: Sequence[np.ndarray], priorities: np.ndarray) -> np.ndarray:
-        """Inserts items, evicting the oldest ones when the table is full.
-
-        A window that is the one before it shifted by one step stores only its last step.
-
-        Args:
-          data: One array per field, `[n, sequence_length, *field_shape]`, the field's dtype.
-          priorities: `[n]` finite priorities >= 0.
-
-        Returns:
-          The new items' keys, `uint64 [n]`.
-
-        Raises:
-          SpecMismatchError: If a field's shape or dtype differs from the table's.
-        """
-        return self._insert_windows(data, priorities)[0]
-
-    def insert_window(
-        self,
-        steps: Sequence[Sequence[np.ndarray]],
-        priority: float,
-        stream: WindowStream | None = None,
-        fresh: int | None = None,
-    ) -> int:
-        """Inserts one item from its steps (each the list of its fields, already converted to
-        the table's dtypes and per-step shapes), evicting the oldest item if the table is full.
-
-        This is the collectors' path: only the steps the writer's previous item did not hold
-        are copied into the step ring, each field once, with no intermediate stacking.
-
-        Args:
-          steps: `sequence_length` steps, oldest first.
-          priority: The item's priority (finite, >= 0).
-          stream: The writer's `stream()`; None: the window shares no step with earlier ones.
-          fresh: How many of the last steps of `steps` the writer appended since its previous
-            item in this table (the others are that item's last steps); None: all of them.
-
-        Returns:
-          The new item's key.
-        """
-        length = self._length
-        with self._changed:
-            if self._closed:
-                self._require_open()
-            if self._columns is None:
-                self._allocate()
-            if self.size >= self.config.capacity:
-                self._evict_oldest(self.size + 1 - self.config.capacity)
-            new = length
-            keep = -1
-            serials: list[int] = []
-            if self._shares and stream is not None and fresh is not None and 0 < fresh < length:
-                serials = stream.serials
-                # Shared steps only while the writer's last item is held: an item never holds
-                # steps older than every held item's (the ring's size stays bounded).
-                if (
-                    len(serials) >= length - fresh
-                    and serials[fresh - length] >= self._oldest
-                    and self._slots.holds(stream.key)
-                ):
-                    new = fresh
-                    keep = serials[fresh - length]
-            if not self._claim(new, keep):
-                new, keep = length, -1
-                self._claim(new, -1)
-            size = self._ring_size
-            head = self._head
-            written = self._written
-            columns = self._columns
-            assert columns is not None
-            gap = self._gap
-            position = head
-            on_device = self._device is not None
-            for step in steps[length - new :]:
-                for column, value in zip(columns, step):  # noqa: B905 (checked by the writer)
-                    column[position] = torch.as_tensor(value) if on_device else value
-                if gap is not None:
-                    gap[position] = 1
-                position += 1
-                if position == size:
-                    position = 0
-            end = written + new
-            self._head = position
-            self._written = end
-            if end - size > self._oldest:
-                self._oldest = end - size
-            if keep >= 0:
-                last = serials[-1]
-                if written - last != 1:
-                    self._gaps()[(last - written + head) % size] = written - last
-                first = keep
-                if stream is not None:
-                    serials = serials[fresh - length :]
-                    serials.extend(range(written, end))
-                    stream.serials = serials
-            else:
-                first = written
-                if stream is not None:
-                    stream.serials = list(range(written, end))
-            refs = self._refs
-            at = (first - written + head) % size
-            refs[at] += 1
-            if refs[at] >= 255 and refs.dtype == np.uint8:
-                self._refs = refs.astype(np.int32)
-            slot, key = self._slots.allocate_one()
-            self._first[slot] = first
-            consecutive = first + length == end
-            if not consecutive:
-                self._consecutives()[slot] = False
-                self._scattered += 1
-            elif self._consecutive is not None:
-                self._consecutive[slot] = True
-            self._times_sampled[slot] = 0
-            if self._priority is not None and self._tree is None:
-                self._priority[slot] = priority
-            elif priority != self._flat_priority or self._tree is not None:
-                self._set_priorities(np.array([slot]), np.array([priority]))
-            if stream is not None:
-                stream.key = key
-            self._publish()  # held: its steps and first serial are written
-            self.inserts += 1
-            self._changed.notify()
-        return key
+    # ------------------------------------------------------------------- priorities, reset
 
     def update_priorities(self, updates: dict[int, float]) -> int:
         """Sets the priorities of items by key; keys no longer held are ignored.
@@ -482,186 +264,6 @@ class LocalTable:
             self.resets += 1
             self.deletes += self.size
             self._clear_items()
-
-    # ---------------------------------------------------------------- worker processes
-
-    def share_memory(self) -> SharedTable:
-        """Moves the table into shared memory for readers in other processes (DataLoader
-        workers, forked or spawned) and returns what they read it through.
-
-        Once shared, the step ring has its largest size, `capacity * sequence_length` steps
-        (the memory-mapped layout: every window written whole, so `capacity` items always
-        fit), in shared memory (`Tensor.share_memory_`; "memmap" files are shared mappings
-        already); the items held are copied into it, keys, priorities and order unchanged.
-        The per-item metadata that readers need (first step, priority, times sampled) and
-        the cell of counters (size, closed, the insertion numbers of the oldest held and of the
-        next item, which give the held slots and keys) move to shared memory too. Writes stay
-        in this process; a `SharedTable` reads without the lock (see its docstring). Calling
-        it again returns the same object.
-
-        Returns:
-          The table's `SharedTable` (picklable: spawned workers receive it).
-
-        Raises:
-          ConfigError: If the table's sampling changes the table when sampled or needs state
-            of this process: a sampler other than "uniform", or `max_times_sampled`; or if
-            shared memory cannot hold the table (the message names the bytes needed and those
-            free in /dev/shm). Nothing is changed then: the table stays as it was, writable,
-            sampled and checkpointed in this process.
-          ManagerClosedError: If the table was closed.
-        """
-        sampling = self.config.sampling
-        if self._device is not None and self._device.type != "cpu":
-            raise ConfigError(
-                f"table {self.name!r} lives on device {str(self._device)!r}: DataLoader worker "
-                "processes cannot sample it; sample it in this process (num_workers=0, "
-                "torch_batches), which needs no workers, or keep it on the CPU"
-            )
-        if sampling.sampler != "uniform" or sampling.max_times_sampled:
-            raise ConfigError(
-                f"table {self.name!r}: DataLoader worker processes sample a local table "
-                "read-only with the uniform sampler; its sampler="
-                f"{sampling.sampler!r}, max_times_sampled={sampling.max_times_sampled!r} "
-                "select or remove items in this process: use num_workers=0 (a local table is "
-                "sampled in microseconds in-process) or backend='reverb'"
-            )
-        with self._changed:
-            self._require_open()
-            if self._shared is not None:
-                return self._shared
-            # Everything is allocated first, then swapped in: a failure (too little shared
-            # memory) leaves the table exactly as it was, still writable and checkpointable.
-            ring = self._new_shared_ring() if self._storage_kind == "memory" else None
-            tensors = self._new_shared_metadata(ring)
-            if ring is not None:
-                self._install_shared_ring(ring)
-            for name, tensor in tensors.items():
-                unsigned = (
-                    getattr(self, name) is not None and getattr(self, name).dtype == np.uint64
-                )
-                view = tensor.numpy()
-                setattr(self, name, view.view(np.uint64) if unsigned else view)
-            assert isinstance(self._slots, RingSlots)  # uniform, no `max_times_sampled`
-            self._shared = SharedTable(
-                name=self.name,
-                capacity=self.config.capacity,
-                length=self._length,
-                ring_size=self._ring_size,
-                min_size=self.config.sampling.min_size_to_sample,
-                columns=list(self._tensors),
-                metadata=tensors,
-                seed=self._seed,
-                key_stride=self._slots.stride,
-                key_offset=self._slots.offset,
-            )
-            return self._shared
-
-    def _shared_bytes(self) -> int:
-        """Bytes `share_memory` places in shared memory: the RAM ring at its largest size
-        ("memmap" files are shared already) and the per-slot metadata."""
-        capacity = self.config.capacity
-        ring = capacity * self._length * self.step_bytes if self._storage_kind == "memory" else 0
-        per_slot = sum(
-            np.dtype(d).itemsize for d in (np.int64, np.float64, self._times_sampled.dtype)
-        )
-        return ring + capacity * per_slot + self._cell.nbytes
-
-    def _share_failure(self, cause: BaseException | None) -> ConfigError:
-        """The error of a table that does not fit in shared memory: the bytes it needs, those
-        free in `SHM_DIR`, and the ways out."""
-        needed = self._shared_bytes()
-        free = _free_bytes(SHM_DIR)
-        where = f"{SHM_DIR} has {'an unknown number of' if free is None else free} bytes free"
-        reason = "" if cause is None else f" ({cause})"
-        return ConfigError(
-            f"table {self.name!r} cannot move into shared memory for DataLoader worker "
-            f"processes: it needs {needed} bytes ({self.config.capacity} items of "
-            f"{self._length} steps of {self.step_bytes} bytes, and per-item metadata), "
-            f"{where}{reason}. The table is unchanged. Use num_workers=0 (a local table is "
-            "sampled in-process in microseconds), lower the capacity, or give the machine "
-            "more shared memory (docker run --shm-size=..., a larger /dev/shm)"
-        )
-
-    def _new_shared_ring(self) -> tuple[list[torch.Tensor], np.ndarray, np.ndarray, int]:
-        """The RAM ring at its largest size in shared memory, the held items copied into it
-        oldest first, one whole window each; nothing of the table changes (the lock held).
-
-        Returns:
-          The ring's tensors, its `_refs`, the held slots (oldest first) and their steps.
-
-        Raises:
-          ConfigError: If shared memory cannot hold the ring (`_share_failure`).
-        """
-        length = self._length
-        steps = self.config.capacity * length
-        needed, free = self._shared_bytes(), _free_bytes(SHM_DIR)
-        if free is not None and needed > free:
-            raise self._share_failure(None)
-        held = self._slots.ordered()
-        count = len(held) * length
-        try:
-            tensors = [
-                torch.empty(
-                    (steps, *shape), dtype=torch.from_numpy(np.zeros(0, dtype)).dtype
-                ).share_memory_()
-                for shape, dtype in zip(self._step_shapes, self._dtypes, strict=True)
-            ]
-            refs = np.zeros(steps, dtype=np.uint8)
-        except (RuntimeError, MemoryError) as e:
-            raise self._share_failure(e) from e
-        if self._columns is not None and count:
-            positions = self._window_positions(held).reshape(count)
-            for tensor, column in zip(tensors, self._columns, strict=True):
-                if self._device is not None:
-                    tensor[:count] = column[self._index(positions)]
-                else:
-                    np.take(column, positions, axis=0, out=tensor.numpy()[:count])
-        refs[np.arange(len(held), dtype=np.int64) * length] = 1
-        return tensors, refs, held, count
-
-    def _new_shared_metadata(
-        self, ring: tuple[list[torch.Tensor], np.ndarray, np.ndarray, int] | None
-    ) -> dict[str, torch.Tensor]:
-        """Copies in shared memory of the per-slot arrays readers need (`_SHARED_FIELDS`), as
-        they are once `ring` is installed; nothing of the table changes.
-
-        Raises:
-          ConfigError: If shared memory cannot hold them (`_share_failure`).
-        """
-        arrays = {name: getattr(self, name) for name in _SHARED_FIELDS}
-        if arrays["_priority"] is None:  # readers read priorities per slot
-            arrays["_priority"] = np.full(self.config.capacity, self._flat_priority)
-        if ring is not None:
-            _, _, held, _ = ring
-            first = arrays["_first"].copy()
-            first[held] = np.arange(len(held), dtype=np.int64) * self._length
-            arrays["_first"] = first
-        tensors = {}
-        try:
-            for name, array in arrays.items():
-                signed = array.view(np.int64) if array.dtype == np.uint64 else array
-                tensors[name] = torch.from_numpy(signed.copy()).share_memory_()
-        except (RuntimeError, MemoryError) as e:
-            raise self._share_failure(e) from e
-        return tensors
-
-    def _install_shared_ring(
-        self, ring: tuple[list[torch.Tensor], np.ndarray, np.ndarray, int]
-    ) -> None:
-        """Swaps in the ring of `_new_shared_ring` (nothing here can fail)."""
-        tensors, refs, _, count = ring
-        steps = len(refs)
-        self._shares = False  # the shared ring never grows: each window is written whole
-        self._ring_size = self._max_steps = steps
-        self._tensors = tensors
-        self._columns = tensors if self._device is not None else [t.numpy() for t in tensors]
-        self._gap = None
-        self._refs = refs
-        self._consecutive = None
-        self._scattered = 0
-        self._head = count % steps
-        self._written = count
-        self._oldest = 0
 
     # --------------------------------------------------------------------------- sampling
 
@@ -852,174 +454,15 @@ class LocalTable:
                 f"table {self.name!r} was closed with its buffer; create or load a new one"
             )
 
-    def _check_data(self, data: Sequence[np.ndarray], count: int) -> None:
-        if len(data) != len(self.fields):
-            raise SpecMismatchError(
-                f"table {self.name!r} stores {len(self.fields)} fields, got {len(data)}"
-            )
-        for field, shape, dtype, array in zip(
-            self.fields, self._shapes, self._dtypes, data, strict=True
-        ):
-            if tuple(array.shape) != (count, *shape) or array.dtype != dtype:
-                raise SpecMismatchError(
-                    f"table {self.name!r} field {field['path']!r}: expected {dtype.name} "
-                    f"{[count, *shape]}, got {array.dtype} {list(array.shape)}"
-                )
-
-    def _insert_windows(
-        self, data: Sequence[np.ndarray], priorities: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """`insert`; returns the new items' keys and slots."""
-        count = len(priorities)
-        self._check_data(data, count)
-        if not count:  # an empty export: nothing to insert, nothing evicted
-            with self._changed:
-                self._require_open()
-            return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
-        capacity = self.config.capacity
-        length = self._length
-        if count > capacity:  # only the newest `capacity` would survive
-            data = [a[count - capacity :] for a in data]
-            priorities = priorities[count - capacity :]
-            self.deletes += count - capacity
-            self.inserts += count - capacity
-            count = capacity
-        data = [np.ascontiguousarray(a) for a in data]
-        # Item i shares its first steps with item i-1 when it is that window shifted by one.
-        shared = np.zeros(count, dtype=np.bool_)
-        if length > 1 and count > 1:
-            shared[1:] = True
-            for array in data:
-                rows = array.reshape(count, length, -1).view(np.uint8)
-                shared[1:] &= (rows[1:, :-1] == rows[:-1, 1:]).all(axis=(1, 2))
-        new_steps = np.where(shared, 1, length)
-        total = int(new_steps.sum())
-        keep = np.ones((count, length), dtype=np.bool_)
-        keep[shared, :-1] = False
-        keep = keep.reshape(-1)
-        with self._changed:
-            self._require_open()
-            if self._columns is None:
-                self._allocate()
-            self._evict_oldest(self.size + count - capacity)
-            self._claim(total, -1)
-            columns = self._columns
-            assert columns is not None
-            size = self._ring_size
-            written = self._written
-            positions = (self._head + np.arange(total, dtype=np.int64)) % size
-            for column, array, shape in zip(columns, data, self._step_shapes, strict=True):
-                steps = array.reshape(count * length, *shape)[keep]
-                if self._device is None:
-                    column[positions] = steps
-                else:
-                    column[self._index(positions)] = torch.from_numpy(steps).to(self._device)
-            if self._gap is not None:
-                self._gap[positions] = 1
-            firsts = written + np.cumsum(new_steps) - length
-            self._head = (self._head + total) % size
-            self._written = written + total
-            self._oldest = max(self._oldest, self._written - size)
-            at = self._positions(firsts)  # distinct: the first serials grow
-            if self._refs.dtype == np.uint8 and int(self._refs[at].max()) >= 254:
-                self._refs = self._refs.astype(np.int32)
-            self._refs[at] += 1
-            slots, keys = self._slots.allocate(count)
-            self._first[slots] = firsts
-            if self._consecutive is not None:
-                self._consecutive[slots] = True
-            self._times_sampled[slots] = 0
-            self._set_priorities(slots, np.asarray(priorities, dtype=np.float64))
-            self._publish()  # held: their steps and first serials are written
-            self.inserts += count
-            self._changed.notify_all()
-        return keys, slots
-
-    def _positions(self, serials: np.ndarray) -> np.ndarray:
-        """Ring positions of steps still in the ring, by serial number."""
-        positions = serials + (self._head - self._written)  # in [head - ring size, head)
-        np.add(positions, self._ring_size, out=positions, where=positions < 0)
-        return positions
-
-    def _claim(self, count: int, keep: int) -> bool:
-        """Makes room for `count` new steps at the head of the ring: grows it while the
-        oldest steps they would overwrite are an item's (or at serial `keep` >= 0 or later).
-
-        At its largest size, the oldest items are evicted instead until none of them starts
-        in the overwritten steps.
-
-        Returns:
-          False (nothing changed) if the steps from `keep` on cannot be kept. `count` steps
-          always fit (`count` is at most the largest size).
-        """
-        while True:
-            size = self._ring_size
-            cutoff = self._written + count - size  # serials below it are overwritten
-            oldest = self._oldest
-            if cutoff <= oldest:
-                return True
-            if 0 <= keep < cutoff or count > size:  # the new steps themselves must fit
-                used = True
-            elif cutoff - oldest <= 8:  # a few steps (an item's): no arrays
-                refs, base = self._refs, self._head - self._written
-                used = any(refs[(serial + base) % size] for serial in range(oldest, cutoff))
-            else:
-                lost = np.arange(oldest, cutoff, dtype=np.int64)
-                used = bool(self._refs[self._positions(lost)].any())
-            if not used:
-                return True
-            if size < self._max_steps:
-                needed = self._written - self._oldest + count
-                self._grow(min(self._max_steps, max(needed, size + int(size * _GROWTH) + 1)))
-                continue
-            if 0 <= keep < cutoff:
-                return False
-            # Oldest first, as the FIFO remover, until no held item starts in those steps.
-            lost = self._positions(np.arange(oldest, cutoff, dtype=np.int64))
-            while self.size and self._refs[lost].any():
-                self._evict_oldest(1)
-            return True
-
-    def _grow(self, steps: int) -> None:
-        """Moves the ring into a larger one of `steps` steps, oldest step first."""
-        assert self._columns is not None
-        held = self._written - self._oldest
-        order = self._positions(np.arange(self._oldest, self._written, dtype=np.int64))
-        assert self._shared is None, "a shared ring has its largest size"
-        columns, tensors = [], []
-        for column in self._columns:
-            if self._device is not None:
-                tensor = column.new_empty((steps, *column.shape[1:]))
-                tensor[:held] = column[self._index(order)]
-                columns.append(tensor)
-            else:
-                tensor = torch.empty(
-                    (steps, *column.shape[1:]), dtype=torch.from_numpy(column[:0]).dtype
-                )
-                grown = tensor.numpy()
-                np.take(column, order, axis=0, out=grown[:held])
-                columns.append(grown)
-            tensors.append(tensor)
-        self._tensors = tensors
-        if self._gap is not None:
-            gap = np.ones(steps, dtype=np.int32)
-            gap[:held] = self._gap[order]
-            self._gap = gap
-        refs = np.zeros(steps, dtype=self._refs.dtype)
-        refs[:held] = self._refs[order]
-        self._columns, self._refs = columns, refs
-        self._ring_size = steps
-        self._head = held % steps
-
     def _publish(self) -> None:
         """Writes the counters readers in other processes check (`SharedTable`): after an
         insert's steps and first serials are written, and after a removal, before anything of
         the removed items is overwritten."""
         cell, slots = self._cell, self._slots
-        cell[_SIZE] = slots.size
+        cell[CELL_SIZE] = slots.size
         if isinstance(slots, RingSlots):
-            cell[_OLDEST] = slots.first
-            cell[_NEXT] = slots.next
+            cell[CELL_OLDEST] = slots.first
+            cell[CELL_NEXT] = slots.next
 
     def _evict_oldest(self, excess: int) -> None:
         if excess <= 0:
@@ -1095,116 +538,11 @@ class LocalTable:
             return np.full(len(slots), self._flat_priority)
         return self._priority.take(slots)
 
-    def _gaps(self) -> np.ndarray:
-        """`_gap`, made when a writer's steps first interleave with another's."""
-        if self._gap is None:
-            self._gap = np.ones(self._ring_size, dtype=np.int32)
-        return self._gap
-
     def _consecutives(self) -> np.ndarray:
         """`_consecutive`, made when an item's steps first are not consecutive serials."""
         if self._consecutive is None:
             self._consecutive = np.ones(self.config.capacity, dtype=np.bool_)
         return self._consecutive
-
-    def _read_slots(self, slots: np.ndarray) -> list[torch.Tensor]:
-        """The items of `slots` gathered from the ring, one tensor per field."""
-        assert self._columns is not None
-        positions = self._window_positions(slots)
-        if self._device is not None:  # gathered on the device: only the positions travel
-            index = self._index(positions)
-            return [column[index] for column in self._columns]
-        return [torch.from_numpy(column.take(positions, axis=0)) for column in self._columns]
-
-    def _read_steps(
-        self, slots: np.ndarray, steps: Sequence[tuple[int, int]]
-    ) -> list[torch.Tensor]:
-        """Step `step` of field `field` of the items of `slots`, per `(field, step)` pair."""
-        assert self._columns is not None
-        positions = self._window_positions(slots)
-        by_step = {step: np.ascontiguousarray(positions[:, step]) for step in {s for _, s in steps}}
-        if self._device is not None:
-            index = {step: self._index(at) for step, at in by_step.items()}
-            return [self._columns[field][index[step]] for field, step in steps]
-        return [
-            torch.from_numpy(self._columns[field].take(by_step[step], axis=0))
-            for field, step in steps
-        ]
-
-    def _window_positions(self, slots: np.ndarray) -> np.ndarray:
-        """Ring positions `[len(slots), sequence_length]` of the steps of the items of `slots`."""
-        first = self._first.take(slots)
-        consecutive = None if not self._scattered else self._consecutive.take(slots)
-        if consecutive is None or consecutive.all():  # every item: its consecutive positions
-            positions = first[:, None] + (self._offsets + (self._head - self._written))
-            np.add(positions, self._ring_size, out=positions, where=positions < 0)
-            return positions
-        # Interleaved writers: follow each step to its writer's next one.
-        serials = first[:, None] + self._offsets
-        scattered = np.flatnonzero(~consecutive)
-        serial = first[scattered]
-        for index in range(1, self._length):
-            serial = serial + self._gap[self._positions(serial)]
-            serials[scattered, index] = serial
-        return self._positions(serials)
-
-    def _index(self, positions: np.ndarray) -> torch.Tensor:
-        """Ring positions as an index tensor on the table's device."""
-        return torch.from_numpy(np.ascontiguousarray(positions)).to(self._device)
-
-    def _allocate(self) -> None:
-        """The step ring: one tensor per field, `[ring size, *field_shape]`, as numpy views.
-
-        RAM: `torch.empty` (pages are committed as steps are written; `share_memory` makes
-        its own ring in shared memory). "memmap": tensordict's `MemoryMappedTensor` files
-        under `scratch_dir` (shared mappings), so the buffer can exceed RAM, their whole size
-        reserved on disk first (`_reserve_files`).
-
-        Raises:
-          ConfigError: If the disk of `scratch_dir` cannot hold the memory-mapped files.
-          CheckpointError: If `scratch_dir` cannot be used (`prepare_scratch_dir`).
-        """
-        steps = self._ring_size
-        directory = None
-        if self._storage_kind == "memmap":
-            if self._scratch_dir is None:
-                directory = tempfile.mkdtemp(prefix="replay_memmap_")
-            else:
-                directory = self._scratch_dir
-                prepare_scratch_dir(directory)
-            _reserve_files(
-                [
-                    (
-                        os.path.join(directory, f"field{index}.memmap"),
-                        steps * int(np.prod(shape)) * dtype.itemsize,
-                    )
-                    for index, (shape, dtype) in enumerate(
-                        zip(self._step_shapes, self._dtypes, strict=True)
-                    )
-                ],
-                f"the memory-mapped storage of table {self.name!r} ({steps} steps of "
-                f"{self.step_bytes} bytes)",
-            )
-        columns, tensors = [], []
-        for index, (shape, dtype) in enumerate(zip(self._step_shapes, self._dtypes, strict=True)):
-            torch_dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
-            if directory is not None:
-                from tensordict import MemoryMappedTensor
-
-                tensor = MemoryMappedTensor.empty(
-                    (steps, *shape),
-                    dtype=torch_dtype,
-                    filename=os.path.join(directory, f"field{index}.memmap"),
-                    existsok=True,  # reserved above
-                )
-            else:
-                tensor = torch.empty((steps, *shape), dtype=torch_dtype, device=self._device)
-            columns.append(tensor if self._device is not None else tensor.numpy())
-            tensors.append(tensor)
-        self._columns = columns
-        self._tensors = tensors
-        self._gap = None
-        self._refs = np.zeros(steps, dtype=np.uint8)
 
 
 def _count_draws(counts: np.ndarray, slots: np.ndarray) -> None:
@@ -1220,153 +558,3 @@ def _count_draws(counts: np.ndarray, slots: np.ndarray) -> None:
         while len(repeats):
             counts[repeats] += 1
             repeats = repeats[1:][repeats[1:] == repeats[:-1]]
-
-
-def check_scratch_dir(directory: str) -> None:
-    """Checks, without changing anything, that `directory` can hold a table's memory-mapped
-    files (see `prepare_scratch_dir`): run it before anything is deleted or restored.
-
-    Args:
-      directory: The table's scratch directory, `<checkpoint_dir>/.memmap/<table name>`.
-
-    Raises:
-      CheckpointError: If the directory's name is not a plain file name, if it or its parent
-        is a symbolic link or not a directory, or if it holds anything but the files of an
-        earlier buffer (`field<N>.memmap` regular files); the message names the path.
-    """
-    name, parent = os.path.basename(directory), os.path.dirname(directory)
-    if name in ("", ".", ".."):
-        raise CheckpointError(
-            f"{directory!r} is not a directory of its own for memory-mapped files: its last "
-            f"component {name!r} is not a plain file name"
-        )
-    try:
-        for path in (parent, directory):
-            if os.path.islink(path):
-                raise CheckpointError(
-                    f"{path!r} is a symbolic link (to {_link_target(path)!r}); the memory-mapped "
-                    "storage writes and deletes there and never follows links. Nothing was "
-                    "changed: remove the link"
-                )
-            if os.path.lexists(path) and not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise CheckpointError(
-                    f"{path!r} exists and is not a directory; the memory-mapped storage needs a "
-                    "directory there. Nothing was changed: move it aside"
-                )
-        if not os.path.lexists(directory):
-            return
-        foreign = [
-            entry
-            for entry in sorted(os.listdir(directory))
-            if not _SCRATCH_FILE.fullmatch(entry)
-            or not stat.S_ISREG(os.lstat(os.path.join(directory, entry)).st_mode)
-        ]
-    except OSError as e:
-        raise CheckpointError(
-            f"cannot use {directory!r} for memory-mapped files: {e.strerror or e}"
-        ) from e
-    if foreign:
-        raise CheckpointError(
-            f"{directory!r} holds entries the memory-mapped storage did not create "
-            f"({', '.join(repr(e) for e in foreign[:5])}); nothing was deleted: move them aside"
-        )
-
-
-def prepare_scratch_dir(directory: str) -> None:
-    """Makes `directory` an empty, real directory (mode `DIR_MODE`) for memory-mapped files.
-
-    Its parent (`<checkpoint_dir>/.memmap`) is created (mode `DIR_MODE`) if missing. Files that
-    an earlier buffer of this directory left there (`field<N>.memmap` regular files: a closed
-    buffer, a failed restore, a crash; their items live in the checkpoints) are deleted;
-    nothing else is ever deleted, and no symbolic link is followed.
-
-    Args:
-      directory: The table's scratch directory, `<checkpoint_dir>/.memmap/<table name>`.
-
-    Raises:
-      CheckpointError: If `check_scratch_dir` refuses it (nothing was deleted then), or it
-        cannot be created or emptied; the message names the path.
-    """
-    check_scratch_dir(directory)
-    try:
-        make_dirs(os.path.dirname(directory))
-        with contextlib.suppress(FileExistsError):  # checked above: a real directory
-            os.mkdir(directory, DIR_MODE)
-        os.chmod(directory, DIR_MODE)
-        for entry in os.listdir(directory):  # an earlier buffer's files (checked above)
-            if _SCRATCH_FILE.fullmatch(entry):
-                os.unlink(os.path.join(directory, entry))
-    except OSError as e:
-        raise CheckpointError(
-            f"cannot use {directory!r} for memory-mapped files: {e.strerror or e}"
-        ) from e
-
-
-def _link_target(path: str) -> str:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return "?"
-
-
-def _reserve_files(files: Sequence[tuple[str, int]], what: str) -> None:
-    """Creates each file of `files` with its whole size allocated on disk (`posix_fallocate`).
-
-    A memory-mapped file whose blocks are not allocated takes them when a page is first
-    written; on a full disk that write kills the process with SIGBUS. Reserved blocks are the
-    file's until it is deleted, so writes through the mapping never need new ones.
-
-    Args:
-      files: `(path, bytes)` of each file to create; none of them may exist.
-      what: What the files hold, for the error.
-
-    Raises:
-      ConfigError: If a file cannot be created or its space cannot be reserved (a full disk, a
-        quota); it names the file, the bytes needed and those free. Files that need more than
-        the disk has free are refused before any is created; the files this call created are
-        removed again.
-    """
-    needed = sum(n for _, n in files)
-    directory = os.path.dirname(files[0][0]) if files else "."
-    free = _free_bytes(directory)
-    if free is not None and needed > free:
-        # Refused before any block is taken: a reservation that fails part way holds the
-        # disk full meanwhile, for every other writer on it too.
-        raise ConfigError(
-            f"cannot reserve {needed} bytes on disk for {what} in {directory!r} ({free} bytes "
-            f"free there): files {[os.path.basename(p) for p, _ in files]} need more than is "
-            "free; free disk space, lower the capacity or use storage='memory'"
-        )
-    created: list[str] = []
-    path, size = "", 0
-    try:
-        for path, size in files:
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(path, flags, 0o600)
-            created.append(path)
-            try:
-                if size:
-                    os.posix_fallocate(fd, 0, size)
-            finally:
-                os.close(fd)
-    except OSError as e:
-        for done in created:
-            with contextlib.suppress(OSError):
-                os.unlink(done)
-        left = _free_bytes(os.path.dirname(path) or ".")
-        free = "free space unknown" if left is None else f"{left} bytes free there"
-        raise ConfigError(
-            f"cannot reserve {needed} bytes on disk for {what} in "
-            f"{os.path.dirname(path)!r} ({free}): {path!r} ({size} bytes): {e.strerror or e}; "
-            "free disk space, lower the capacity or use storage='memory'"
-        ) from e
-
-
-def _free_bytes(directory: str) -> int | None:
-    """Bytes an unprivileged process may still write on the disk of `directory`; None if
-    unknown."""
-    try:
-        stats = os.statvfs(directory)
-    except OSError:
-        return None
-    return stats.f_bavail * stats.f_frsize

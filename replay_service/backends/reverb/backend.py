@@ -10,6 +10,7 @@ PyTorch pipelines, export and import through Reverb); its two modes differ in li
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from replay_service.bounded import call_with_timeout
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
 from replay_service.specs import nests as specs
+from replay_service.specs.layout_registry import resolve_layout
 from replay_service.specs.layouts import NESTED, PACKED, Layout, signature_layout
 from replay_service.storage import export as export_lib
 from replay_service.storage.metadata import Checkpoint
@@ -77,6 +79,16 @@ class ReverbBackend(Backend):
         self._timeouts = timeouts
         self._layout = layout
         self._client: reverb.Client | None = None
+
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """The tables on the server, the primary one first."""
+        return self._tables
+
+    @property
+    def layout(self) -> Layout:
+        """How every table stores steps."""
+        return self._layout
 
     @classmethod
     def way_out(cls, capability: Capability) -> str:
@@ -264,9 +276,10 @@ class ReverbBackend(Backend):
         return transfer.read_items(self.table_handle(table), self.checkpoint())
 
     def insert_items(self, table: TableConfig, items: export_lib.ExportedItems) -> None:
-        """Writes the items through Reverb, in order (`transfer.insert_items`)."""
+        """Writes the items through Reverb, in order (`transfer.insert_items`), with the item
+        writers of the users' client (`BoundedClient.item_writer`)."""
         transfer.insert_items(
-            self._require_client(),
+            self.users_client(self._require_client()),
             table.name,
             table.sequence_length,
             items,
@@ -347,7 +360,7 @@ class EmbeddedBackend(ReverbBackend):
             options.timeouts,
             options.checkpoint_interval_s,
             stored_spec=options.stored_spec,
-            layout=options.layout,
+            layout=options_layout(options),
         )
 
     @property
@@ -437,6 +450,8 @@ class RemoteBackend(ReverbBackend):
       data_spec: Per-step data spec.
       stored_spec: What each step stores; None: `data_spec`.
       layout: How the tables store steps.
+      layout_from_server: Take the layout of the server's tables on connecting instead
+        (`load`; the manager's `layout="auto"`).
     """
 
     description = "a remote Reverb server"
@@ -450,11 +465,13 @@ class RemoteBackend(ReverbBackend):
         stored_spec: Any = None,
         *,
         layout: Layout,
+        layout_from_server: bool = False,
     ) -> None:
         super().__init__(
             tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts, layout
         )
         self._address = address
+        self._layout_from_server = layout_from_server
 
     @classmethod
     def from_options(cls, options: BackendOptions) -> RemoteBackend:
@@ -466,7 +483,8 @@ class RemoteBackend(ReverbBackend):
             options.timeouts,
             options.data_spec,
             options.stored_spec,
-            layout=options.layout,
+            layout=options_layout(options),
+            layout_from_server=options.layout_from_server,
         )
 
     @property
@@ -496,19 +514,27 @@ class RemoteBackend(ReverbBackend):
         return client
 
     def load(self) -> reverb.Client:
-        """Connects to the server.
+        """Connects to the server; with `layout_from_server`, takes its tables' layout
+        (`server_layout`) for every table, before anything is built with it.
 
         Raises:
           ServerUnavailableError: If it does not answer within `timeouts.connect`.
+          SpecMismatchError: With `layout_from_server`, if the server has no primary table.
         """
-        self._client = connect(self._address, self._timeouts.connect)
-        return self._client
+        client = connect(self._address, self._timeouts.connect)
+        if self._layout_from_server:
+            name = self.server_layout(client)
+            if name != self._tables[0].layout:
+                self._tables = tuple(dataclasses.replace(t, layout=name) for t in self._tables)
+                self._layout = resolve_layout(name, self._stored_spec)
+        self._client = client
+        return client
 
     def replay_buffer_kwargs(self) -> dict[str, Any]:
         """How TF-Agents' `ReverbReplayBuffer` reaches the server."""
         return {"server_address": self._address}
 
-    def server_layout(self, client: Any) -> str:
+    def server_layout(self, client: reverb.Client) -> str:
         """ "packed" when the primary table's signature is one `uint8[sequence_length,
         step_bytes]` tensor (a packed table's), else "nested"; `open_buffer` then checks every
         table against it.
@@ -519,11 +545,6 @@ class RemoteBackend(ReverbBackend):
         """
         info = check_table_exists(client, self._tables[0].name, self._timeouts.connect)
         return PACKED if signature_layout(info.signature) == PACKED else NESTED
-
-    def take_layout(self, layout: Layout, tables: Sequence[TableConfig]) -> None:
-        """Uses `layout` for `tables` from now on (nothing was built with the old one yet)."""
-        self._layout = layout
-        self._tables = tuple(tables)
 
     def checkpoint(self) -> str:
         """Asks the server for a checkpoint; returns where Reverb wrote it on the server's side
@@ -563,6 +584,16 @@ class RemoteBackend(ReverbBackend):
     def close(self) -> None:
         """Nothing to release: the server runs on."""
         self._client = None
+
+
+def options_layout(options: BackendOptions) -> Layout:
+    """How the tables of `options` store steps: the primary table's `layout`, resolved for the
+    stored spec (`specs.layout_registry.resolve_layout`).
+
+    Raises:
+      ConfigError: If the layout is not a layout name.
+    """
+    return resolve_layout(options.tables[0].layout, options.stored_spec)
 
 
 def check_table_exists(client: reverb.Client, name: str, timeout: float | None) -> Any:

@@ -24,16 +24,18 @@ so dropping it cannot hang either.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import reverb
 from reverb import structured_writer as structured_writer_lib
 from reverb import trajectory_writer as trajectory_writer_lib
 
+from replay_service.backends.reverb import layout_writers
 from replay_service.backends.reverb.connection import server_info
 from replay_service.backends.reverb.internals import abandon_writer
 from replay_service.bounded import call_with_timeout
+from replay_service.collect.writing import ItemWriter, TableWindows, WindowWriter
 from replay_service.config.options import Timeouts, to_ms
 from replay_service.errors import (
     CheckpointError,
@@ -42,6 +44,7 @@ from replay_service.errors import (
     WriteTimeoutError,
 )
 from replay_service.sample.priorities import check_updates, describe_bad_priorities
+from replay_service.specs.layouts import Layout
 
 _T = TypeVar("_T")
 
@@ -99,19 +102,14 @@ class WriteBound:
             ) from None
 
 
-class BoundedTrajectoryWriter(trajectory_writer_lib.TrajectoryWriter):
-    """Reverb's `TrajectoryWriter` whose `flush`, `end_episode` and `close` wait at most the
-    write timeout when the caller gives none (see the module docstring).
+class _BoundedFlushes:
+    """`flush` and `end_episode` of a Reverb writer (the class after this one in the bases),
+    bounded by the write timeout when the caller gives none; a writer whose wait fails is
+    abandoned once (`abandon_writer`), so that discarding it cannot block either."""
 
-    Args:
-      internal_writer: The C++ writer (`pybind.TrajectoryWriter`).
-      bound: The client's `WriteBound`.
-    """
-
-    def __init__(self, internal_writer: Any, bound: WriteBound) -> None:
-        super().__init__(internal_writer)
-        self._bound = bound
-        self._abandoned = False
+    _bound: WriteBound
+    _abandoned = False
+    _kind = "writer"
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None) -> None:
         """Reverb's `flush`, bounded by the write timeout when `timeout_ms` is None.
@@ -120,11 +118,11 @@ class BoundedTrajectoryWriter(trajectory_writer_lib.TrajectoryWriter):
           WriteTimeoutError: If the write timeout expires (the writer is abandoned).
         """
         self._bounded(
-            lambda ms: super(BoundedTrajectoryWriter, self).flush(
+            lambda ms: super(_BoundedFlushes, self).flush(  # type: ignore[misc]
                 block_until_num_items, timeout_ms=ms
             ),
             timeout_ms,
-            "TrajectoryWriter.flush()",
+            f"{self._kind}.flush()",
         )
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
@@ -134,17 +132,12 @@ class BoundedTrajectoryWriter(trajectory_writer_lib.TrajectoryWriter):
           WriteTimeoutError: If the write timeout expires (the writer is abandoned).
         """
         self._bounded(
-            lambda ms: super(BoundedTrajectoryWriter, self).end_episode(
+            lambda ms: super(_BoundedFlushes, self).end_episode(  # type: ignore[misc]
                 clear_buffers, timeout_ms=ms
             ),
             timeout_ms,
-            "TrajectoryWriter.end_episode()",
+            f"{self._kind}.end_episode()",
         )
-
-    def close(self) -> None:
-        """Closes the writer (its unsent items are dropped, as Reverb's `close`)."""
-        if not self._abandoned:
-            super().close()
 
     def _bounded(
         self, call: Callable[[int | None], Any], timeout_ms: int | None, what: str
@@ -158,7 +151,28 @@ class BoundedTrajectoryWriter(trajectory_writer_lib.TrajectoryWriter):
             raise
 
 
-class BoundedStructuredWriter(structured_writer_lib.StructuredWriter):
+class BoundedTrajectoryWriter(_BoundedFlushes, trajectory_writer_lib.TrajectoryWriter):
+    """Reverb's `TrajectoryWriter` whose `flush`, `end_episode` and `close` wait at most the
+    write timeout when the caller gives none (see the module docstring).
+
+    Args:
+      internal_writer: The C++ writer (`pybind.TrajectoryWriter`).
+      bound: The client's `WriteBound`.
+    """
+
+    _kind = "TrajectoryWriter"
+
+    def __init__(self, internal_writer: Any, bound: WriteBound) -> None:
+        super().__init__(internal_writer)
+        self._bound = bound
+
+    def close(self) -> None:
+        """Closes the writer (its unsent items are dropped, as Reverb's `close`)."""
+        if not self._abandoned:
+            super().close()
+
+
+class BoundedStructuredWriter(_BoundedFlushes, structured_writer_lib.StructuredWriter):
     """Reverb's `StructuredWriter` whose `flush` and `end_episode` wait at most the write
     timeout when the caller gives none.
 
@@ -167,46 +181,11 @@ class BoundedStructuredWriter(structured_writer_lib.StructuredWriter):
       bound: The client's `WriteBound`.
     """
 
+    _kind = "StructuredWriter"
+
     def __init__(self, cpp_writer: Any, bound: WriteBound) -> None:
         super().__init__(cpp_writer)
         self._bound = bound
-
-    def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None) -> None:
-        """Reverb's `flush`, bounded by the write timeout when `timeout_ms` is None.
-
-        Raises:
-          WriteTimeoutError: If the write timeout expires (the writer is abandoned).
-        """
-        self._bounded(
-            lambda ms: super(BoundedStructuredWriter, self).flush(
-                block_until_num_items, timeout_ms=ms
-            ),
-            timeout_ms,
-            "StructuredWriter.flush()",
-        )
-
-    def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
-        """Reverb's `end_episode`, bounded by the write timeout when `timeout_ms` is None.
-
-        Raises:
-          WriteTimeoutError: If the write timeout expires (the writer is abandoned).
-        """
-        self._bounded(
-            lambda ms: super(BoundedStructuredWriter, self).end_episode(
-                clear_buffers, timeout_ms=ms
-            ),
-            timeout_ms,
-            "StructuredWriter.end_episode()",
-        )
-
-    def _bounded(
-        self, call: Callable[[int | None], Any], timeout_ms: int | None, what: str
-    ) -> None:
-        try:
-            self._bound.wait(call, timeout_ms, what)
-        except (WriteTimeoutError, reverb.errors.DeadlineExceededError):
-            abandon_writer(self)
-            raise
 
 
 class BoundedLegacyWriter(reverb.client.Writer):
@@ -293,6 +272,25 @@ class BoundedClient(reverb.Client):
 
     def __reduce__(self) -> Any:
         return _reconnect, (self._server_address, self._timeouts)
+
+    def window_writer(
+        self, windows: Sequence[TableWindows], layout: Layout, *, timeout_ms: int | None
+    ) -> WindowWriter:
+        """A collector's writer of `windows` (`collect.writing.WritingClient`): Reverb's
+        `StructuredWriter` for a nested table, a `PackedWindowWriter` for a packed one
+        (`layout_writers.window_writer`), on the plain client (collectors give every wait its
+        timeout).
+
+        Raises:
+          ValueError: If the windows' configs are invalid (as Reverb).
+        """
+        return layout_writers.window_writer(self.plain_client, windows, layout, timeout_ms)
+
+    def item_writer(self, layout: Layout, sequence_length: int) -> ItemWriter:
+        """An import's writer of whole items of `sequence_length` steps stored as `layout`
+        says (`layout_writers.item_writer`), on the plain client (an import gives every wait
+        its timeout)."""
+        return layout_writers.item_writer(self.plain_client, layout, sequence_length)
 
     def __repr__(self) -> str:
         return f"BoundedClient, server_address={self._server_address}"

@@ -13,6 +13,7 @@ from typing import Any
 import tensorflow as tf
 
 from replay_service.backends.base import Lifeline
+from replay_service.backends.reverb.layout_datasets import unpack_samples
 from replay_service.backends.reverb.pipeline import item_dataset, splitter
 from replay_service.backends.reverb.sampling_errors import EMPTY_BUFFER_MESSAGE, bound_sampling
 from replay_service.config.options import TableConfig, require_positive_int
@@ -94,7 +95,7 @@ def mixed_dataset(
             seed=seed,
             stop_on_empty_dataset=True,
         )
-    batches = layout.unpack_samples(items.batch(batch_size, drop_remainder=True))
+    batches = unpack_samples(layout, items.batch(batch_size, drop_remainder=True))
     return bound_sampling(
         batches,
         server_address,

@@ -20,7 +20,7 @@ the manager hands out it is a `bounded_client.BoundedClient`: its writers' `flus
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,9 +28,12 @@ import reverb
 import tree
 
 from replay_service.backends.reverb.bounded_client import BoundedClient, WriteBound
+from replay_service.backends.reverb.packed_writers import SentWriter
+from replay_service.collect.writing import TableWindows, WindowWriter
 from replay_service.config.options import Timeouts
 from replay_service.errors import SpecMismatchError
-from replay_service.specs.packed import PackedLayout, SentWriter, chunk_length
+from replay_service.specs.layouts import Layout
+from replay_service.specs.packed import PackedLayout, chunk_length
 
 # The writer appends each row inside a one-element list: its column's path.
 _ROW_PATH = (0,)
@@ -71,7 +74,7 @@ class PackingTrajectoryWriter(SentWriter):
 
     An item waits in its unfinished chunk (up to `MAX_CHUNK_LENGTH` steps) until the chunk
     fills or is flushed: as the packed writers of this project, the process's sender
-    (`specs.packed.SentWriter`) flushes the writer's new items within `SEND_AFTER_S`, so
+    (`packed_writers.SentWriter`) flushes the writer's new items within `SEND_AFTER_S`, so
     that samplers, `num_frames()` and checkpoints see them mid-episode as a nested table's
     (whose chunks never outgrow the item) without the writer waiting.
 
@@ -273,6 +276,19 @@ class PackingClient(BoundedClient):
         writer = super().trajectory_writer(keep, validate_items=False)
         writer.configure(_ROW_PATH, num_keep_alive_refs=keep, max_chunk_length=chunk)
         return PackingTrajectoryWriter(writer, self._layout, self._lengths, self._bound)
+
+    def window_writer(
+        self, windows: Sequence[TableWindows], layout: Layout, *, timeout_ms: int | None
+    ) -> WindowWriter:
+        """A collector's writer of `windows`: a `PackedWindowWriter` (`BoundedClient`'s).
+
+        Raises:
+          SpecMismatchError: If `layout` is not packed (a nested writer's StructuredWriter
+            writes one column per field).
+        """
+        if not isinstance(layout, PackedLayout):
+            raise self._refuse("Client.structured_writer()")
+        return super().window_writer(windows, layout, timeout_ms=timeout_ms)
 
     def _refuse(self, call: str) -> SpecMismatchError:
         return SpecMismatchError(

@@ -14,6 +14,7 @@ import reverb
 import tensorflow as tf
 
 from replay_service.backends.base import Lifeline
+from replay_service.backends.reverb.layout_datasets import unpack_samples
 from replay_service.backends.reverb.sampling_errors import bound_sampling, sampling_timeout_message
 from replay_service.config.options import to_ms
 from replay_service.specs.layouts import Layout
@@ -55,7 +56,7 @@ def read_pipeline(
       max_in_flight: Samples requested ahead per stream; None: `default_in_flight`.
       lifeline: Closed by the manager that hands the dataset out.
       layout: The table's layout; a packed table's rows are read and unpacked into
-        `signature`'s nest once per batch (`Layout.unpack_samples`).
+        `signature`'s nest once per batch (`layout_datasets.unpack_samples`).
       unpack: Whether a packed table's rows are unpacked; False: `data` is the batch of
         packed rows, `uint8[batch_size, sequence_length, step_bytes]` (for readers that
         unpack them outside TensorFlow, see `Layout.batch_reader`).
@@ -94,7 +95,7 @@ def read_pipeline(
             deterministic=False,
         )
     if unpack:
-        batches = layout.unpack_samples(batches)
+        batches = unpack_samples(layout, batches)
     return bound_sampling(
         batches,
         server_address,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay_service.config.options import SamplingConfig, TableConfig, VariableTableConfig
-from replay_service.specs.layouts import resolve_layout
+from replay_service.specs.layout_registry import resolve_layout
 from replay_service.specs.windows import stored_spec
 
 if TYPE_CHECKING:

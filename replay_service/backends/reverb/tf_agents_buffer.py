@@ -13,10 +13,12 @@ import tensorflow as tf
 from tf_agents.replay_buffers import reverb_replay_buffer
 
 from replay_service.backends.base import Lifeline
+from replay_service.backends.reverb.layout_datasets import sequence_preprocess
 from replay_service.backends.reverb.sampling_errors import bound_sampling, sampling_timeout_message
+from replay_service.config.batch_limits import require_batch_size
 from replay_service.config.options import to_ms
-from replay_service.config.sizes import require_batch_size
-from replay_service.specs.layouts import NESTED, Layout, as_layout
+from replay_service.specs.layout_registry import as_layout
+from replay_service.specs.layouts import NESTED, Layout
 from replay_service.specs.packed import layout_of
 
 
@@ -37,7 +39,7 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
       connect_timeout: `Timeouts.connect`, the limit of one liveness check; None: at most
         `sample_timeout`.
       layout: The table's layout, or its name (resolved for `data_spec`, see
-        `specs.layouts.resolve_layout`): a packed table's items are read as `uint8` rows and
+        `specs.layout_registry.resolve_layout`): a packed table's items are read as `uint8` rows and
         unpacked into `data_spec`'s nest before TF-Agents' pipeline sees them.
       **kwargs: Passed to `ReverbReplayBuffer` (`server_address` or `local_server`, ...).
     """
@@ -103,7 +105,7 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
             dataset = super()._as_dataset(
                 sample_batch_size,
                 num_steps,
-                layout.sequence_preprocess(sequence_preprocess_fn),
+                sequence_preprocess(layout, sequence_preprocess_fn),
                 num_parallel_calls,
             )
         finally:

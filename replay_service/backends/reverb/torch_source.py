@@ -31,7 +31,8 @@ from replay_service.sample.batches import (
     item_packer,
     split_batches,
 )
-from replay_service.specs.layouts import NESTED, Layout, resolve_layout, steps_of
+from replay_service.specs.layout_registry import resolve_layout
+from replay_service.specs.layouts import NESTED, Layout, steps_of
 from replay_service.specs.packed import PackedLayout, step_layout
 
 if TYPE_CHECKING:

@@ -110,13 +110,14 @@ def insert_items(
     """Inserts items in order with their priorities, sharing steps repeated by the next item.
 
     Args:
-      client: Client of the server holding the (empty) table.
+      client: Client of the server holding the (empty) table, which hands out its item
+        writers (`collect.writing.ItemWritingClient`: a `BoundedClient`).
       table_name: Table to insert into.
       sequence_length: Steps per item.
       items: What to insert, oldest first.
       timeouts: `timeouts.write` bounds every wait for the server.
       layout: The table's layout: items are stored as it stores them (`encode_columns`), in
-        its writers' chunks (`item_writer`).
+        its writers' chunks (`client.item_writer`).
 
     Raises:
       WriteTimeoutError: If the server does not confirm the items in time.
@@ -129,7 +130,7 @@ def insert_items(
     data = layout.encode_columns(items.data)
     continues = _continues_previous(data, sequence_length)
     priorities = items.priorities.tolist()
-    with layout.item_writer(client, sequence_length) as writer:
+    with client.item_writer(layout, sequence_length) as writer:
         for index, priority in enumerate(priorities):
             first = sequence_length - 1 if continues[index] else 0
             for step in range(first, sequence_length):

@@ -17,8 +17,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 
 from conftest import all_items
 from replay_service import ManagerClosedError, SpecMismatchError
-from replay_service.collect import transitions as writers
-from replay_service.collect.transitions import FIRST, LAST, MID
+from replay_service.collect.transition_steps import FIRST, LAST, MID, Batch
 from replay_service.specs.nests import flatten_with_paths, table_signature
 
 TERMINATED, TRUNCATED = "terminated", "truncated"
@@ -393,7 +392,7 @@ def test_usual_values_skip_the_full_validation_after_the_first_call(make_manager
     def refuse(*args, **kwargs):
         raise AssertionError("the full validation ran")
 
-    monkeypatch.setattr(writers._Batch, "build", refuse)
+    monkeypatch.setattr(Batch, "build", refuse)
     single.add(_obs(0, 0, 1), np.int64(1), 1.0, _obs(0, 0, 2), False, False)
     single.add(torch.from_numpy(_obs(0, 0, 2)), torch.tensor(1), np.float32(2), _obs(0, 0, 3), True)
     multi.add_multi(

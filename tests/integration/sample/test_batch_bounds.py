@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from replay_service import ConfigError, ReplayBufferManager, TableConfig
-from replay_service.config import sizes
+from replay_service.config import batch_limits as sizes
 
 pytestmark = pytest.mark.heavy
 

@@ -8,6 +8,8 @@ items (pytorchrl's `generate_batches(num_mini_batch, mini_batch_size, num_epochs
 from __future__ import annotations
 
 import functools
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -172,6 +174,73 @@ def test_add_refuses_missing_unknown_and_misshapen_extras(make):
     plain.create_replay_buffer()
     with pytest.raises(SpecMismatchError, match="the data spec declares no extras"):
         plain.transition_writer().add(*args, log_prob=0.0)
+
+
+# ------------------------------------------------------------------------ sizes and ceilings
+
+# Sizes no machine holds: a step of 4 TB, and rings of 40 TB (RAM) and 8 PB (disk).
+HUGE_EXTRA = {"x": ((10**6, 10**6), np.float32)}
+WIDE = spaces.Box(-1.0, 1.0, (10**4,), np.float32)
+WIDER = spaces.Box(-1.0, 1.0, (10**6,), np.float32)
+
+
+def test_a_huge_extra_is_refused_before_anything_is_allocated(make, tmp_path):
+    with pytest.raises(ConfigError) as raised:
+        make(extras=HUGE_EXTRA)
+    message = str(raised.value)
+    assert "one item of this data spec takes 8000000000080 bytes (7.3 TiB: 2 steps of " in message
+    assert "'policy_info/x' [1000000, 1000000] float32: 4000000000000 bytes" in message
+    assert re.search(r"more than the \d+ bytes \(.*\) of memory available", message)
+    assert f"the capacity, 500 items, would hold {1000 * 4000000000040} bytes" in message
+    assert not (tmp_path / "ckpt").exists()
+
+
+def assert_no_room_on_disk(start: Callable[[], Any], scratch_root: Any) -> None:
+    """`start()` refuses memory-mapped tables that the disk of `scratch_root` cannot hold."""
+    with pytest.raises(ConfigError) as raised:
+        start()
+    message = str(raised.value)
+    assert re.search(r"cannot reserve \d+ bytes \(.*\) on disk for the memory-mapped", message)
+    assert f"in '{scratch_root}' (" in message and "need more than is free" in message
+    assert "'observation' [1000000] float32: 4000000 bytes" in message
+    assert "field0.memmap" in message
+
+
+def test_local_tables_larger_than_memory_or_disk_are_refused_naming_the_field(
+    make_from_spaces, tmp_path
+):
+    manager = make_from_spaces("local", observation=WIDE, capacity=10**9)
+    with pytest.raises(ConfigError) as raised:
+        manager.create_replay_buffer()
+    message = str(raised.value)
+    needed = int(re.search(r"need (\d+) bytes .* of memory \(storage='memory'\)", message)[1])
+    assert needed >= (10**9 + 1) * 40000
+    assert re.search(r"but \d+ bytes \(.*\) are available: \d+ bytes per step", message)
+    assert "'observation' [10000] float32: 40000 bytes" in message
+    assert "table 'uniform_table': 1000000001 steps for capacity 1000000000" in message
+    assert "storage='memmap'" in message  # the way out
+    assert not (tmp_path / "ckpt").exists()
+
+    manager = make_from_spaces("local", observation=WIDER, capacity=10**9, storage="memmap")
+    assert_no_room_on_disk(manager.create_replay_buffer, tmp_path / "ckpt" / ".memmap")
+    # A directory that holds a buffer is refused alike when it loads, and keeps the buffer.
+    small = make_from_spaces("local", observation=WIDER, capacity=4)
+    small.create_replay_buffer()
+    small.checkpoint()
+    small.close()
+    assert_no_room_on_disk(manager.load_replay_buffer, tmp_path / "ckpt" / ".memmap")
+    assert os.listdir(tmp_path / "ckpt" / "checkpoints") == ["ckpt-00000001"]
+    assert make_from_spaces("local", observation=WIDER, capacity=4).load_replay_buffer()
+
+    # A data spec given to the manager itself is checked the same way.
+    from replay_service.specs.nests import data_spec_for_spaces
+
+    spec = data_spec_for_spaces(WIDE, ACTION)
+    direct = ReplayBufferManager(spec, 10**9, str(tmp_path / "direct"), backend="local")
+    with pytest.raises(ConfigError, match=r"'observation' \[10000\] float32: 40000 bytes"):
+        direct.create_replay_buffer()
+    direct.close()
+    assert not (tmp_path / "direct").exists()
 
 
 # --------------------------------------------------------------------------------------- len

@@ -12,6 +12,7 @@ import functools
 import logging
 import math
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -231,6 +232,82 @@ def test_warm_up_refuses_bad_arguments_writing_nothing(make):
     with pytest.raises(SpecMismatchError, match=r"must return \(action, \{name: value\}\)"):
         with_extras.warm_up(env, 10, lambda obs: 0, progress=False)
     assert len(manager) == len(with_extras) == 0
+
+
+class OldGymApi:
+    """A gymnasium CartPole behind the old gym API (gym < 0.26), as `style` says: "0.21"
+    (`reset()` takes no seed and returns the observation), "0.25" (`reset(seed=...)` returns
+    the observation) or "mixed" (gymnasium's reset, the old 4-value step)."""
+
+    def __init__(self, style: str) -> None:
+        self._env = gymnasium.make("CartPole-v1")
+        self.action_space = self._env.action_space
+        self.observation_space = self._env.observation_space
+        self._style = style
+
+    def reset(self, **kwargs: Any) -> Any:
+        if self._style == "0.21" and kwargs:
+            raise TypeError(f"reset() got an unexpected keyword argument {next(iter(kwargs))!r}")
+        obs, info = self._env.reset(**kwargs)
+        return (obs, info) if self._style == "mixed" else obs
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self._env.step(action)
+        return obs, reward, terminated or truncated, info
+
+
+@pytest.mark.parametrize(
+    "style,match",
+    [
+        ("0.21", r"env\.reset\(seed=\.\.\.\) of .* refused the seed: reset\(\) got an unexpected"),
+        ("0.25", r"env\.reset\(\) of .* returned ndarray array\(.*\), not \(observation, info\)"),
+        ("mixed", r"env\.step\(\) of .* returned a 4-tuple \(array\(.*\), 1\.0, False, \{\}\)"),
+    ],
+)
+def test_warm_up_refuses_the_old_gym_api_naming_what_it_returned(make, style, match):
+    manager = make()
+    manager.create_replay_buffer()
+    for seed in (0, None):
+        with pytest.raises(ConfigError, match=match) as raised:
+            manager.warm_up(OldGymApi(style), 10, seed=seed, progress=False)
+        message = str(raised.value)
+        assert "(observation, reward, terminated, truncated, info)" in message
+        assert "old gym API" in message and "GymV21Environment-v0" in message
+        assert "nothing" in message and len(manager) == 0
+    # The buffer is untouched and takes a gymnasium env at once.
+    assert manager.warm_up(cartpole([]), 10, seed=0, progress=False) == 10
+
+
+def test_warm_up_refuses_an_installed_old_gym_env_and_vector_env(make):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gym = pytest.importorskip("gym")
+    if tuple(int(p) for p in gym.__version__.split(".")[:2]) >= (0, 26):
+        pytest.skip(f"gym {gym.__version__} speaks gymnasium's API")
+    manager = make()
+    manager.create_replay_buffer()
+    single = gym.make("CartPole-v1")
+    vector = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * NUM_ENVS)
+    for env in (single, vector):
+        with pytest.raises(ConfigError, match=rf"is a gym {gym.__version__} env\. This looks like"):
+            manager.warm_up(env, 10, seed=0, progress=False)
+    assert len(manager) == 0
+
+
+def test_gym_vector_writer_refuses_the_old_gym_step_values(make):
+    manager = make()
+    manager.create_replay_buffer()
+    envs = SyncVectorEnv([lambda: cartpole([]) for _ in range(NUM_ENVS)])
+    writer = manager.gym_vector_writer(envs)
+    obs, _ = envs.reset(seed=0)
+    writer.reset(obs)
+    actions = np.zeros(NUM_ENVS, np.int64)
+    obs, rewards, terminated, truncated, infos = envs.step(actions)
+    with pytest.raises(SpecMismatchError, match=r"got four \(observations, rewards, dones, infos"):
+        writer.add(actions, obs, rewards, terminated | truncated, infos)
+    writer.add(actions, obs, rewards, terminated, truncated, infos, end_episodes=True)
+    writer.flush()
+    assert len(manager) == NUM_ENVS
 
 
 # ------------------------------------------------------------- GymVectorWriter and extras

@@ -27,12 +27,13 @@ from tf_agents.replay_buffers import reverb_utils
 from replay_service import ReplayBufferManager, TableConfig
 from replay_service.backends.reverb import torch_source
 from replay_service.backends.reverb.connection import pick_free_port
+from replay_service.backends.reverb.packed_writers import PackedWindowWriter
 from replay_service.collect.transitions import TransitionWriter
 from replay_service.config.files import load_config
 from replay_service.distributed.shard_config import ShardedConfig
 from replay_service.distributed.sharding import ShardedReplayBuffer
 from replay_service.errors import ConfigError, SpecMismatchError
-from replay_service.sample import torch_streams as torch_sampling
+from replay_service.sample.batches import draws_per_call
 from replay_service.specs import packed
 from replay_service.storage.export import read_export
 from replay_service.storage.store import CheckpointStore
@@ -196,7 +197,7 @@ def test_torch_paths_match(
     # as the nested table's.
     handle = manager.table_handle()
     item_bytes = packed.step_layout(handle.signature).step_bytes * handle.sequence_length
-    draws = torch_sampling.draws_per_call(16, item_bytes)
+    draws = draws_per_call(16, item_bytes)
     assert draws > 1
     with manager.torch_batches(16) as stream:
         packed_batch = next(stream)
@@ -728,13 +729,13 @@ def test_transition_writer_standalone_on_a_packed_server(make_manager: Any, data
 def confirming(monkeypatch: Any) -> list[Any]:
     """The packed writers whose confirming `end_episode` was called, one entry per call."""
     calls: list[Any] = []
-    original = packed.PackedWindowWriter.end_episode
+    original = PackedWindowWriter.end_episode
 
     def end_episode(self: Any, *args: Any, **kwargs: Any) -> None:
         calls.append(self)
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(packed.PackedWindowWriter, "end_episode", end_episode)
+    monkeypatch.setattr(PackedWindowWriter, "end_episode", end_episode)
     return calls
 
 

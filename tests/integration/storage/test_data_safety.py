@@ -3,11 +3,14 @@ checkpoints, a refused second process, unusable paths and file modes (issue #25)
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
 import shutil
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from replay_service import (
     TableConfig,
     copy_buffer,
 )
+from replay_service.errors import NotRegularFileError
 
 BACKENDS = ("reverb", "local")
 CHECKPOINT_META = "replay_service_checkpoint.json"
@@ -155,6 +159,153 @@ def test_a_checkpoint_that_is_a_link_is_refused_not_skipped(make_manager, backen
     loaded = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
     loaded.load_replay_buffer()
     assert loaded.num_frames() == frames
+
+
+# ---------------------------------------------------------- named pipes inside checkpoint_dir
+
+# Long enough for a Reverb load on a busy machine; a load that opens a named pipe nobody
+# writes never returns, so the call runs in a thread and a regression fails here instead.
+PIPE_TIMEOUT_S = 90
+
+
+def finishes(call: Any, pipes: list[Path]) -> Any:
+    """Runs `call()` in a thread; returns what it returned or raised, or fails the test if it
+    is still running after `PIPE_TIMEOUT_S` (then `pipes` get a writer, so it ends)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as e:  # handed to the test
+            outcome["value"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(PIPE_TIMEOUT_S)
+    if thread.is_alive():
+        for pipe in pipes:  # a reader blocked in open() returns once a writer opens the pipe
+            with contextlib.suppress(OSError):
+                os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(PIPE_TIMEOUT_S)
+        pytest.fail(f"the call did not return within {PIPE_TIMEOUT_S} s: it opened {pipes}")
+    return outcome["value"]
+
+
+def is_pipe(path: Path) -> bool:
+    return stat.S_ISFIFO(os.lstat(path).st_mode)
+
+
+def load_from_spaces(make_from_spaces: Any, backend: str) -> Any:
+    """A call that loads the `from_spaces` buffer in tmp_path/"ckpt" with `backend` and
+    returns its frame count (for `finishes`)."""
+
+    def load() -> int:
+        manager = make_from_spaces(backend, capacity=100)
+        try:
+            manager.load_replay_buffer()
+            return manager.num_frames()
+        finally:
+            manager.close()
+
+    return load
+
+
+def filled_from_spaces(make_from_spaces: Any, backend: str) -> int:
+    """`filled` for a `from_spaces` buffer (CartPole shapes) in tmp_path/"ckpt"."""
+    manager = make_from_spaces(backend, capacity=100)
+    manager.create_replay_buffer()
+    for episode in range(2):
+        write_items(manager, episode, 3)
+        manager.checkpoint()
+    frames = manager.num_frames()
+    manager.close()
+    return frames
+
+
+@pytest.mark.heavy
+def test_named_pipes_beside_the_checkpoint_files_are_left_alone(
+    make_from_spaces, backend, tmp_path
+):
+    root = tmp_path / "ckpt"
+    frames = filled_from_spaces(make_from_spaces, backend)
+    newest = max((root / CHECKPOINTS).iterdir())
+    pipes = [root / "pipe", newest / "pipe"]
+    for pipe in pipes:
+        os.mkfifo(pipe)
+    for choice in ("auto", backend):  # "auto" reads the newest checkpoint to pick a backend
+        assert finishes(load_from_spaces(make_from_spaces, choice), pipes) == frames
+    assert all(is_pipe(pipe) for pipe in pipes)
+    assert not (root / "corrupt").exists()
+
+
+def own_files(backend: str) -> list[str]:
+    """Files of a checkpoint directory (relative; `NEWEST` is the newest checkpoint) that a
+    load opens."""
+    data = "items.tfrecord" if backend == "reverb" else "table0.state.safetensors"
+    return [
+        "replay_service.json",
+        ".lock",
+        f"NEWEST/{CHECKPOINT_META}",
+        "NEWEST/DONE",
+        f"NEWEST/{data}",
+    ]
+
+
+@pytest.mark.heavy
+def test_a_named_pipe_in_place_of_a_checkpoint_file_is_refused_never_opened_or_moved(
+    make_from_spaces, backend, tmp_path
+):
+    root = tmp_path / "ckpt"
+    frames = filled_from_spaces(make_from_spaces, backend)
+    newest = max((root / CHECKPOINTS).iterdir())
+    for name in own_files(backend):
+        path = Path(str(root / name).replace(str(root / "NEWEST"), str(newest)))
+        aside = path.with_name(path.name + ".aside")
+        if path.exists():
+            os.rename(path, aside)
+        os.mkfifo(path)
+        before = without_lock(tree_digest(root))
+        # "auto" first: it reads the newest checkpoint to find the backend that wrote it.
+        for choice in ("auto", backend):
+            error = finishes(load_from_spaces(make_from_spaces, choice), [path])
+            assert isinstance(error, NotRegularFileError), (name, error)
+            assert re.search(rf"'{re.escape(str(path))}' is a named pipe \(FIFO\)", str(error))
+            assert is_pipe(path), name
+            assert without_lock(tree_digest(root)) == before, name
+            assert not (root / "corrupt").exists(), name
+        os.remove(path)
+        if aside.exists():
+            os.rename(aside, path)
+    assert finishes(load_from_spaces(make_from_spaces, "auto"), []) == frames
+
+
+@pytest.mark.heavy
+def test_import_refuses_a_named_pipe_in_place_of_an_export_file(make_manager, backend, tmp_path):
+    root = tmp_path / "ckpt"
+    frames = filled(make_manager, backend, root)
+    source = make_manager(backend=backend, checkpoint_dir=str(root), capacity=100)
+    source.load_replay_buffer()
+    state_path, metadata_path = (Path(p) for p in source.export(tmp_path / "export"))
+    source.close()
+    beside = tmp_path / "export" / "pipe"
+    os.mkfifo(beside)
+    for path in (metadata_path, state_path):
+        aside = path.with_name(path.name + ".aside")
+        os.rename(path, aside)
+        os.mkfifo(path)
+        target = make_manager(backend=backend, checkpoint_dir=str(tmp_path / "target"))
+        importing = functools.partial(target.import_buffer, tmp_path / "export")
+        error = finishes(importing, [path, beside])
+        assert isinstance(error, NotRegularFileError), error
+        assert f"'{path}' is a named pipe (FIFO)" in str(error)
+        assert is_pipe(path)
+        target.close()
+        os.remove(path)
+        os.rename(aside, path)
+    target = make_manager(backend=backend, checkpoint_dir=str(tmp_path / "target"))
+    finishes(functools.partial(target.import_buffer, tmp_path / "export"), [beside])
+    assert target.num_frames() == frames
+    assert is_pipe(beside)
 
 
 # ------------------------------------------------- the local backend's memory-mapped storage

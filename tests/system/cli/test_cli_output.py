@@ -140,7 +140,7 @@ def test_server_help_lists_its_flags_as_console_script_and_module() -> None:
     )
     for args in (("-c", script, "--help"), ("-m", "replay_service.cli.serve", "--help")):
         result = _run(*args)
-        assert result.returncode in (0, 1), result.stderr  # absl's --help exits 1
+        assert result.returncode == 0, result.stderr  # the usage on stdout, as every tool
         for flag in ("--checkpoint_dir", "--[no]restore_if_exists", "--port", "--config"):
             assert flag in result.stdout, f"{flag} missing from {args[0]} --help:\n{result.stdout}"
         assert "Inspect a running server" in result.stdout  # the usage text

@@ -39,6 +39,7 @@ from replay_service.backends.reverb.internals import (
 from replay_service.backends.reverb.server import CheckpointedServer
 from replay_service.config.options import TableConfig
 from replay_service.errors import CheckpointError, CheckpointExistsError, NoCheckpointError
+from replay_service.starter.envs import load_env
 from replay_service.storage.directory import (
     CHECKPOINT_META_FILE,
     CHECKPOINTS_DIR,
@@ -378,7 +379,7 @@ def restore_in_process(root: Path) -> Any:
     config = load_config(
         CARTPOLE_CONFIG, server__checkpoint_dir=str(root), server__port=pick_free_port()
     )
-    return serve_config(config, restore=True)
+    return serve_config(config, config.data_spec.build(load_env), restore=True)
 
 
 def restored_count(root: Path) -> int:
@@ -832,10 +833,8 @@ def drain_ids(config: str, root: Path) -> list[int]:
     from replay_service.backends.reverb.server import serve_config
     from replay_service.config.files import load_config
 
-    owner = serve_config(
-        load_config(config, server__checkpoint_dir=str(root), server__port=pick_free_port()),
-        restore=True,
-    )
+    loaded = load_config(config, server__checkpoint_dir=str(root), server__port=pick_free_port())
+    owner = serve_config(loaded, loaded.data_spec.build(load_env), restore=True)
     try:
         count = int(server_info(owner.client, 10)["uniform_table"].current_size)
         assert owner.restored_from is not None and count == owner.restored_from.num_items

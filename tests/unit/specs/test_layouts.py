@@ -15,13 +15,8 @@ import tree
 
 from replay_service.errors import ConfigError
 from replay_service.specs.arrays import ArraySpec, Trajectory, trajectory_spec
-from replay_service.specs.layouts import (
-    LAYOUTS,
-    Layout,
-    NestedLayout,
-    as_layout,
-    resolve_layout,
-)
+from replay_service.specs.layout_registry import as_layout, resolve_layout
+from replay_service.specs.layouts import LAYOUTS, Layout, NestedLayout
 from replay_service.specs.packed import MAX_CHUNK_LENGTH, PackedLayout, layout_of
 from replay_service.specs.windows import Masked, stored_spec
 
@@ -265,9 +260,5 @@ def test_batch_reader_unpacks_small_packed_steps_itself(
 def test_nested_reading_leaves_items_as_they_are() -> None:
     layout = resolve_layout("nested", CARTPOLE)
     item = stack(cartpole_steps(2))
-    dataset = object()
     assert layout.unpack(item) is item
-    assert layout.unpack_samples(dataset) is dataset
-    assert layout.sequence_preprocess(None) is None
-    assert layout.sequence_preprocess(len) is len
     assert layout.step_spec() is CARTPOLE

@@ -20,6 +20,7 @@ from typing import Any
 
 from replay_service.backends.reverb.platform.saves import SAVE_SETTLE_S
 from replay_service.errors import CheckpointError
+from replay_service.storage.file_modes import open_regular, regular_file_exists
 from replay_service.storage.files import DONE_FILE, is_done
 
 TABLES_FILE = "tables.tfrecord"
@@ -33,7 +34,11 @@ _RECORD_OVERHEAD = 16
 
 
 def is_reverb_checkpoint(path: str) -> bool:
-    """Whether `path` is a directory that Reverb finished writing (it holds `DONE`)."""
+    """Whether `path` is a directory that Reverb finished writing (it holds `DONE`).
+
+    Raises:
+      NotRegularFileError: If its `DONE` is not a regular file (a named pipe, a link...).
+    """
     return is_done(path)
 
 
@@ -83,7 +88,7 @@ def _verify_file(path: str) -> dict[str, Any]:
     pending = b""
     records = size = 0
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             while block := f.read(_READ_BLOCK):
                 size += len(block)
                 digest.update(block)
@@ -121,10 +126,12 @@ def iter_records(checkpoint_path: str, name: str) -> Iterator[bytes]:
 
     Raises:
       CheckpointError: If the file cannot be read.
+      NotRegularFileError: If it is not a regular file (it is not opened).
     """
     import tensorflow as tf
 
     path = os.path.join(checkpoint_path, name)
+    regular_file_exists(path)
     try:
         dataset = tf.data.TFRecordDataset(path, compression_type=COMPRESSION)
         for batch in dataset.batch(256).as_numpy_iterator():
@@ -138,10 +145,12 @@ def read_records(checkpoint_path: str, name: str) -> list[bytes]:
 
     Raises:
       CheckpointError: If the file cannot be read.
+      NotRegularFileError: If it is not a regular file (it is not opened).
     """
     import tensorflow as tf
 
     path = os.path.join(checkpoint_path, name)
+    regular_file_exists(path)
     try:
         dataset = tf.data.TFRecordDataset(path, compression_type=COMPRESSION)
         return [r for batch in dataset.batch(4096).as_numpy_iterator() for r in batch]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,7 +71,10 @@ def restore_view(checkpoint_path: str, tables: Sequence[Any], view_dir: str) -> 
         os.makedirs(view_dir)
         rewritten = {TABLES_FILE} if items is None else {TABLES_FILE, ITEMS_FILE}
         for name in os.listdir(checkpoint_path):
-            if name not in rewritten:
+            # Reverb reads only its own files, which are regular (verified before); anything
+            # else there (a named pipe...) is foreign and left out of the view, never opened.
+            source_mode = os.lstat(os.path.join(checkpoint_path, name)).st_mode
+            if name not in rewritten and stat.S_ISREG(source_mode):
                 link_or_copy(os.path.join(checkpoint_path, name), os.path.join(view_dir, name))
         options = tf.io.TFRecordOptions(compression_type=COMPRESSION)
         with tf.io.TFRecordWriter(os.path.join(view_dir, TABLES_FILE), options) as writer:

@@ -22,7 +22,7 @@ import torch
 from gymnasium import spaces
 
 from replay_service import ConfigError, ReplayBufferManager, Timeouts
-from replay_service.backends.local import table as table_module
+from replay_service.backends.local import sharing
 
 pytestmark = pytest.mark.local
 
@@ -168,11 +168,11 @@ def test_too_little_free_shared_memory_is_refused_before_allocating(
     shared memory is taken."""
     manager = make()
     write(manager.transition_writer(), 0)
-    real_free = table_module._free_bytes
+    real_free = sharing.free_bytes
     monkeypatch.setattr(
-        table_module,
-        "_free_bytes",
-        lambda directory: 4096 if directory == table_module.SHM_DIR else real_free(directory),
+        sharing,
+        "free_bytes",
+        lambda directory: 4096 if directory == sharing.SHM_DIR else real_free(directory),
     )
     calls = fail_share(monkeypatch, 0)
     with pytest.raises(ConfigError, match=r"/dev/shm has 4096 bytes free"):

@@ -5,10 +5,10 @@ A batch size has two bounds (`require_batch_size`):
 - a fixed one, `MAX_BATCH_SIZE` items: no training step takes more, and an index array of that
   many draws alone is 128 MiB;
 - the memory it needs: `batch_size * (item bytes + SAMPLE_INFO_BYTES)` must fit in
-  `BATCH_MEMORY_FRACTION` of the memory available now (`available_memory`: /proc/meminfo's
-  MemAvailable, lowered to what the cgroup, e.g. a container's memory limit, has left): a
-  batch is read, then copied at least once (unpacked, packed into transitions, moved to a
-  device) before the previous one is freed.
+  `BATCH_MEMORY_FRACTION` of the memory available now (`specs.sizes.available_memory`:
+  /proc/meminfo's MemAvailable, lowered to what the cgroup, e.g. a container's memory limit,
+  has left): a batch is read, then copied at least once (unpacked, packed into transitions,
+  moved to a device) before the previous one is freed.
 
 A batch larger than a table's capacity is fine: items are drawn with replacement. Batches below
 `SMALL_BATCH_BYTES` are not compared with the available memory (no file is read for them).
@@ -16,11 +16,9 @@ A batch larger than a table's capacity is fine: items are drawn with replacement
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 from replay_service.config.options import require_positive_int
 from replay_service.errors import ConfigError
+from replay_service.specs.sizes import available_memory
 
 MAX_BATCH_SIZE = 1 << 24
 # Reverb's sample info per item: key, probability, table size, priority (8 bytes each) and
@@ -28,48 +26,6 @@ MAX_BATCH_SIZE = 1 << 24
 SAMPLE_INFO_BYTES = 36
 BATCH_MEMORY_FRACTION = 0.5
 SMALL_BATCH_BYTES = 64 << 20
-_MEMINFO = "/proc/meminfo"
-_CGROUP_V2 = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current")
-_CGROUP_V1 = (
-    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-    "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process may still allocate without swapping or being killed.
-
-    /proc/meminfo's MemAvailable (else the free pages `os.sysconf` reports), lowered to the
-    memory limit of the process's cgroup (a container's `--memory`) minus its usage.
-
-    Returns:
-      The bytes, or None where neither can be read.
-    """
-    available: int | None = None
-    try:
-        with open(_MEMINFO, encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if available is None:
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for limit_path, usage_path in (_CGROUP_V2, _CGROUP_V1):
-        try:
-            with open(limit_path, encoding="ascii") as f:
-                limit = f.read().strip()
-            with open(usage_path, encoding="ascii") as f:
-                usage = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < 1 << 60:  # "max" or a huge number: no limit
-            left = max(0, int(limit) - usage)
-            available = left if available is None else min(available, left)
-        break
-    return available
 
 
 def require_batch_size(

@@ -1,0 +1,142 @@
+"""How a manager's arguments become a backend: `configure` checks them in order and returns the
+`Backend` class and the `BackendOptions` it is built from."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from replay_service.backends import backend_class, resolve_auto, resolve_auto_layout
+from replay_service.backends.base import Backend, BackendOptions
+from replay_service.config.options import (
+    SamplingConfig,
+    TableConfig,
+    Timeouts,
+    require_number,
+    validate_manager_options,
+    validate_path,
+)
+from replay_service.config.tables import check_extra_tables
+from replay_service.errors import ConfigError
+from replay_service.specs import nests as specs
+from replay_service.specs import sizes
+from replay_service.specs import windows as sequences
+from replay_service.specs.layout_registry import resolve_layout
+from replay_service.specs.layouts import AUTO, NESTED
+
+
+def configure(
+    data_spec: Any,
+    capacity: int,
+    checkpoint_dir: str | os.PathLike[str] | None,
+    sequence_length: int,
+    *,
+    table_name: str,
+    sampling: SamplingConfig | None,
+    server_address: str | None,
+    port: int | None,
+    timeouts: Timeouts | None,
+    keep_checkpoints: int,
+    stride_length: int,
+    extra_tables: Sequence[TableConfig],
+    pad_end_of_episode: bool,
+    checkpoint_interval_s: float | None,
+    backend: str,
+    storage: str,
+    layout: str,
+    seed: int | None,
+    device: str | None,
+) -> tuple[type[Backend], BackendOptions]:
+    """Checks `ReplayBufferManager`'s backend arguments (documented there), in order: the
+    backend and layout names, the tables, the integers, the data spec, the directory and
+    interval, then the options the chosen backend takes (`Backend.check_options`). Nothing is
+    created or written.
+
+    Returns:
+      The `Backend` implementation and the options to build it `from_options`.
+
+    Raises:
+      ConfigError: Naming the first invalid argument and its value.
+      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs.
+    """
+    implementation = backend_class(
+        resolve_auto(backend, checkpoint_dir=checkpoint_dir, server_address=server_address),
+        server_address,
+    )
+    name = resolve_auto_layout(
+        layout,
+        kind=implementation.kind,
+        checkpoint_dir=checkpoint_dir,
+        server_address=server_address,
+    )
+    table = TableConfig(
+        name=table_name,
+        capacity=capacity,
+        sequence_length=sequence_length,
+        sampling=sampling or SamplingConfig(),
+        pad_end_of_episode=pad_end_of_episode,
+        layout=name,
+    )
+    extra = check_extra_tables(table, _with_layout(extra_tables, name))
+    validate_manager_options(
+        port=port, stride_length=stride_length, keep_checkpoints=keep_checkpoints
+    )
+    specs.check_collect_spec(data_spec, "ReplayBufferManager")
+    stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
+    specs.describe_spec(data_spec)  # refuses a spec that is not a nest of tensor specs
+    # Before anything is allocated (the local backend checks its whole rings on create).
+    sizes.check_item_fits(specs.describe_spec(stored_spec), (table, *extra))
+    # A layout the stored spec cannot take is refused before anything is created (the Reverb
+    # backend resolves the tables' layout again: `backends.reverb.backend.options_layout`).
+    resolve_layout(name, stored_spec)
+    if server_address is None and checkpoint_dir is None:
+        raise ConfigError("checkpoint_dir is required unless server_address is given")
+    if checkpoint_dir is not None:
+        checkpoint_dir = validate_path(checkpoint_dir, "checkpoint_dir")
+    _check_interval(checkpoint_interval_s, server_address)
+    options = BackendOptions(
+        tables=(table, *extra),
+        data_spec=data_spec,
+        stored_spec=stored_spec,
+        timeouts=timeouts or Timeouts(),
+        checkpoint_dir=checkpoint_dir,
+        keep_checkpoints=keep_checkpoints,
+        checkpoint_interval_s=checkpoint_interval_s,
+        port=port,
+        server_address=server_address,
+        storage=storage,
+        seed=seed,
+        device=device,
+        # "auto" on a remote server: its tables' layout, taken on connecting.
+        layout_from_server=layout == AUTO and server_address is not None,
+    )
+    implementation.check_options(
+        {"storage": storage, "layout": name, "port": port, "seed": seed, "device": device}
+    )
+    return implementation, options
+
+
+def _with_layout(extra_tables: Any, layout: str) -> Any:
+    """`extra_tables` with the manager's layout where they left the default: every table of a
+    buffer has one layout (anything that is not a sequence is left to `check_extra_tables`)."""
+    if layout == NESTED or not isinstance(extra_tables, Sequence) or isinstance(extra_tables, str):
+        return extra_tables
+    return [
+        dataclasses.replace(t, layout=layout)
+        if isinstance(t, TableConfig) and t.layout == NESTED
+        else t
+        for t in extra_tables
+    ]
+
+
+def _check_interval(interval: float | None, server_address: str | None) -> None:
+    if interval is None:
+        return
+    if server_address is not None:
+        raise ConfigError(
+            f"checkpoint_interval_s={interval!r} applies only to the embedded server; a remote "
+            "server checkpoints on its own schedule (replay-server --checkpoint_interval_s)"
+        )
+    require_number("checkpoint_interval_s (seconds, or None)", interval, 0, positive=True)
