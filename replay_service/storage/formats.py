@@ -85,10 +85,16 @@ class FileFormat:
         here = f"replay_service {installed_version()}"
         name, _, version = found.rpartition("/")
         names = {t.rpartition("/")[0] for t in self.read_tags}
-        newer = version.isascii() and version.isdigit() and int(version) > self.version
+        # Compared as digits, not converted: Python refuses to convert thousands of digits.
+        number = version.lstrip("0") or "0"
+        newer = (
+            version.isascii()
+            and version.isdigit()
+            and (len(number), number) > (len(str(self.version)), str(self.version))
+        )
         if name in names and newer:
             raise UnknownFormatError(
-                f"{source} is a {self.what} file of format {found!r}, version {int(version)}, "
+                f"{source} is a {self.what} file of format {found!r}, version {number}, "
                 f"written by a newer replay_service; {here} reads version {self.version} "
                 f"({reads}). Upgrade replay_service to a release that reads {found!r}; the "
                 "file is not damaged and was left as it is"
