@@ -198,9 +198,10 @@ def _keys_to_numpy(keys: Any) -> np.ndarray:
         return to_numpy(keys)
     flat = tree.flatten(keys)
     bad = [k for k in flat if isinstance(k, bool) or not isinstance(k, int | np.integer)]
-    if bad or any(k < 0 for k in flat):
-        shown = bad[:MAX_REPORTED_VALUES] or [k for k in flat if k < 0][:MAX_REPORTED_VALUES]
-        raise SpecMismatchError(f"keys must be integers >= 0, got {shown}")
+    if bad or any(not 0 <= k < 1 << 64 for k in flat):
+        out_of_range = [k for k in flat if not 0 <= k < 1 << 64]
+        shown = bad[:MAX_REPORTED_VALUES] or out_of_range[:MAX_REPORTED_VALUES]
+        raise SpecMismatchError(f"item keys must be integers in [0, 2**64), got {shown}")
     return np.array(keys, dtype=np.uint64)
 
 

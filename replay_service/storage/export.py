@@ -76,6 +76,9 @@ VERSIONED_PACKAGES = ("replay_service", "dm-reverb", "tf-agents", "tensorflow")
 `replay_service`, always recorded)."""
 CHECKSUMS = "sha256"
 
+# safetensors caps a header at 100 MB; a longer length is damage (`load_file` says so).
+_MAX_HEADER_BYTES = 100_000_000
+
 
 @dataclasses.dataclass(frozen=True)
 class Concatenated:
@@ -470,11 +473,15 @@ def read_state_fields(
         try:
             if not regular_file_exists(path):  # a named pipe would block `load_file`
                 raise FileNotFoundError(2, "No such file or directory", path)
+            with open_regular(path, "rb") as f:
+                length = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(length)) if 0 < length <= _MAX_HEADER_BYTES else {}
             tensors = load_file(path)
         except FileNotFoundError as e:
             raise CheckpointError(f"export state {path!r} does not exist") from e
         except (OSError, ValueError, safetensors.SafetensorError) as e:
             raise CheckpointError(f"export state {path!r} is corrupt or truncated: {e}") from e
+        _check_header_tag(header, path)
     names = _data_names(fields)
     expected: dict[str, tuple[Any, tuple[int, ...]]] = {}
     for name, field in zip(names, fields, strict=True):
@@ -596,7 +603,20 @@ def _tensor_views(path: str, mapping: Any) -> dict[str, np.ndarray]:
             views[name] = np.frombuffer(mapping, dtype, count, base + begin).reshape(shape)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"export state {path!r} is corrupt or truncated: {e}") from e
+    _check_header_tag(header, path)
     return views
+
+
+def _check_header_tag(header: Any, path: str) -> None:
+    """Checks the format tag in a state file's safetensors header as the metadata file's is:
+    a newer or unknown format is refused (`UnknownFormatError`), not read as this one.
+
+    Raises:
+      UnknownFormatError: If the tag is unknown or of a newer version.
+      CheckpointError: If the header has no tag (damage).
+    """
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    formats.EXPORT.check(metadata.get("format") if isinstance(metadata, dict) else None, repr(path))
 
 
 # Bytes compared per read when a written file is read back.

@@ -139,7 +139,8 @@ def test_mismatched_keys_and_priorities_are_refused(make_manager):
     manager = _prioritized_manager(make_manager, [1.0])
     with pytest.raises(SpecMismatchError, match="2 keys and 3 priorities"):
         update_priorities(manager.py_client, manager.table_name, [1, 2], [1.0, 2.0, 3.0])
-    with pytest.raises(SpecMismatchError, match=re.escape("keys must be integers >= 0, got [1.5]")):
+    expected = "keys must be integers in [0, 2**64), got [1.5]"
+    with pytest.raises(SpecMismatchError, match=re.escape(expected)):
         update_priorities(manager.py_client, manager.table_name, [1.5], [1.0])
     with pytest.raises(SpecMismatchError, match=re.escape("got [-3]")):
         update_priorities(manager.py_client, manager.table_name, [2, -3], [1.0, 1.0])

@@ -162,6 +162,7 @@ UPDATE_CASES: list[Case] = [
     ("float key in a list", lambda k, o: ([k[0], 1.5], [2.0, 2.0]), (SpecMismatchError, "1.5")),
     ("bool key", lambda k, o: ([True], [2.0]), (SpecMismatchError, "True")),
     ("negative key", lambda k, o: ([k[0], -3], [2.0, 2.0]), (SpecMismatchError, "-3")),
+    ("key of 2**64", lambda k, o: ([k[0], 2**64], [2.0, 2.0]), (SpecMismatchError, str(2**64))),
     ("more keys", lambda k, o: (k, [2.0, 2.0]), (SpecMismatchError, "3 keys and 2")),
     ("more priorities", lambda k, o: (k[:2], [2.0] * 3), (SpecMismatchError, "2 keys and 3")),
 ]

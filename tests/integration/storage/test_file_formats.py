@@ -253,6 +253,39 @@ def test_export_of_a_newer_format_is_refused_on_both_backends(backend, future, t
     assert not (tmp_path / "ckpt").exists()
 
 
+def _retag_state_header(state: Path, metadata: Path, tag: str) -> None:
+    """Rewrites the format tag in a safetensors file's header and, as a release that wrote that
+    tag would, the digest its export metadata records of it."""
+    raw = state.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + length])
+    header["__metadata__"]["format"] = tag
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    state.write_bytes(len(encoded).to_bytes(8, "little") + encoded + raw[8 + length :])
+    info = json.loads(metadata.read_text(encoding="utf-8"))
+    info["sha256"]["state.safetensors"] = hashlib.sha256(state.read_bytes()).hexdigest()
+    metadata.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("backend", ["reverb", "local"])
+def test_an_export_whose_state_header_is_of_a_newer_format_is_refused(backend, tmp_path):
+    """The metadata file says format 1, the state file's own header says 2: refused too."""
+    export_dir = tmp_path / "export"
+    shutil.copytree(FIXTURES / "ae368cb" / "reverb-nested-export", export_dir)
+    state = export_dir / "buffer_state.safetensors"
+    _retag_state_header(state, export_dir / "buffer_metadata.json", "replay_service.export/2")
+    before = tree_digest(export_dir)
+    manager = _manager(tmp_path / "ckpt", backend)
+    try:
+        with pytest.raises(UnknownFormatError, match="Upgrade replay_service") as raised:
+            manager.import_buffer(export_dir)
+    finally:
+        manager.close()
+    assert "buffer_state.safetensors" in str(raised.value)
+    assert tree_digest(export_dir) == before
+
+
 @pytest.mark.parametrize("name", ["local-checkpoint", "reverb-nested-checkpoint"])
 def test_a_damaged_checkpoint_is_still_moved_aside(name, tmp_path):
     """A truncated metadata file is damage, as before: the checkpoint goes to corrupt/."""
