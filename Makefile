@@ -31,7 +31,7 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory test-py312
 
 # The fast tier, for the edit-and-test loop: tests/unit/ and the integration tests not marked
-# `heavy` (under a minute on 2 idle cores). `make test` runs every tier and stays the CI command.
+# `heavy`, listing its 15 slowest tests. `make test` runs every tier and stays the CI command.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not heavy" --durations=15 tests/unit tests/integration
 
