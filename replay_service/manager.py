@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
 
 _log = logging.getLogger(__name__)
-_NOT_BACKEND = ("self", "summary_dir", "summary_interval_s")
 
 
 class ReplayBufferManager:
@@ -142,8 +141,27 @@ class ReplayBufferManager:
         device: str | None = None,
     ) -> None:
         # Every argument but the summaries' is the backend's (`backends.configure` checks them).
-        arguments = {k: v for k, v in locals().items() if k not in _NOT_BACKEND}
-        implementation, options = configure(**arguments)
+        implementation, options = configure(
+            data_spec,
+            capacity,
+            checkpoint_dir,
+            sequence_length,
+            table_name=table_name,
+            sampling=sampling,
+            server_address=server_address,
+            port=port,
+            timeouts=timeouts,
+            keep_checkpoints=keep_checkpoints,
+            stride_length=stride_length,
+            extra_tables=extra_tables,
+            pad_end_of_episode=pad_end_of_episode,
+            checkpoint_interval_s=checkpoint_interval_s,
+            backend=backend,
+            storage=storage,
+            layout=layout,
+            seed=seed,
+            device=device,
+        )
         self.backend = implementation.kind
         self._backend: Backend = implementation.from_options(options)
         self._data_spec, self._stored_spec = data_spec, options.stored_spec
