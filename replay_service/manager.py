@@ -7,7 +7,7 @@ to `replay_service.sample` (given a `SampleView`).
 
 from __future__ import annotations
 
-import logging
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,23 +16,16 @@ from replay_service.backends import Backend, Capability, resolve_auto
 from replay_service.backends.configure import configure
 from replay_service.backends.reverb.platform import inspect_patch
 from replay_service.collect import view as collect_view
-from replay_service.config.batch_limits import require_batch_size
 from replay_service.config.options import (
     DEFAULT_KEEP,
     DEFAULT_TABLE_NAME,
     SamplingConfig,
     TableConfig,
     Timeouts,
-    require_number,
-    require_positive_int,
-    validate_path,
 )
-from replay_service.config.tables import find_table
 from replay_service.errors import BufferStateError, ManagerClosedError
-from replay_service.monitoring import summaries
-from replay_service.monitoring.stats import BufferStats, StatsTracker, checkpoint_stats
-from replay_service.sample import priorities as priorities_lib
-from replay_service.sample import rate_limit
+from replay_service.monitoring.monitor import BufferMonitor
+from replay_service.monitoring.stats import BufferStats, checkpoint_stats
 from replay_service.sample.view import SampleView
 from replay_service.specs import nests as specs
 from replay_service.specs.layouts import AUTO
@@ -54,10 +47,10 @@ if TYPE_CHECKING:
     from replay_service.collect.observer import TrajectoryObserver
     from replay_service.collect.transitions import TransitionWriter
     from replay_service.sample.epochs import EpochBatches
+    from replay_service.sample.priorities import MaxPriorityTracker
+    from replay_service.sample.rate_limit import TrainSchedule
     from replay_service.sample.recent import RecentBatches
     from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
-
-_log = logging.getLogger(__name__)
 
 
 class ReplayBufferManager:
@@ -165,11 +158,11 @@ class ReplayBufferManager:
         self.backend = implementation.kind
         self._backend: Backend = implementation.from_options(options)
         self._data_spec, self._stored_spec = data_spec, options.stored_spec
-        self._timeouts, self._stride_length = options.timeouts, stride_length
+        self._timeouts = options.timeouts
         self._client: Any = None
         self._users_client: Any = None
         self._replay_buffer: Any = None
-        self._writers: list[Any] = []  # observers and writers: flushed, then closed
+        self._writers = collect_view.Writers()  # observers and writers: flushed, then closed
         # The buffer as `replay_service.collect` and `replay_service.sample` see it.
         self._collect = collect_view.CollectView(
             lambda: self.py_client,
@@ -179,21 +172,18 @@ class ReplayBufferManager:
             self._timeouts,
             self._writers,
         )
+        limited = Capability.TRAIN_SCHEDULE in self._backend.capabilities
         self._sample = SampleView(
-            self._backend,
-            self._require_buffer,
-            self._stored_spec,
-            self._flush_writers,
-            lambda name: self.num_frames(table=name),
+            backend=self._backend,
+            require_client=self._require_client,
+            require_buffer=self._require_buffer,
+            stored_spec=self._stored_spec,
+            writers=self._writers,
+            timeouts=self._timeouts,
+            limiter_state=self._backend.limiter_state if limited else None,
+            split_sequences=functools.partial(self._backend.require, Capability.SPLIT_SEQUENCES),
         )
-        self._stats_tracker: StatsTracker | None = None
-        self._summary_dir = (
-            None if summary_dir is None else validate_path(summary_dir, "summary_dir")
-        )
-        self._summary_interval_s = float(
-            require_number("summary_interval_s", summary_interval_s, 0, positive=True)
-        )
-        self._summary_writer: summaries.StatsSummaryWriter | None = None
+        self._monitor = BufferMonitor(summary_dir, summary_interval_s)
         self._closed = False
 
     @classmethod
@@ -356,19 +346,13 @@ class ReplayBufferManager:
             return
         self._closed = True
         try:
-            for writer in self._writers:
-                try:
-                    writer.close()
-                except Exception as e:  # a dead server must not prevent the rest of close()
-                    _log.warning("observer close failed: %s", e)
+            self._writers.close_all()
         finally:
-            if self._summary_writer is not None:
-                self._summary_writer.close()
+            self._monitor.close()
             if self._replay_buffer is not None:  # its datasets and streams fail, not block
                 self._replay_buffer.stop_sampling()
             self._backend.close()
             self._client = self._users_client = self._replay_buffer = None
-            self._writers.clear()
 
     def __len__(self) -> int:
         """`num_frames()`: the items of the primary table now (raises as it does)."""
@@ -405,20 +389,7 @@ class ReplayBufferManager:
           tf.errors.InvalidArgumentError: When iterating, if nothing can be sampled within
             `timeouts.sample`, the server is lost, or the manager was closed.
         """
-        replay_buffer = self._require_buffer()
-        config = find_table(self.tables, table)
-        require_positive_int("prefetch", prefetch)
-        steps = num_steps if isinstance(num_steps, int) else None
-        what = f"table {config.name!r}"
-        require_batch_size("batch_size", batch_size, self._sample.item_bytes(steps), what=what)
-        if num_steps not in (None, config.sequence_length):
-            length = config.sequence_length
-            what = f"get_dataset(num_steps={num_steps!r}) of items of {length} steps"
-            self._require(Capability.SPLIT_SEQUENCES, what)
-            require_positive_int("num_steps", num_steps)
-        return self._backend.dataset(
-            replay_buffer, config, batch_size, num_steps, num_parallel_calls, prefetch
-        )
+        return self._sample.dataset(batch_size, num_steps, num_parallel_calls, prefetch, table)
 
     def mixed_dataset(
         self,
@@ -436,12 +407,9 @@ class ReplayBufferManager:
           ConfigError: If a weight, name, size or the sequence lengths are invalid.
           tf.errors.InvalidArgumentError: When iterating, as `get_dataset`.
         """
-        replay_buffer = self._require_buffer()
-        self._require(Capability.MIXED_DATASET, "mixed_dataset")
-        require_positive_int("prefetch", prefetch)
-        item_bytes = self._sample.item_bytes()
-        require_batch_size("batch_size", batch_size, item_bytes, what="the mixed tables")
-        return self._backend.mixed_dataset(replay_buffer, weights, batch_size, seed, prefetch)
+        self._require_buffer()
+        self._backend.require(Capability.MIXED_DATASET, "mixed_dataset")
+        return self._sample.mixed_dataset(batch_size, weights, seed, prefetch)
 
     def num_frames(self, *, table: str | None = None) -> int:
         """Returns the number of items (windows of `sequence_length` steps) in `table`
@@ -452,13 +420,7 @@ class ReplayBufferManager:
           ConfigError: If `table` is not one of this buffer's tables.
           WriteTimeoutError: If the writers' items are not confirmed within `Timeouts.write`.
         """
-        name = find_table(self.tables, table).name
-        client = self._require_client()
-        limited = Capability.TRAIN_SCHEDULE in self._backend.capabilities
-        state = self._backend.limiter_state if limited else None
-        names = [t.name for t in self.tables]
-        rate_limit.flush_for_count(self._writers, state, names, self._timeouts.write)
-        return self._backend.num_items(client, name)
+        return self._sample.count(table)
 
     def clear(self) -> None:
         """Empties every table in place (handed-out objects stay valid), then checkpoints
@@ -483,7 +445,7 @@ class ReplayBufferManager:
           CheckpointError: If it fails, is incomplete or exceeds `timeouts.checkpoint`.
         """
         self._require_client()
-        self._flush_writers()
+        self._writers.flush()
         return self._backend.checkpoint()
 
     def save_checkpoint(self) -> str:
@@ -498,12 +460,9 @@ class ReplayBufferManager:
           ServerUnavailableError: If the server does not answer within `timeouts.connect`.
         """
         self._require_client()
-        assert self._stats_tracker is not None
-        return self._stats_tracker.read(checkpoint_stats(*self._backend.last_checkpoint()))
+        return self._monitor.read(checkpoint_stats(*self._backend.last_checkpoint()))
 
-    def train_schedule(
-        self, batch_size: int, *, table: str | None = None
-    ) -> rate_limit.TrainSchedule:
+    def train_schedule(self, batch_size: int, *, table: str | None = None) -> TrainSchedule:
         """Returns a `TrainSchedule` of `table` (None: the primary one): when a
         single-threaded loop may sample `batch_size` items without deadlocking on a rate
         limiter (`sample.rate_limit`).
@@ -514,19 +473,15 @@ class ReplayBufferManager:
           BufferStateError: If no buffer was created or loaded.
         """
         self._require_client()
-        self._require(Capability.TRAIN_SCHEDULE, "train_schedule")
-        name = find_table(self.tables, table).name
-        state = self._backend.limiter_state
-        return rate_limit.TrainSchedule(
-            lambda: state(name), self._flush_writers, batch_size, table_name=name
-        )
+        self._backend.require(Capability.TRAIN_SCHEDULE, "train_schedule")
+        return self._sample.train_schedule(batch_size, table)
 
     def update_priorities(
         self,
         keys: Any,
         priorities: Any,
         *,
-        tracker: priorities_lib.MaxPriorityTracker | None = None,
+        tracker: MaxPriorityTracker | None = None,
         table: str | None = None,
     ) -> dict[int, float]:
         """Sets the priorities of sampled items by key (numpy, tf or torch, `[B]`
@@ -541,11 +496,7 @@ class ReplayBufferManager:
           SpecMismatchError: If the shapes differ or a key is not an integer >= 0. Either way
             no priority is changed.
         """
-        name = find_table(self.tables, table).name
-        client, timeout = self._require_client(), self._timeouts.connect
-        return priorities_lib.update_priorities(
-            client, name, keys, priorities, timeout=timeout, tracker=tracker
-        )
+        return self._sample.update_priorities(keys, priorities, tracker, table)
 
     # ---- PyTorch sampling: replay_service.sample, given `_sample`
 
@@ -776,7 +727,7 @@ class ReplayBufferManager:
         export_lib.export_paths(dirpath, prefix)  # a bad prefix fails before the checkpoint
         export_lib.check_target(os.fspath(dirpath), overwrite)
         self._require_client()
-        self._flush_writers()
+        self._writers.flush()
         return self._backend.export(self.table_config, os.fspath(dirpath), prefix, overwrite)
 
     def import_buffer(
@@ -814,8 +765,8 @@ class ReplayBufferManager:
           ConfigError: If `table` is unknown, or the buffer uses the local backend.
         """
         self._require_client()
-        self._require(Capability.TABLE_HANDLE, "table_handle")
-        return self._backend.table_handle(find_table(self.tables, table))
+        self._backend.require(Capability.TABLE_HANDLE, "table_handle")
+        return self._backend.table_handle(self._sample.table(table))
 
     # ---------------------------------------------------------------------------- helpers
 
@@ -824,25 +775,11 @@ class ReplayBufferManager:
         try:
             self._replay_buffer = self._backend.open_buffer(client, self.clear)
             self._client = client
-            self._stats_tracker = StatsTracker(client, timeout=self._timeouts.connect)
-            self._stats_tracker.read(wait_for_rates=False)  # the start of the first rate window
-            if self._summary_dir is not None:
-                self._summary_writer = summaries.StatsSummaryWriter(
-                    self.stats, self._summary_dir, interval_s=self._summary_interval_s
-                )
-                self._summary_writer.start()
+            self._monitor.start(client, self._timeouts.connect, self.stats)
             return self._replay_buffer, self.observer()
         except BaseException:
             self._backend.close()
             raise
-
-    def _flush_writers(self) -> None:
-        for writer in self._writers:
-            writer.flush()
-
-    def _require(self, capability: Capability, what: str) -> None:
-        if capability not in self._backend.capabilities:
-            raise self._backend.refusal(capability, what)
 
     def _require_no_buffer(self) -> None:
         self._require_client(none=True)

@@ -167,6 +167,16 @@ class Backend(abc.ABC):
         )
 
     @classmethod
+    def require(cls, capability: Capability, what: str) -> None:
+        """Refuses `what` where this backend lacks `capability`.
+
+        Raises:
+          ConfigError: The `refusal` of `capability` for `what`.
+        """
+        if capability not in cls.capabilities:
+            raise cls.refusal(capability, what)
+
+    @classmethod
     def refused_options(cls, options: Mapping[str, Any]) -> list[str]:
         """The options among `options` (a manager's keyword arguments, by name) that ask for a
         capability this backend lacks, in the order `check_options` checks them."""

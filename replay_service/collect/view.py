@@ -3,19 +3,60 @@
 `ReplayBufferManager` gives each of its collector factories a `CollectView` of its buffer:
 `observer` and `transition_writer` here, `hindsight.hindsight_writer`,
 `gym_vector.gym_vector_writer` and `warm_up.fill` on top of them. Every collector made from a
-view joins its `writers`, which the manager's `checkpoint()` flushes and `close()` closes.
+view joins its `Writers`, which the manager's `checkpoint()` flushes and `close()` closes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, Protocol
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.specs.layouts import Layout
+
+_log = logging.getLogger(__name__)
+
+_Writer = TypeVar("_Writer")
+
+
+class Writers:
+    """The open collectors (observers and writers) of one buffer, in the order they were made."""
+
+    def __init__(self) -> None:
+        self._open: list[Any] = []
+
+    def add(self, writer: _Writer) -> _Writer:
+        """Adds `writer` (flushed by `flush`, closed by `close_all`) and returns it."""
+        self._open.append(writer)
+        return writer
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._open)
+
+    def flush(self) -> None:
+        """Blocks until every collector's items are confirmed, each within its own timeout.
+
+        Raises:
+          WriteTimeoutError: If a collector's items are not confirmed in time.
+        """
+        for writer in self._open:
+            writer.flush()
+
+    def close_all(self) -> None:
+        """Closes every collector and forgets them all; a collector whose close fails (a dead
+        server) is logged and the others are closed still."""
+        try:
+            for writer in self._open:
+                try:
+                    writer.close()
+                except Exception as e:  # a dead server must not prevent the rest of close()
+                    _log.warning("observer close failed: %s", e)
+        finally:
+            self._open.clear()
 
 
 class Tables(Protocol):
@@ -51,7 +92,7 @@ class CollectView:
     data_spec: Any
     stride_length: int
     timeouts: Timeouts
-    writers: list[Any]
+    writers: Writers
 
     @property
     def tables(self) -> tuple[TableConfig, ...]:
@@ -98,8 +139,7 @@ def observer(
         pad_end_of_episodes=pad_end_of_episodes,
         tile_end_of_episodes=tile_end_of_episodes,
     )
-    view.writers.append(made)
-    return made
+    return view.writers.add(made)
 
 
 def transition_writer(
@@ -120,5 +160,4 @@ def transition_writer(
       ConfigError: If `priority` is not a finite number >= 0.
     """
     made = TransitionWriter(**view._targets(), priority=priority, check_continuity=check_continuity)
-    view.writers.append(made)
-    return made
+    return view.writers.add(made)

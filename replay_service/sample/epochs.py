@@ -194,7 +194,7 @@ def epoch_batches(
     # Before the snapshot is read: a batch holds at most the table's items.
     view.check_batches(config, batch_size, device, held=config.capacity)
     view.require_buffer()
-    view.flush_writers()
+    view.writers.flush()
     items = view.backend.read_items(config)
     return EpochBatches(
         items.data,
