@@ -7,15 +7,17 @@ to `replay_service.sample` (given a `SampleView`).
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from replay_service.backends import Backend, Capability, resolve_auto
-from replay_service.backends.configure import configure
+from replay_service.backends import Backend, Capability
+from replay_service.backends.configure import configure, configure_spaces
+from replay_service.backends.lifecycle import BufferLifecycle
 from replay_service.backends.reverb.platform import inspect_patch
+from replay_service.collect import gym_vector, hindsight
 from replay_service.collect import view as collect_view
+from replay_service.collect import warm_up as warm_up_lib
 from replay_service.config.options import (
     DEFAULT_KEEP,
     DEFAULT_TABLE_NAME,
@@ -23,11 +25,9 @@ from replay_service.config.options import (
     TableConfig,
     Timeouts,
 )
-from replay_service.errors import BufferStateError, ManagerClosedError
 from replay_service.monitoring.monitor import BufferMonitor
 from replay_service.monitoring.stats import BufferStats, checkpoint_stats
 from replay_service.sample.view import SampleView
-from replay_service.specs import nests as specs
 from replay_service.specs.layouts import AUTO
 from replay_service.storage import export as export_lib
 
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 
     from replay_service.backends.reverb.handles import TableHandle
     from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
-    from replay_service.collect.gym_vector import GymVectorWriter
-    from replay_service.collect.hindsight import HindsightWriter
     from replay_service.collect.observer import TrajectoryObserver
     from replay_service.collect.transitions import TransitionWriter
     from replay_service.sample.epochs import EpochBatches
@@ -75,9 +73,8 @@ class ReplayBufferManager:
       timeouts: Bounds on every blocking call.
       keep_checkpoints: Complete checkpoints retained in `checkpoint_dir`.
       stride_length: The observer creates an item every `stride_length` steps.
-      extra_tables: More tables on the same server with the same data spec, each with its own
-        name, capacity, sequence length and sampling; every collector feeds them all, and the
-        sampling calls address the primary table unless given `table=`.
+      extra_tables: More tables of the data spec, each with its name, capacity, sequence length
+        and sampling, fed by every collector; sampling calls take them by `table=`.
       pad_end_of_episode: Pad each episode's end so no step is left out of an item, storing
         `Masked(step, mask)` items (`replay_service.specs.windows`); extra tables likewise.
       checkpoint_interval_s: Embedded mode: checkpoint every this many seconds in a background
@@ -89,23 +86,18 @@ class ReplayBufferManager:
         checkpoint, else Reverb where dm-reverb imports, else local (`backends.resolve_auto`).
       storage: Local backend: "memory" or "memmap" (files under `<checkpoint_dir>/.memmap`,
         deleted by `close()`, for buffers larger than RAM).
-      layout: How Reverb tables store steps, for every table: "packed" (one `uint8` row per
-        step; `replay_service.specs.packed`), "nested" (one column per field, TF-Agents') or
-        "auto": the layout of what exists, else "packed" (`backends.resolve_auto_layout`).
-        `py_client` writes what the layout stores; the local backend refuses "packed".
+      layout: How Reverb tables store steps: "packed" (one `uint8` row per step;
+        `specs.packed`), "nested" (one column per field, TF-Agents') or "auto": the layout of
+        what exists, else "packed" (`backends.resolve_auto_layout`); local refuses "packed".
       seed: Local backend: seed of the tables' samplers (an integer >= 0); None: fresh entropy.
       device: Local backend: the torch device the tables' storage lives on and batches are
         gathered on ("cpu", "cuda:1"; needs storage="memory"); None: host memory.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
-        checkpoint_dir with a NUL character, two tables with one name...), or the sizes cannot
-        fit before anything is allocated: one item larger than the memory available (every
-        backend), or the local backend's tables (capacity x bytes per step) larger than the
-        memory (storage="memory") or free disk ("memmap") available; the error names the
-        largest fields with their shapes, the bytes per step, the total and what is available.
-      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs (what
-        the observer and transition writer collect).
+        NUL in a path, two tables with one name...), or an item or the local tables cannot fit
+        the memory or disk available, before anything is allocated (`specs.sizes`).
+      SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs.
     """
 
     def __init__(
@@ -159,11 +151,9 @@ class ReplayBufferManager:
         self._backend: Backend = implementation.from_options(options)
         self._data_spec, self._stored_spec = data_spec, options.stored_spec
         self._timeouts = options.timeouts
-        self._client: Any = None
-        self._users_client: Any = None
-        self._replay_buffer: Any = None
-        self._writers = collect_view.Writers()  # observers and writers: flushed, then closed
-        # The buffer as `replay_service.collect` and `replay_service.sample` see it.
+        self._state = BufferLifecycle(self._backend)  # none yet, open or closed
+        # Observers and writers (flushed, then closed); the buffer as collect and sample see it.
+        self._writers = collect_view.Writers()
         self._collect = collect_view.CollectView(
             lambda: self.py_client,
             self._backend,
@@ -175,16 +165,15 @@ class ReplayBufferManager:
         limited = Capability.TRAIN_SCHEDULE in self._backend.capabilities
         self._sample = SampleView(
             backend=self._backend,
-            require_client=self._require_client,
-            require_buffer=self._require_buffer,
+            require_client=self._state.client,
+            require_buffer=self._state.replay_buffer,
             stored_spec=self._stored_spec,
             writers=self._writers,
             timeouts=self._timeouts,
             limiter_state=self._backend.limiter_state if limited else None,
-            split_sequences=functools.partial(self._backend.require, Capability.SPLIT_SEQUENCES),
+            split_sequences=lambda what: self._backend.require(Capability.SPLIT_SEQUENCES, what),
         )
         self._monitor = BufferMonitor(summary_dir, summary_interval_s)
-        self._closed = False
 
     @classmethod
     def from_spaces(
@@ -214,21 +203,13 @@ class ReplayBufferManager:
           **options: Any other `ReplayBufferManager` argument.
 
         Raises:
-          ConfigError: For an unsupported space or option (see `ReplayBufferManager`), a bad
-            extra (a reserved name, a bad shape or dtype), naming it and its value, or sizes
-            that cannot fit (a huge space or extra: see `ReplayBufferManager`).
+          ConfigError: For an unsupported space, a bad extra (a reserved name, shape or dtype),
+            naming it and its value, or an option or sizes as `ReplayBufferManager` refuses.
         """
-        data_spec = specs.data_spec_for_spaces(observation_space, action_space, extras=extras)
-        chosen = resolve_auto(
-            backend,
-            checkpoint_dir=checkpoint_dir,
-            server_address=options.get("server_address"),
-            single_process=True,
-            options=options,
+        data_spec, chosen = configure_spaces(
+            observation_space, action_space, extras, backend, checkpoint_dir, options
         )
         return cls(data_spec, capacity, checkpoint_dir, sequence_length, backend=chosen, **options)
-
-    # ------------------------------------------------------------------------ properties
 
     @property
     def table_name(self) -> str:
@@ -277,23 +258,18 @@ class ReplayBufferManager:
         Raises:
           BufferStateError: If no buffer was created or loaded yet.
         """
-        return self._require_client().server_address
+        return self._state.client().server_address
 
     @property
     def py_client(self) -> reverb.Client:
-        """The client of the server in use (local backend: its `LocalClient`); on a packed
-        layout a `PackingClient`, so TF-Agents' own observers given it write this buffer's
-        items (`replay_service.backends.reverb.packing_client`)."""
-        client = self._require_client()
-        if self._users_client is None:
-            self._users_client = self._backend.users_client(client)
-        return self._users_client
-
-    # ------------------------------------------------------------------------- lifecycle
+        """The client of the server in use (local backend: its `LocalClient`); on a packed layout a
+        `PackingClient`, so TF-Agents' own observers given it write this buffer's items
+        (`replay_service.backends.reverb.packing_client`)."""
+        return self._state.users_client()
 
     def create_replay_buffer(self, *, overwrite: bool = False) -> tuple[ReplayBuffer, Any]:
-        """Starts a new, empty buffer; returns `(replay_buffer, observer)`: a
-        TF-Agents `ReverbReplayBuffer` and a `TrajectoryObserver` for an `Actor` or driver.
+        """Starts a new, empty buffer; returns `(replay_buffer, observer)`: a TF-Agents
+        `ReverbReplayBuffer` and a `TrajectoryObserver` for an `Actor` or driver.
 
         Args:
           overwrite: Embedded: delete `checkpoint_dir`'s checkpoints (never other files).
@@ -305,12 +281,12 @@ class ReplayBufferManager:
           PortInUseError, ServerUnavailableError: If the server cannot be started or reached.
           BufferStateError: If this manager already has a buffer.
         """
-        self._require_no_buffer()
+        self._state.require_none()
         return self._hand_out(self._backend.create(overwrite))
 
     def load_replay_buffer(self) -> tuple[ReplayBuffer, Any]:
-        """Restores the newest complete checkpoint (embedded) or attaches to the
-        server's tables; returns `(replay_buffer, observer)` as `create_replay_buffer`.
+        """Restores the newest complete checkpoint (embedded) or attaches to the server's tables;
+        returns `(replay_buffer, observer)` as `create_replay_buffer`.
 
         Raises:
           NoCheckpointError: If `checkpoint_dir` is missing, empty or holds no checkpoint.
@@ -319,13 +295,12 @@ class ReplayBufferManager:
             this manager's, naming every differing field.
           BufferStateError: If this manager already has a buffer.
         """
-        self._require_no_buffer()
+        self._state.require_none()
         return self._hand_out(self._backend.load())
 
     def get_replay_buffer_and_observer(self) -> tuple[ReplayBuffer, Any]:
-        """Returns the buffer created or loaded before, with a new
-        observer (BufferStateError before that)."""
-        return self._require_buffer(), self.observer()
+        """The buffer created or loaded before, with a new observer (BufferStateError before)."""
+        return self._state.replay_buffer(), self.observer()
 
     def observer(
         self, *, pad_end_of_episodes: bool = False, tile_end_of_episodes: bool = False
@@ -334,25 +309,21 @@ class ReplayBufferManager:
         `ReverbAddTrajectoryObserver` options of those names (`collect.view.observer`).
 
         Raises:
-          BufferStateError: If no buffer was created or loaded.
-          ConfigError: If a flag is invalid, or the tables pad on their own.
+          BufferStateError, ConfigError: No buffer yet; a bad flag, or tables that pad already.
         """
         return collect_view.observer(self._collect, pad_end_of_episodes, tile_end_of_episodes)
 
     def close(self) -> None:
-        """Closes collectors, stops the embedded server and releases the directory (no
-        checkpoint: call `checkpoint()` first). Idempotent."""
-        if self._closed:
+        """Closes collectors, stops the embedded server and releases the directory (no checkpoint:
+        call `checkpoint()` first). Idempotent."""
+        if self._state.closed:
             return
-        self._closed = True
+        self._state.closed = True
         try:
             self._writers.close_all()
         finally:
             self._monitor.close()
-            if self._replay_buffer is not None:  # its datasets and streams fail, not block
-                self._replay_buffer.stop_sampling()
-            self._backend.close()
-            self._client = self._users_client = self._replay_buffer = None
+            self._state.close()  # its datasets and streams fail, not block; the backend stops
 
     def __len__(self) -> int:
         """`num_frames()`: the items of the primary table now (raises as it does)."""
@@ -368,8 +339,6 @@ class ReplayBufferManager:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --------------------------------------------------------------------------- using it
-
     def get_dataset(
         self,
         batch_size: int,
@@ -379,13 +348,12 @@ class ReplayBufferManager:
         prefetch: int = 3,
         table: str | None = None,
     ) -> tf.data.Dataset:
-        """Returns a tf.data dataset of `(trajectory, sample_info)` batches of one
-        table (`Backend.dataset`): whole items for `num_steps` None or `sequence_length`, else
-        split ones; `num_parallel_calls` unpack those, `prefetch` batches are prefetched.
+        """Returns a tf.data dataset of `(trajectory, sample_info)` batches of one table
+        (`Backend.dataset`): whole items for `num_steps` None or `sequence_length`, else split ones;
+        `num_parallel_calls` unpack those, `prefetch` batches are prefetched.
 
         Raises:
-          ConfigError: If a size is invalid (`config.batch_limits.require_batch_size`) or `table`
-            (None: the primary one) is unknown.
+          ConfigError: If a size or `table` (None: the primary one) is invalid (`SampleView`).
           tf.errors.InvalidArgumentError: When iterating, if nothing can be sampled within
             `timeouts.sample`, the server is lost, or the manager was closed.
         """
@@ -399,42 +367,38 @@ class ReplayBufferManager:
         seed: int | None = None,
         prefetch: int = 3,
     ) -> tf.data.Dataset:
-        """Returns `(trajectory, sample_info)` batches whose items come from the
-        tables by `weights` (name -> weight; `backends.reverb.mixing.mixed_dataset`), the
-        choice seeded by `seed`, `prefetch` batches ahead.
+        """Returns `(trajectory, sample_info)` batches mixing the tables by `weights` (name ->
+        weight; `backends.reverb.mixing.mixed_dataset`), seeded by `seed`, `prefetch` ahead.
 
         Raises:
           ConfigError: If a weight, name, size or the sequence lengths are invalid.
           tf.errors.InvalidArgumentError: When iterating, as `get_dataset`.
         """
-        self._require_buffer()
+        self._state.replay_buffer()
         self._backend.require(Capability.MIXED_DATASET, "mixed_dataset")
         return self._sample.mixed_dataset(batch_size, weights, seed, prefetch)
 
     def num_frames(self, *, table: str | None = None) -> int:
-        """Returns the number of items (windows of `sequence_length` steps) in `table`
-        (None: the primary one), after flushing this manager's collectors without waiting on
-        a rate limiter (`rate_limit.flush_for_count`).
+        """Returns the items (of `sequence_length` steps) in `table` (None: the primary one), after
+        flushing the collectors without waiting on a rate limiter (`rate_limit.flush_for_count`).
 
         Raises:
-          ConfigError: If `table` is not one of this buffer's tables.
-          WriteTimeoutError: If the writers' items are not confirmed within `Timeouts.write`.
+          ConfigError, WriteTimeoutError: An unknown `table`; unconfirmed items (`SampleView`).
         """
         return self._sample.count(table)
 
     def clear(self) -> None:
-        """Empties every table in place (handed-out objects stay valid), then checkpoints
-        the empty tables so that a later load or a restarted server does not bring them back.
+        """Empties every table in place (handed-out objects stay valid), then checkpoints the empty
+        tables so that a later load or a restarted server does not bring them back.
 
         Raises:
           CheckpointError: If that checkpoint fails (the tables are empty either way).
           WriteTimeoutError: If the server does not empty a table within `timeouts.write`.
         """
-        self._require_client()
         client = self.py_client  # its `reset` is bounded by `timeouts.write`
         for table in self.tables:
             client.reset(table.name)
-        self._backend.note_clear(self._require_buffer())
+        self._backend.note_clear(self._state.replay_buffer())
         self._backend.after_clear()
 
     def checkpoint(self) -> str:
@@ -444,7 +408,7 @@ class ReplayBufferManager:
         Raises:
           CheckpointError: If it fails, is incomplete or exceeds `timeouts.checkpoint`.
         """
-        self._require_client()
+        self._state.client()
         self._writers.flush()
         return self._backend.checkpoint()
 
@@ -456,23 +420,20 @@ class ReplayBufferManager:
         """Returns each table's fill, rates and the last checkpoint (`monitoring.stats`).
 
         Raises:
-          BufferStateError: If no buffer was created or loaded.
-          ServerUnavailableError: If the server does not answer within `timeouts.connect`.
+          BufferStateError, ServerUnavailableError: No buffer yet; no answer in `timeouts.connect`.
         """
-        self._require_client()
+        self._state.client()
         return self._monitor.read(checkpoint_stats(*self._backend.last_checkpoint()))
 
     def train_schedule(self, batch_size: int, *, table: str | None = None) -> TrainSchedule:
-        """Returns a `TrainSchedule` of `table` (None: the primary one): when a
-        single-threaded loop may sample `batch_size` items without deadlocking on a rate
-        limiter (`sample.rate_limit`).
+        """Returns a `TrainSchedule` of `table` (None: the primary one): when a single-threaded loop
+        may sample `batch_size` items without deadlocking on a rate limiter (`sample.rate_limit`).
 
         Raises:
-          ConfigError: If the error buffer is too small (naming the one needed) or `table`
-            is unknown.
-          BufferStateError: If no buffer was created or loaded.
+          BufferStateError, ConfigError: No buffer yet; an error buffer too small (naming the
+            one needed), an unknown `table`, or a backend without rate limiters.
         """
-        self._require_client()
+        self._state.client()
         self._backend.require(Capability.TRAIN_SCHEDULE, "train_schedule")
         return self._sample.train_schedule(batch_size, table)
 
@@ -484,21 +445,15 @@ class ReplayBufferManager:
         tracker: MaxPriorityTracker | None = None,
         table: str | None = None,
     ) -> dict[int, float]:
-        """Sets the priorities of sampled items by key (numpy, tf or torch, `[B]`
-        or `[B, T]`), e.g. to |TD error|, recording the largest in `tracker`; keys of other
-        tables than `table` (None: the primary one) or of evicted items are ignored.
-
-        Returns:
-          The updates sent, key -> priority.
+        """Sets the priorities of sampled items by key (numpy, tf or torch, `[B]` or `[B, T]`),
+        e.g. to |TD error|, recording the largest in `tracker`; keys of other tables than `table`
+        (None: the primary one) or of evicted items are ignored. Returns the updates sent.
 
         Raises:
-          ConfigError: If a priority is invalid (named with its key) or `table` unknown.
-          SpecMismatchError: If the shapes differ or a key is not an integer >= 0. Either way
-            no priority is changed.
+          ConfigError, SpecMismatchError: A bad priority (named with its key) or `table`; other
+            shapes or a key not an integer >= 0. Either way no priority is changed.
         """
         return self._sample.update_priorities(keys, priorities, tracker, table)
-
-    # ---- PyTorch sampling: replay_service.sample, given `_sample`
 
     def torch_batches(
         self,
@@ -511,15 +466,13 @@ class ReplayBufferManager:
         with_info: bool = False,
         table: str | None = None,
     ) -> TorchBatchStream:
-        """Returns an endless iterator of torch batches of one table (arguments and
-        the bound on a lost server: `sample.torch_streams.torch_batches`).
+        """Returns an endless iterator of torch batches of one table (arguments and the bound on a
+        lost server: `sample.torch_streams.torch_batches`).
 
         Raises:
-          BufferStateError: If no buffer was created or loaded; when iterating, if nothing can
-            be sampled within `Timeouts.sample`.
+          BufferStateError, ConfigError: As `torch_streams.torch_batches`.
           ServerUnavailableError, ManagerClosedError: When iterating, if the server is lost
             or once the manager (or stream) is closed.
-          ConfigError: If an option or `table` is invalid (batch size and device named).
         """
         from replay_service.sample import torch_streams
 
@@ -539,8 +492,7 @@ class ReplayBufferManager:
         `dataset.data_loader(num_workers=N)` (arguments: `sample.torch_streams.torch_dataset`).
 
         Raises:
-          BufferStateError: If no buffer was created or loaded.
-          ConfigError: If an option is invalid (as `torch_batches`) or `table` is unknown.
+          BufferStateError, ConfigError: As `torch_streams.torch_dataset`.
         """
         from replay_service.sample import torch_streams
 
@@ -558,14 +510,11 @@ class ReplayBufferManager:
         transitions: bool = False,
         with_info: bool = False,
     ) -> TorchBatchStream:
-        """Returns an endless iterator of torch batches mixing tables by
-        weight, on every backend (arguments: `sample.mixing.mixed_torch_batches`).
+        """Returns an endless iterator of torch batches mixing tables by weight, on every backend
+        (arguments: `sample.mixing.mixed_torch_batches`).
 
         Raises:
-          BufferStateError: If no buffer was created or loaded; when iterating, if a table
-            yields nothing within `Timeouts.sample` (named).
-          ConfigError: If a weight, name, size, seed or option is invalid, or the tables'
-            sequence lengths differ.
+          BufferStateError, ConfigError: As `mixing.mixed_torch_batches`.
           ServerUnavailableError, ManagerClosedError: When iterating, as `torch_batches`.
         """
         from replay_service.sample import mixing
@@ -586,14 +535,11 @@ class ReplayBufferManager:
         device: str | Any = "cpu",
         table: str | None = None,
     ) -> EpochBatches:
-        """Returns shuffled batches holding every item of a snapshot of one table
-        once per epoch (arguments and the snapshot: `sample.epochs.epoch_batches`).
+        """Returns shuffled batches holding every item of a snapshot of one table once per epoch
+        (arguments and the snapshot: `sample.epochs.epoch_batches`).
 
         Raises:
-          ConfigError: If an option is invalid (checked before the snapshot is read), `table`
-            is unknown, `transitions` does not apply, or `drop_last` leaves no batch.
-          BufferStateError: If no buffer was created or loaded, or the table holds no items.
-          CheckpointError: Reverb: if the snapshot's checkpoint cannot be taken or read.
+          ConfigError, BufferStateError, CheckpointError: As `epochs.epoch_batches`.
         """
         from replay_service.sample import epochs
 
@@ -613,15 +559,12 @@ class ReplayBufferManager:
         device: str | Any = "cpu",
         table: str | None = None,
     ) -> RecentBatches:
-        """Returns one round of ERE batches: batch `k` of `num_updates` reads the
-        newest `max(N * eta ** (k * 1000 / num_updates), c_min)` items (arguments:
-        `sample.recent.recent_batches`).
+        """Returns one round of ERE batches (arguments: `recent.recent_batches`): batch `k` of
+        `num_updates` reads the newest `max(N * eta ** (k * 1000 / num_updates), c_min)` items.
 
         Raises:
-          ConfigError: If an option is invalid (named), `table` is unknown, or the backend
-            cannot read the newest items (Reverb: use backend='local').
-          BufferStateError: If no buffer was created or loaded; when iterating, if the table
-            is empty.
+          ConfigError: As `recent.recent_batches` (Reverb cannot read the newest items).
+          BufferStateError: If no buffer was created or loaded; when iterating, if it is empty.
         """
         from replay_service.sample import recent
 
@@ -629,13 +572,11 @@ class ReplayBufferManager:
             self._sample, batch_size, num_updates, eta, c_min, seed, transitions, device, table
         )
 
-    # ---- Collection without TF-Agents: replay_service.collect, given `_collect`
-
     def transition_writer(
         self, *, priority: float = 1.0, check_continuity: bool = True
     ) -> TransitionWriter:
-        """Returns a writer of `(state, action, reward, next_state, done,
-        truncated)` transitions into every table (`collect.view.transition_writer`).
+        """Returns a writer of `(state, action, reward, next_state, done, truncated)` transitions
+        into every table (`collect.view.transition_writer`).
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
@@ -650,33 +591,24 @@ class ReplayBufferManager:
         k: int | None = None,
         seed: int | None = None,
         priority: float = 1.0,
-    ) -> HindsightWriter:
-        """Returns a writer of goal-conditioned transitions and their hindsight
-        relabels (HER; arguments: `collect.hindsight.hindsight_writer`).
+    ) -> hindsight.HindsightWriter:
+        """Returns a writer of goal-conditioned transitions and their hindsight relabels (HER;
+        arguments: `collect.hindsight.hindsight_writer`).
 
         Raises:
-          BufferStateError: If no buffer was created or loaded.
-          ConfigError: If the observation is not a goal observation, a table's items are not
-            single transitions, or an option is invalid (each named).
+          BufferStateError, ConfigError: As `hindsight.hindsight_writer`.
         """
-        from replay_service.collect import hindsight
-
-        return hindsight.hindsight_writer(
-            self._collect, compute_reward, strategy, k, seed, priority
-        )
+        view = self._collect
+        return hindsight.hindsight_writer(view, compute_reward, strategy, k, seed, priority)
 
     def gym_vector_writer(
         self, envs: Any, *, autoreset_mode: Any = None, priority: float = 1.0
-    ) -> GymVectorWriter:
-        """Returns a writer of a gymnasium vector env's steps (arguments:
-        `collect.gym_vector.gym_vector_writer`).
+    ) -> gym_vector.GymVectorWriter:
+        """Returns a writer of a gymnasium vector env's steps (`gym_vector.gym_vector_writer`).
 
         Raises:
-          BufferStateError: If no buffer was created or loaded.
-          ConfigError: If the number of envs or the mode is invalid.
+          BufferStateError, ConfigError: As `gym_vector.gym_vector_writer`.
         """
-        from replay_service.collect import gym_vector
-
         return gym_vector.gym_vector_writer(self._collect, envs, autoreset_mode, priority)
 
     def warm_up(
@@ -688,25 +620,14 @@ class ReplayBufferManager:
         seed: int | None = None,
         progress: bool = True,
     ) -> int:
-        """Writes `num_steps` transitions of a gymnasium env or vector env stepped by
-        `policy` (Velora's `warm`; arguments: `collect.warm_up`); returns how many.
+        """Writes `num_steps` transitions of a gymnasium env or vector env stepped by `policy`
+        (Velora's `warm`; arguments: `collect.warm_up`); returns how many.
 
         Raises:
-          BufferStateError: If no buffer was created or loaded.
-          ConfigError: If `env`, `num_steps`, `policy`, `seed` or `progress` is invalid,
-            random actions are asked of a data spec with extras (naming the value), or the env
-            speaks the old gym API (`reset() -> observation`, `step() -> (observation, reward,
-            done, info)`; naming what it returned, before anything is written: wrap it with
-            shimmy).
-          SpecMismatchError: If an observation, action or extra does not fit the data spec
-            (named; the transitions before it stay written).
-          WriteTimeoutError: If the server does not confirm items within `timeouts.write`.
+          BufferStateError, ConfigError, SpecMismatchError, WriteTimeoutError: As
+            `warm_up.fill` (the old gym API is refused before anything is written).
         """
-        from replay_service.collect import warm_up
-
-        return warm_up.fill(self._collect, env, num_steps, policy, seed, progress)
-
-    # ---- Export and import, Reverb table handles
+        return warm_up_lib.fill(self._collect, env, num_steps, policy, seed, progress)
 
     def export(
         self,
@@ -715,8 +636,8 @@ class ReplayBufferManager:
         *,
         overwrite: bool = False,
     ) -> tuple[str, str]:
-        """Writes every item once to `<prefix>state.safetensors` + `<prefix>metadata.json`
-        after a checkpoint (`storage.export`); returns the two paths.
+        """Writes every item once to `<prefix>state.safetensors` + `<prefix>metadata.json` after a
+        checkpoint (`storage.export`); returns the two paths.
 
         Raises:
           ConfigError: If there are extra tables, or `prefix` is not a plain file-name prefix.
@@ -726,7 +647,7 @@ class ReplayBufferManager:
         export_lib.require_one_table(self.tables, "export")
         export_lib.export_paths(dirpath, prefix)  # a bad prefix fails before the checkpoint
         export_lib.check_target(os.fspath(dirpath), overwrite)
-        self._require_client()
+        self._state.client()
         self._writers.flush()
         return self._backend.export(self.table_config, os.fspath(dirpath), prefix, overwrite)
 
@@ -738,9 +659,9 @@ class ReplayBufferManager:
         overwrite: bool = False,
         drop_oldest: bool = False,
     ) -> tuple[ReplayBuffer, Any]:
-        """Creates this buffer from an export: every item and priority, in order
-        (more items than slots need `drop_oldest`: the newest are kept); returns
-        `(replay_buffer, observer)` as `create_replay_buffer`.
+        """Creates this buffer from an export: every item and priority, in order (more items than
+        slots need `drop_oldest`: the newest are kept); returns `(replay_buffer, observer)` as
+        `create_replay_buffer`.
 
         Raises:
           CheckpointError: If a file is missing, corrupt or truncated.
@@ -749,7 +670,7 @@ class ReplayBufferManager:
           CheckpointExistsError, BufferStateError: As `create_replay_buffer`.
         """
         export_lib.require_one_table(self.tables, "import")
-        self._require_no_buffer()
+        self._state.require_none()
         items = export_lib.read_export(
             self.table_config, self._stored_spec, dirpath, prefix, drop_oldest=drop_oldest
         )
@@ -761,44 +682,18 @@ class ReplayBufferManager:
         """Returns a picklable description of one table of a Reverb server (`TableHandle`).
 
         Raises:
-          BufferStateError: If no buffer was created or loaded.
-          ConfigError: If `table` is unknown, or the buffer uses the local backend.
+          BufferStateError, ConfigError: No buffer yet; an unknown `table`, or a local buffer.
         """
-        self._require_client()
+        self._state.client()
         self._backend.require(Capability.TABLE_HANDLE, "table_handle")
         return self._backend.table_handle(self._sample.table(table))
-
-    # ---------------------------------------------------------------------------- helpers
 
     def _hand_out(self, client: Any) -> tuple[Any, Any]:
         """Opens the buffer behind `create`/`load`'s client; a failure stops the backend."""
         try:
-            self._replay_buffer = self._backend.open_buffer(client, self.clear)
-            self._client = client
+            replay_buffer = self._state.open(client, self.clear)
             self._monitor.start(client, self._timeouts.connect, self.stats)
-            return self._replay_buffer, self.observer()
+            return replay_buffer, self.observer()
         except BaseException:
             self._backend.close()
             raise
-
-    def _require_no_buffer(self) -> None:
-        self._require_client(none=True)
-
-    def _require_client(self, *, none: bool = False) -> Any:
-        if self._closed:
-            raise ManagerClosedError("this ReplayBufferManager is closed; create a new one")
-        if none and self._client is not None:
-            raise BufferStateError(
-                "this manager already has a buffer; use get_replay_buffer_and_observer(), "
-                "clear() to empty it, or close() and a new manager to start another"
-            )
-        if not none and self._client is None:
-            raise BufferStateError(
-                "no buffer yet: call create_replay_buffer() or load_replay_buffer() first"
-            )
-        return self._client
-
-    def _require_buffer(self) -> Any:
-        self._require_client()
-        assert self._replay_buffer is not None
-        return self._replay_buffer

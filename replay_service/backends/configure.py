@@ -1,11 +1,12 @@
 """How a manager's arguments become a backend: `configure` checks them in order and returns the
-`Backend` class and the `BackendOptions` it is built from."""
+`Backend` class and the `BackendOptions` it is built from; `configure_spaces` turns
+`ReplayBufferManager.from_spaces`'s gymnasium spaces into a data spec and a backend name."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replay_service.backends import backend_class, resolve_auto, resolve_auto_layout
@@ -116,6 +117,35 @@ def configure(
         {"storage": storage, "layout": name, "port": port, "seed": seed, "device": device}
     )
     return implementation, options
+
+
+def configure_spaces(
+    observation_space: Any,
+    action_space: Any,
+    extras: Mapping[str, Any] | None,
+    backend: str,
+    checkpoint_dir: str | os.PathLike[str] | None,
+    options: Mapping[str, Any],
+) -> tuple[Any, str]:
+    """The data spec of `ReplayBufferManager.from_spaces` (`specs.nests.data_spec_for_spaces`)
+    and what its `backend` means there (`resolve_auto` at the single-process door); the
+    arguments are documented there, `options` being its other keyword arguments.
+
+    Returns:
+      The data spec and the backend name.
+
+    Raises:
+      ConfigError: For an unsupported space or a bad extra, naming it and its value.
+    """
+    data_spec = specs.data_spec_for_spaces(observation_space, action_space, extras=extras)
+    chosen = resolve_auto(
+        backend,
+        checkpoint_dir=checkpoint_dir,
+        server_address=options.get("server_address"),
+        single_process=True,
+        options=options,
+    )
+    return data_spec, chosen
 
 
 def _with_layout(extra_tables: Any, layout: str) -> Any:

@@ -271,10 +271,10 @@ def _with_goal(observation: dict[str, Any], goal: np.ndarray) -> dict[str, Any]:
 def hindsight_writer(
     view: CollectView,
     compute_reward: Callable[[Any, Any, Any], Any],
-    strategy: str = "future",
-    k: int | None = None,
-    seed: int | None = None,
-    priority: float = 1.0,
+    strategy: str,
+    k: int | None,
+    seed: int | None,
+    priority: float,
 ) -> HindsightWriter:
     """A `HindsightWriter` over a new transition writer of the buffer (see module docs).
 

@@ -336,9 +336,9 @@ def fill(
     view: CollectView,
     env: Any,
     num_steps: int,
-    policy: Callable[[Any], Any] | None = None,
-    seed: int | None = None,
-    progress: bool = True,
+    policy: Callable[[Any], Any] | None,
+    seed: int | None,
+    progress: bool,
 ) -> int:
     """Checks the options, then `warm_up`s the buffer with a new writer of it: a
     `gym_vector.gym_vector_writer` for a vector env, else a `TransitionWriter`.
