@@ -106,6 +106,22 @@ class Part:
             out += array
         return out
 
+    def convert_optional(self, value: Any, size: int | None = None) -> list[Any] | None:
+        """`convert` of a field that may be left out (None), as policy info is.
+
+        Args:
+          value: The field's value; None when not given.
+          size: Leading batch dimension the value must have; None for none.
+
+        Returns:
+          One array per leaf; `[]` for None when the field has no leaves; None when the value
+          needs the full validation (a value left out of a field with leaves, or given for one
+          without).
+        """
+        if not self.leaves:
+            return [] if value is None else None
+        return None if value is None else self.convert(value, size)
+
     def all_finite(self, arrays: list[Any], batched: bool) -> bool:
         """Whether no value of these (converted) leaves is NaN or infinite.
 

@@ -369,13 +369,8 @@ class TransitionWriter:
         next_states = plan.observation.convert(next_state)
         if states is None or actions is None or rewards is None or next_states is None:
             return False
-        if plan.hidden.leaves:
-            hiddens = None if hidden is None else plan.hidden.convert(hidden)
-            if hiddens is None:
-                return False
-        elif hidden is None:
-            hiddens = []
-        else:
+        hiddens = plan.hidden.convert_optional(hidden)
+        if hiddens is None:
             return False
         if not plan.reward.all_finite(rewards, batched=False):
             return False
@@ -447,13 +442,8 @@ class TransitionWriter:
             final_leaves = obs.convert(final_states, size)
             if final_leaves is None:
                 return False
-        if plan.hidden.leaves:
-            hidden_leaves = None if hiddens is None else plan.hidden.convert(hiddens, size)
-            if hidden_leaves is None:
-                return False
-        elif hiddens is None:
-            hidden_leaves = []
-        else:
+        hidden_leaves = plan.hidden.convert_optional(hiddens, size)
+        if hidden_leaves is None:
             return False
         if not plan.reward.all_finite(reward_leaves, batched=True):
             return False

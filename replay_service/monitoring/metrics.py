@@ -123,30 +123,21 @@ class _StatsCollector:
 
 
 def _families(stats: BufferStats, gauge: Any, counter: Any) -> Iterator[Any]:
-    for name, attr, doc in _TABLE_GAUGES:
-        family = gauge(name, doc, labels=["table"])
-        for table in stats.tables:
-            value = getattr(table, attr)
-            if value is not None:
-                family.add_metric([table.name], float(value))
-        yield family
-    for name, attr, doc in _TABLE_COUNTERS:
-        family = counter(name, doc, labels=["table"])
-        for table in stats.tables:
-            family.add_metric([table.name], float(getattr(table, attr)))
-        yield family
-    for name, attr, doc in _LIMITER_GAUGES:
-        family = gauge(name, doc, labels=["table"])
-        for table in stats.tables:
-            value = getattr(table.rate_limiter, attr)
-            if value is not None:
-                family.add_metric([table.name], float(value))
-        yield family
-    for name, attr, doc in _LIMITER_COUNTERS:
-        family = counter(name, doc, labels=["table"])
-        for table in stats.tables:
-            family.add_metric([table.name], getattr(table.rate_limiter, attr) / 1000.0)
-        yield family
+    # (metrics, family type, rate limiter's or table's, divisor to the metric's unit)
+    per_table = (
+        (_TABLE_GAUGES, gauge, False, 1),
+        (_TABLE_COUNTERS, counter, False, 1),
+        (_LIMITER_GAUGES, gauge, True, 1),
+        (_LIMITER_COUNTERS, counter, True, 1000.0),  # milliseconds to seconds
+    )
+    for metrics, family_type, of_limiter, divisor in per_table:
+        for name, attr, doc in metrics:
+            family = family_type(name, doc, labels=["table"])
+            for table in stats.tables:
+                value = getattr(table.rate_limiter if of_limiter else table, attr)
+                if value is not None:
+                    family.add_metric([table.name], float(value) / divisor)
+            yield family
     if stats.checkpoint is not None:
         for name, attr, doc in _CHECKPOINT_GAUGES:
             value = getattr(stats.checkpoint, attr)

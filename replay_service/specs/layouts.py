@@ -34,6 +34,8 @@ LAYOUTS = (NESTED, PACKED)
 # The manager's default: the layout of what exists (newest checkpoint, remote server), else
 # packed for a new Reverb buffer (`backends.resolve_auto_layout`).
 AUTO = "auto"
+# Reads one sampled batch into what a reader yields (see `Layout.batch_reader`).
+BatchRead = Callable[[Any], Any]
 
 
 def check_layout(layout: Any, where: str = "layout") -> str:
@@ -138,11 +140,8 @@ class Layout(abc.ABC):
 
     @abc.abstractmethod
     def batch_reader(
-        self,
-        max_step_bytes: int,
-        read_nest: Callable[[Any], Any],
-        rows_reader: Callable[[Any], Callable[[Any], Any]],
-    ) -> tuple[Callable[[Any], Any], bool]:
+        self, max_step_bytes: int, read_nest: BatchRead, rows_reader: Callable[[Any], BatchRead]
+    ) -> tuple[BatchRead, bool]:
         """Chooses, once per stream, who unpacks the batches of a reader that can unpack
         packed rows itself (in numpy).
 
@@ -206,11 +205,8 @@ class NestedLayout(Layout):
         return list(columns)
 
     def batch_reader(
-        self,
-        max_step_bytes: int,
-        read_nest: Callable[[Any], Any],
-        rows_reader: Callable[[Any], Callable[[Any], Any]],
-    ) -> tuple[Callable[[Any], Any], bool]:
+        self, max_step_bytes: int, read_nest: BatchRead, rows_reader: Callable[[Any], BatchRead]
+    ) -> tuple[BatchRead, bool]:
         """`(read_nest, True)`: the pipeline yields the nest."""
         return read_nest, True
 

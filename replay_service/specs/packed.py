@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tree
 
-from replay_service.specs.layouts import PACKED, Layout, steps_of
+from replay_service.specs.layouts import PACKED, BatchRead, Layout, steps_of
 from replay_service.specs.nests import flatten_with_paths, numpy_dtype
 
 # Constant chunk length of a packed column, bounded so that a chunk holds about
@@ -255,11 +255,8 @@ class PackedLayout(Layout):
         return tf.nest.pack_sequence_as(self.structure, leaves)
 
     def batch_reader(
-        self,
-        max_step_bytes: int,
-        read_nest: Callable[[Any], Any],
-        rows_reader: Callable[[Any], Callable[[Any], Any]],
-    ) -> tuple[Callable[[Any], Any], bool]:
+        self, max_step_bytes: int, read_nest: BatchRead, rows_reader: Callable[[Any], BatchRead]
+    ) -> tuple[BatchRead, bool]:
         """The reader unpacks steps of up to `max_step_bytes` itself (`rows_reader(self)`, and
         the pipeline yields the rows); larger ones are unpacked by the pipeline."""
         if self.step_bytes > max_step_bytes:

@@ -33,22 +33,14 @@ from replay_service.specs.nests import (
     diff_descriptions,
     table_signature,
 )
-from replay_service.starter.staging import (
-    COPY_TAG,
-    check_copy_target,
-    hidden_sibling,
-    install,
-    locked_if_store,
-)
+from replay_service.starter.staging import copy_into
 from replay_service.storage.directory import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
-    REVERB_DIR,
     STORE_FILE,
 )
-from replay_service.storage.file_modes import fsync_tree, make_dirs, restrict_tree
-from replay_service.storage.files import remove_path
+from replay_service.storage.file_modes import make_dirs
 from replay_service.storage.metadata import FORMAT as CHECKPOINT_FORMAT
 from replay_service.storage.metadata import StoreMetadata
 
@@ -79,18 +71,12 @@ def copy_bare_root(source: str, target: str, overwrite: bool, data_spec: Any) ->
         capacity=table.max_size,
         data_spec=description,
     )
-    replacing = check_copy_target(target, overwrite)
-    staging = hidden_sibling(target, COPY_TAG)
-    try:
-        with locked_if_store(target, replacing):
-            remove_path(staging)
-            _write_bare_copy(newest, table.name, signature, metadata, staging)
-            install(staging, target)
-    except OSError as e:
-        raise CheckpointError(f"cannot copy {newest!r} to {target!r}: {e}") from e
-    finally:
-        remove_path(staging)
-    return target
+    return copy_into(
+        newest,
+        target,
+        overwrite,
+        lambda dest: _write_bare_copy(newest, table.name, signature, metadata, dest),
+    )
 
 
 def _refuse_incomplete(root: str, newest: str, complete: list[str]) -> None:
@@ -233,8 +219,7 @@ def _all_fit(fields: list[FieldDescription], columns: list[ColumnType]) -> bool:
 def _write_bare_copy(
     checkpoint: str, table_name: str, signature: Any, metadata: StoreMetadata, dest: str
 ) -> None:
-    """Writes `dest` as a checkpoint directory whose first checkpoint is `checkpoint`."""
-    make_dirs(os.path.join(dest, REVERB_DIR))  # missing parents of the target too: DIR_MODE
+    """Writes the store file and `checkpoint`, as the first checkpoint, into `dest`."""
     with open(os.path.join(dest, STORE_FILE), "w", encoding="utf-8") as f:
         json.dump(metadata.to_json(), f, indent=2, sort_keys=True)
     first = os.path.join(dest, CHECKPOINTS_DIR, f"{CHECKPOINT_PREFIX}{1:08d}")
@@ -253,5 +238,3 @@ def _write_bare_copy(
     }
     with open(os.path.join(first, CHECKPOINT_META_FILE), "w", encoding="utf-8") as f:
         json.dump(info, f, indent=2, sort_keys=True)
-    restrict_tree(dest)  # the modes of checkpoints written here, whatever the umask
-    fsync_tree(dest)

@@ -9,26 +9,16 @@ from typing import Any
 
 from replay_service.backends.reverb.internals import bare_checkpoint_dirs
 from replay_service.config.options import validate_path
-from replay_service.errors import CheckpointError, NoCheckpointError, SpecMismatchError
+from replay_service.errors import NoCheckpointError, SpecMismatchError
 from replay_service.specs.nests import check_collect_spec, describe_spec, diff_descriptions
 from replay_service.starter.adoption import copy_bare_root
-from replay_service.starter.staging import (
-    COPY_TAG,
-    check_copy_target,
-    check_distinct,
-    hidden_sibling,
-    install,
-    locked_if_store,
-)
+from replay_service.starter.staging import check_distinct, copy_into
 from replay_service.storage.directory import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
-    REVERB_DIR,
     STORE_FILE,
 )
-from replay_service.storage.file_modes import fsync_tree, make_dirs, restrict_tree
-from replay_service.storage.files import remove_path
 from replay_service.storage.store import CheckpointStore
 
 
@@ -113,26 +103,19 @@ def copy_buffer(
             raise SpecMismatchError(
                 f"buffer {source!r} does not hold the given data_spec: " + "; ".join(problems)
             )
-    replacing = check_copy_target(target, overwrite)
-    staging = hidden_sibling(target, COPY_TAG)
-    try:
-        with locked_if_store(target, replacing):
-            remove_path(staging)
-            _write_copy(store, latest.path, latest.info, staging)
-            install(staging, target)
-    except OSError as e:
-        raise CheckpointError(f"cannot copy {latest.path!r} to {target!r}: {e}") from e
-    finally:
-        remove_path(staging)
-    return target
+    return copy_into(
+        latest.path,
+        target,
+        overwrite,
+        lambda dest: _write_copy(store, latest.path, latest.info, dest),
+    )
 
 
 def _write_copy(store: CheckpointStore, checkpoint: str, info: dict[str, Any], dest: str) -> None:
-    """Writes `dest` as a checkpoint directory holding only `checkpoint`, as the first one."""
+    """Writes the store file and only `checkpoint`, as the first checkpoint, into `dest`."""
     name = os.path.basename(checkpoint)
     width = len(name) - len(CHECKPOINT_PREFIX)
     first = f"{CHECKPOINT_PREFIX}{1:0{width}d}"
-    make_dirs(os.path.join(dest, REVERB_DIR))  # missing parents of the target too: DIR_MODE
     checkpoints = os.path.join(dest, CHECKPOINTS_DIR)
     shutil.copy2(store.store_file, os.path.join(dest, STORE_FILE))
     shutil.copytree(checkpoint, os.path.join(checkpoints, first))
@@ -140,5 +123,3 @@ def _write_copy(store: CheckpointStore, checkpoint: str, info: dict[str, Any], d
     copied = {**info, "sequence": 1, "copied_from": source}
     with open(os.path.join(checkpoints, first, CHECKPOINT_META_FILE), "w", encoding="utf-8") as f:
         json.dump(copied, f, indent=2, sort_keys=True)
-    restrict_tree(dest)  # the modes of checkpoints written here, whatever the umask
-    fsync_tree(dest)

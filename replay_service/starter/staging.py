@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from replay_service.errors import CheckpointError, CheckpointExistsError
 from replay_service.storage.directory import CHECKPOINTS_DIR, LOCK_FILE, REVERB_DIR, STORE_FILE
-from replay_service.storage.file_modes import fsync_dir
+from replay_service.storage.file_modes import fsync_dir, fsync_tree, make_dirs, restrict_tree
 from replay_service.storage.files import remove_path
 from replay_service.storage.store import CheckpointStore
 
@@ -97,6 +97,44 @@ def check_own_entries(path: str) -> None:
             f"{path!r} is not only a replay_service checkpoint directory (it contains {shown}); "
             "it is never replaced or deleted: move it away or choose another name"
         )
+
+
+def copy_into(source: str, target: str, overwrite: bool, write: Callable[[str], None]) -> str:
+    """Writes a copy of `source` in a hidden sibling of `target` and renames it into place.
+
+    The sibling is created with an empty `.reverb/` (and `target`'s missing parents), filled by
+    `write`, given the modes of checkpoints written here whatever the umask, and synced; an
+    existing buffer at `target` is replaced under its lock. The sibling never outlives the call.
+
+    Args:
+      source: What is copied (named in errors).
+      target: The copy's path.
+      overwrite: Replace a buffer at `target` (see `check_copy_target`).
+      write: Writes the copy's store file and checkpoints into the directory it is given.
+
+    Returns:
+      `target`.
+
+    Raises:
+      CheckpointError: If `target` may not be written (see `check_copy_target`), is in use, or
+        writing or renaming the copy fails.
+      CheckpointExistsError: If `target` is not empty and `overwrite` is False.
+    """
+    replacing = check_copy_target(target, overwrite)
+    staging = hidden_sibling(target, COPY_TAG)
+    try:
+        with locked_if_store(target, replacing):
+            remove_path(staging)
+            make_dirs(os.path.join(staging, REVERB_DIR))  # missing parents too: DIR_MODE
+            write(staging)
+            restrict_tree(staging)
+            fsync_tree(staging)
+            install(staging, target)
+    except OSError as e:
+        raise CheckpointError(f"cannot copy {source!r} to {target!r}: {e}") from e
+    finally:
+        remove_path(staging)
+    return target
 
 
 def install(staging: str, target: str) -> None:

@@ -105,11 +105,19 @@ class WriteBound:
 class _BoundedFlushes:
     """`flush` and `end_episode` of a Reverb writer (the class after this one in the bases),
     bounded by the write timeout when the caller gives none; a writer whose wait fails is
-    abandoned once (`abandon_writer`), so that discarding it cannot block either."""
+    abandoned once (`abandon_writer`), so that discarding it cannot block either.
 
-    _bound: WriteBound
+    Args:
+      writer: The C++ writer that Reverb's writer class wraps.
+      bound: The client's `WriteBound`.
+    """
+
     _abandoned = False
     _kind = "writer"
+
+    def __init__(self, writer: Any, bound: WriteBound) -> None:
+        super().__init__(writer)  # type: ignore[call-arg]
+        self._bound = bound
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None) -> None:
         """Reverb's `flush`, bounded by the write timeout when `timeout_ms` is None.
@@ -117,13 +125,7 @@ class _BoundedFlushes:
         Raises:
           WriteTimeoutError: If the write timeout expires (the writer is abandoned).
         """
-        self._bounded(
-            lambda ms: super(_BoundedFlushes, self).flush(  # type: ignore[misc]
-                block_until_num_items, timeout_ms=ms
-            ),
-            timeout_ms,
-            f"{self._kind}.flush()",
-        )
+        self._bounded(super().flush, block_until_num_items, timeout_ms)  # type: ignore[misc]
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
         """Reverb's `end_episode`, bounded by the write timeout when `timeout_ms` is None.
@@ -131,19 +133,16 @@ class _BoundedFlushes:
         Raises:
           WriteTimeoutError: If the write timeout expires (the writer is abandoned).
         """
-        self._bounded(
-            lambda ms: super(_BoundedFlushes, self).end_episode(  # type: ignore[misc]
-                clear_buffers, timeout_ms=ms
-            ),
-            timeout_ms,
-            f"{self._kind}.end_episode()",
-        )
+        self._bounded(super().end_episode, clear_buffers, timeout_ms)  # type: ignore[misc]
 
-    def _bounded(
-        self, call: Callable[[int | None], Any], timeout_ms: int | None, what: str
-    ) -> None:
+    def _bounded(self, method: Callable[..., Any], arg: Any, timeout_ms: int | None) -> None:
+        """Runs Reverb's `method(arg, timeout_ms=...)` within `WriteBound.wait`."""
         try:
-            self._bound.wait(call, timeout_ms, what)
+            self._bound.wait(
+                lambda ms: method(arg, timeout_ms=ms),
+                timeout_ms,
+                f"{self._kind}.{method.__name__}()",
+            )
         except (WriteTimeoutError, reverb.errors.DeadlineExceededError):
             if not self._abandoned:
                 self._abandoned = True
@@ -156,15 +155,11 @@ class BoundedTrajectoryWriter(_BoundedFlushes, trajectory_writer_lib.TrajectoryW
     write timeout when the caller gives none (see the module docstring).
 
     Args:
-      internal_writer: The C++ writer (`pybind.TrajectoryWriter`).
+      writer: The C++ writer (`pybind.TrajectoryWriter`).
       bound: The client's `WriteBound`.
     """
 
     _kind = "TrajectoryWriter"
-
-    def __init__(self, internal_writer: Any, bound: WriteBound) -> None:
-        super().__init__(internal_writer)
-        self._bound = bound
 
     def close(self) -> None:
         """Closes the writer (its unsent items are dropped, as Reverb's `close`)."""
@@ -177,15 +172,11 @@ class BoundedStructuredWriter(_BoundedFlushes, structured_writer_lib.StructuredW
     timeout when the caller gives none.
 
     Args:
-      cpp_writer: The C++ writer (`pybind.StructuredWriter`).
+      writer: The C++ writer (`pybind.StructuredWriter`).
       bound: The client's `WriteBound`.
     """
 
     _kind = "StructuredWriter"
-
-    def __init__(self, cpp_writer: Any, bound: WriteBound) -> None:
-        super().__init__(cpp_writer)
-        self._bound = bound
 
 
 class BoundedLegacyWriter(reverb.client.Writer):

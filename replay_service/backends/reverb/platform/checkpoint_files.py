@@ -121,8 +121,13 @@ def _count_records(data: bytes) -> tuple[int, int]:
     return count, offset
 
 
-def iter_records(checkpoint_path: str, name: str) -> Iterator[bytes]:
+def iter_records(checkpoint_path: str, name: str, batch_size: int = 256) -> Iterator[bytes]:
     """Every record of one of the checkpoint's compressed TFRecord files, read as a stream.
+
+    Args:
+      checkpoint_path: The Reverb checkpoint directory.
+      name: The file's name in it.
+      batch_size: Records read at a time.
 
     Raises:
       CheckpointError: If the file cannot be read.
@@ -134,25 +139,17 @@ def iter_records(checkpoint_path: str, name: str) -> Iterator[bytes]:
     regular_file_exists(path)
     try:
         dataset = tf.data.TFRecordDataset(path, compression_type=COMPRESSION)
-        for batch in dataset.batch(256).as_numpy_iterator():
+        for batch in dataset.batch(batch_size).as_numpy_iterator():
             yield from batch
     except (tf.errors.OpError, OSError) as e:
         raise CheckpointError(f"cannot read {path!r} of {checkpoint_path!r}: {e}") from e
 
 
 def read_records(checkpoint_path: str, name: str) -> list[bytes]:
-    """Every record of one of the checkpoint's compressed TFRecord files.
+    """Every record of one of the checkpoint's compressed TFRecord files (`iter_records`).
 
     Raises:
       CheckpointError: If the file cannot be read.
       NotRegularFileError: If it is not a regular file (it is not opened).
     """
-    import tensorflow as tf
-
-    path = os.path.join(checkpoint_path, name)
-    regular_file_exists(path)
-    try:
-        dataset = tf.data.TFRecordDataset(path, compression_type=COMPRESSION)
-        return [r for batch in dataset.batch(4096).as_numpy_iterator() for r in batch]
-    except (tf.errors.OpError, OSError) as e:
-        raise CheckpointError(f"cannot read {path!r} of {checkpoint_path!r}: {e}") from e
+    return list(iter_records(checkpoint_path, name, batch_size=4096))
