@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from replay_service.collect.transitions import TransitionWriter
     from replay_service.sample.epochs import EpochBatches
     from replay_service.sample.recent import RecentBatches
-    from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
+    from replay_service.sample.torch_dataset import TorchReplayDataset
+    from replay_service.sample.torch_streams import TorchBatchStream
 
 _log = logging.getLogger(__name__)
 
@@ -585,15 +586,15 @@ class ReplayBufferManager:
         table: str | None = None,
     ) -> TorchReplayDataset:
         """Returns an `IterableDataset` of batches of one table for
-        `dataset.data_loader(num_workers=N)` (arguments: `sample.torch_streams.torch_dataset`).
+        `dataset.data_loader(num_workers=N)` (arguments: `sample.torch_dataset.torch_dataset`).
 
         Raises:
           BufferStateError: If no buffer was created or loaded.
           ConfigError: If an option is invalid (as `torch_batches`) or `table` is unknown.
         """
-        from replay_service.sample import torch_streams
+        from replay_service.sample.torch_dataset import torch_dataset
 
-        return torch_streams.torch_dataset(self._sample, batch_size, transitions, with_info, table)
+        return torch_dataset(self._sample, batch_size, transitions, with_info, table)
 
     def mixed_torch_batches(
         self,
