@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from replay_service.sample.priorities import MaxPriorityTracker
     from replay_service.sample.rate_limit import TrainSchedule
     from replay_service.sample.recent import RecentBatches
-    from replay_service.sample.torch_streams import TorchBatchStream, TorchReplayDataset
+    from replay_service.sample.torch_dataset import TorchReplayDataset
+    from replay_service.sample.torch_streams import TorchBatchStream
 
 
 class ReplayBufferManager:
@@ -489,14 +490,14 @@ class ReplayBufferManager:
         table: str | None = None,
     ) -> TorchReplayDataset:
         """Returns an `IterableDataset` of batches of one table for
-        `dataset.data_loader(num_workers=N)` (arguments: `sample.torch_streams.torch_dataset`).
+        `dataset.data_loader(num_workers=N)` (arguments: `sample.torch_dataset.torch_dataset`).
 
         Raises:
           BufferStateError, ConfigError: As `torch_streams.torch_dataset`.
         """
-        from replay_service.sample import torch_streams
+        from replay_service.sample.torch_dataset import torch_dataset
 
-        return torch_streams.torch_dataset(self._sample, batch_size, transitions, with_info, table)
+        return torch_dataset(self._sample, batch_size, transitions, with_info, table)
 
     def mixed_torch_batches(
         self,

@@ -7,7 +7,7 @@ windows, appends steps to it and waits for it with a timeout. Implementations:
 - the Reverb backend's `backends.reverb.bounded_client.BoundedClient` (the manager's
   `py_client`) and its `PackingClient` (a packed layout), whose writers are in
   `backends.reverb.layout_writers`; they also hand out the `ItemWriter` of an import;
-- the local backend's `backends.local.backend.LocalClient`, whose `LocalWindowWriter` inserts
+- the local backend's `backends.local.client.LocalClient`, whose `LocalWindowWriter` inserts
   into its tables at once.
 """
 

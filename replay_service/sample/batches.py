@@ -185,6 +185,12 @@ def item_packer(structure: Any) -> Packer:
     return Packer(list, nest_packer(structure))
 
 
+def stream_packer(structure: Any, transitions: bool) -> Packer:
+    """The `Packer` of a stream's batches of `structure`: `transition_packer` with
+    `transitions`, else `item_packer`."""
+    return transition_packer(structure) if transitions else item_packer(structure)
+
+
 def transition_packer(structure: Any) -> Packer:
     """A `Packer` of `TransitionBatch`: `packer(flat)` equals
     `to_transitions(nest_packer(structure)(flat))`, with the positions of the fields in the

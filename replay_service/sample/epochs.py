@@ -12,26 +12,38 @@ sampled from the live table, so rate limiters and `times_sampled` are untouched.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
 
-from replay_service.config.options import require_seed
+from replay_service.config.options import require_positive_int, require_seed
 from replay_service.errors import BufferStateError, ConfigError
-from replay_service.sample.batches import (
-    TRANSITION_SEQUENCE_LENGTH,
-    Packer,
-    item_packer,
-    transition_packer,
-)
-from replay_service.sample.torch_streams import _resolve_device
+from replay_service.sample.batches import TRANSITION_SEQUENCE_LENGTH, Packer, stream_packer
+from replay_service.sample.stream_options import require_flag, resolve_device
 from replay_service.specs.windows import Masked
 
 if TYPE_CHECKING:
     from replay_service.sample.view import SampleView
+
+
+class EpochOptions(NamedTuple):
+    """The options of an epoch pass, checked (`check_options` returns them).
+
+    Attributes:
+      batch_size: Items per batch.
+      num_epochs: Passes over the items.
+      seed: Seed of the permutations; None draws fresh ones.
+      drop_last: Leave out each epoch's last batch when it is shorter than `batch_size`.
+      transitions: Yield `TransitionBatch`es (tables of 2-step, unpadded items).
+    """
+
+    batch_size: int
+    num_epochs: int
+    seed: int | None
+    drop_last: bool
+    transitions: bool
 
 
 class EpochBatches:
@@ -48,17 +60,13 @@ class EpochBatches:
       data: One numpy array per field of the table signature (`tree.flatten` order), each
         `[num_items, sequence_length, ...]` (the export layout).
       structure: The per-step stored spec (what `tree.unflatten_as` packs the fields into).
-      batch_size: Items per batch.
-      num_epochs: Passes over the items.
-      seed: Seed of the permutations; None draws fresh ones.
-      drop_last: Leave out each epoch's last batch when it is shorter than `batch_size`.
-      transitions: Yield `TransitionBatch`es (tables of 2-step, unpadded items).
+      options: The pass's sizes and flags, checked (`check_options`).
       device: Torch device the batches are moved to.
       table_name: The table the items come from (for error messages).
 
     Raises:
-      ConfigError: If a size, seed or device is invalid, `transitions` does not apply to the
-        items, or `drop_last` leaves no batch (fewer items than `batch_size`).
+      ConfigError: If the device is invalid, `transitions` does not apply to the items, or
+        `drop_last` leaves no batch (fewer items than `batch_size`).
       BufferStateError: If there are no items.
     """
 
@@ -66,17 +74,13 @@ class EpochBatches:
         self,
         data: Sequence[np.ndarray],
         structure: Any,
-        batch_size: int,
+        options: EpochOptions,
         *,
-        num_epochs: int = 1,
-        seed: int | None = None,
-        drop_last: bool = False,
-        transitions: bool = False,
         device: str | torch.device = "cpu",
         table_name: str = "",
     ) -> None:
-        check_options(batch_size, num_epochs, seed, drop_last, transitions)
-        self._device = _resolve_device(device)  # the streams' check
+        batch_size, transitions = options.batch_size, options.transitions
+        self._device = resolve_device(device)  # the streams' check
         self._data = list(data)
         self.num_items = int(self._data[0].shape[0]) if self._data else 0
         if self.num_items == 0:
@@ -92,18 +96,16 @@ class EpochBatches:
                 f"transitions=True needs sequence_length={TRANSITION_SEQUENCE_LENGTH}, table "
                 f"{table_name!r} has sequence_length={sequence_length}; use transitions=False"
             )
-        if drop_last and self.num_items < batch_size:
+        if options.drop_last and self.num_items < batch_size:
             raise ConfigError(
                 f"drop_last=True with batch_size={batch_size} leaves no batch: table "
                 f"{table_name!r} holds {self.num_items} items"
             )
         self.batch_size = batch_size
-        self.num_epochs = num_epochs
-        self.seed = seed
-        self.drop_last = drop_last
-        self._packer: Packer = (
-            transition_packer(structure) if transitions else item_packer(structure)
-        )
+        self.num_epochs = options.num_epochs
+        self.seed = options.seed
+        self.drop_last = options.drop_last
+        self._packer: Packer = stream_packer(structure, transitions)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -134,19 +136,21 @@ class EpochBatches:
 
 def check_options(
     batch_size: Any, num_epochs: Any, seed: Any, drop_last: Any, transitions: Any
-) -> None:
+) -> EpochOptions:
     """Refuses bad `epoch_batches` options before anything is read.
+
+    Returns:
+      The options, as given.
 
     Raises:
       ConfigError: Naming the option and its value.
     """
-    for name, value in (("batch_size", batch_size), ("num_epochs", num_epochs)):
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    require_positive_int("batch_size", batch_size, maximum=None)
+    require_positive_int("num_epochs", num_epochs, maximum=None)
     require_seed("seed", seed)
-    for name, value in (("drop_last", drop_last), ("transitions", transitions)):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be True or False, got {value!r}")
+    require_flag("drop_last", drop_last)
+    require_flag("transitions", transitions)
+    return EpochOptions(batch_size, num_epochs, seed, drop_last, transitions)
 
 
 def epoch_batches(
@@ -190,20 +194,12 @@ def epoch_batches(
       CheckpointError: Reverb: if the snapshot's checkpoint cannot be taken or read.
     """
     config = view.table(table)
-    check_options(batch_size, num_epochs, seed, drop_last, transitions)
+    options = check_options(batch_size, num_epochs, seed, drop_last, transitions)
     # Before the snapshot is read: a batch holds at most the table's items.
     view.check_batches(config, batch_size, device, held=config.capacity)
     view.require_buffer()
     view.writers.flush()
     items = view.backend.read_items(config)
     return EpochBatches(
-        items.data,
-        view.stored_spec,
-        batch_size,
-        num_epochs=num_epochs,
-        seed=seed,
-        drop_last=drop_last,
-        transitions=transitions,
-        device=device,
-        table_name=config.name,
+        items.data, view.stored_spec, options, device=device, table_name=config.name
     )

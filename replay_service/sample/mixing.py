@@ -29,7 +29,8 @@ from replay_service.config.options import require_seed
 from replay_service.config.tables import check_mix_weights
 from replay_service.errors import ManagerClosedError
 from replay_service.sample import torch_streams
-from replay_service.sample.batches import Packer, item_packer
+from replay_service.sample.batches import Packer
+from replay_service.sample.sources import PackingSource, SampleRequest, TorchSamples
 from replay_service.sample.torch_streams import TorchSampleSource
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def _signed(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
     return tensor.view(torch.int64) if tensor.dtype is torch.uint64 else tensor
 
 
-class MixedSampleSource:
+class MixedSampleSource(PackingSource):
     """Several tables' torch sources as one `TorchSampleSource` (see module docs).
 
     `torch_batches`-style streams (`TorchBatchStream`) sample it like one table: devices,
@@ -172,41 +173,25 @@ class MixedSampleSource:
     def _clears(self) -> list[int]:
         return [source.clears() if hasattr(source, "clears") else 0 for source in self._sources]
 
-    def torch_samples(
-        self,
-        batch_size: int,
-        *,
-        num_workers: int | None = None,
-        convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        pack: Packer | None = None,
-        with_info: bool = True,
-    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
-        """Samples mixed batches of exactly `batch_size` items, forever.
-
-        Args:
-          batch_size: Items per batch.
-          num_workers: Passed to every table's source.
-          convert: Applied to every data tensor of the mixed batch (pinning, device transfer).
-          pack: Flat data tensors -> what is yielded; None: the item nest.
-          with_info: Whether to yield the info (the five `TorchSampleInfo` tensors and the
-            item's table, `MixedSampleInfo`'s fields), else None.
-
-        Yields:
-          `(data, info)` as `TorchSampleInfo` describes, `info` with the `table` tensor last.
+    def _samples(self, request: SampleRequest) -> TorchSamples:
+        """Mixed batches of exactly `batch_size` items, forever (see `PackingSource`):
+        `num_workers` is passed to every table's source, `convert` applied to every data
+        tensor of the mixed batch; with `with_info` the info is the five `TorchSampleInfo`
+        tensors and the item's table (`MixedSampleInfo`'s fields), the `table` tensor last.
 
         Raises:
           BufferStateError, ServerUnavailableError, ManagerClosedError: As a table's source
             raises them (an empty table, a lost server, a closed manager), naming the table.
         """
-        if pack is None:
-            pack = item_packer(self.signature)
+        batch_size, convert, pack = request.batch_size, request.convert, request.pack
+        with_info = request.with_info
         # The sources prepare their chunks; the mixed batch is built once from their rows.
         rows_of = Packer(pack.prepare, list, pack.prepare_rows)
         chunks = [
             _Chunks(
                 source.torch_samples(
                     max(1, math.ceil(batch_size * p)),
-                    num_workers=num_workers,
+                    num_workers=request.num_workers,
                     convert=None,
                     pack=rows_of,
                     with_info=with_info,

@@ -23,19 +23,15 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
 
+from replay_service.config.options import require_positive_int, require_seed
 from replay_service.errors import BufferStateError, ConfigError
-from replay_service.sample.batches import (
-    TRANSITION_SEQUENCE_LENGTH,
-    Packer,
-    item_packer,
-    transition_packer,
-)
-from replay_service.sample.torch_streams import _resolve_device
+from replay_service.sample.batches import TRANSITION_SEQUENCE_LENGTH, Packer, stream_packer
+from replay_service.sample.stream_options import require_flag, resolve_device
 from replay_service.specs.windows import Masked
 
 if TYPE_CHECKING:
@@ -64,21 +60,40 @@ def ere_window(num_items: int, update: int, num_updates: int, eta: float, c_min:
     return min(num_items, window)
 
 
+class RecentOptions(NamedTuple):
+    """The options of a round of ERE batches, checked (`check_options` returns them).
+
+    Attributes:
+      batch_size: Items per batch.
+      num_updates: Batches per round (K).
+      eta: ERE's eta, in (0, 1].
+      c_min: The smallest window.
+      seed: Seed of the draws; None draws fresh ones.
+      transitions: Yield `TransitionBatch`es (tables of 2-step, unpadded items).
+    """
+
+    batch_size: int
+    num_updates: int
+    eta: float
+    c_min: int
+    seed: int | None
+    transitions: bool
+
+
 def check_options(
     batch_size: Any, num_updates: Any, eta: Any, c_min: Any, seed: Any, transitions: Any
-) -> None:
+) -> RecentOptions:
     """Refuses bad `recent_batches` options.
+
+    Returns:
+      The options, sizes as `int` and `eta` as `float`.
 
     Raises:
       ConfigError: Naming the option and its value.
     """
-    for name, value in (
-        ("batch_size", batch_size),
-        ("num_updates", num_updates),
-        ("c_min", c_min),
-    ):
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    batch_size = require_positive_int("batch_size", batch_size, maximum=None)
+    num_updates = require_positive_int("num_updates", num_updates, maximum=None)
+    c_min = require_positive_int("c_min", c_min, maximum=None)
     if (
         not isinstance(eta, numbers.Real)
         or isinstance(eta, bool)
@@ -86,12 +101,9 @@ def check_options(
         or not 0 < eta <= 1
     ):
         raise ConfigError(f"eta must be a number in (0, 1], got {eta!r}")
-    if seed is not None and (
-        not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0
-    ):
-        raise ConfigError(f"seed must be a non-negative integer or None, got {seed!r}")
-    if not isinstance(transitions, bool):
-        raise ConfigError(f"transitions must be True or False, got {transitions!r}")
+    require_seed("seed", seed)
+    require_flag("transitions", transitions)
+    return RecentOptions(batch_size, num_updates, float(eta), c_min, seed, transitions)
 
 
 class RecentBatches:
@@ -108,18 +120,13 @@ class RecentBatches:
         drawn uniformly from the newest `window` items.
       size: The number of items in the table now.
       structure: The per-step stored spec.
-      batch_size: Items per batch.
-      num_updates: Batches per round (K).
-      eta: ERE's eta, in (0, 1].
-      c_min: The smallest window.
-      seed: Seed of the draws; None draws fresh ones.
-      transitions: Yield `TransitionBatch`es (tables of 2-step, unpadded items).
+      options: The round's sizes and flags, checked (`check_options`).
       device: Torch device of the batches.
       table_name: The table read (for error messages).
       sequence_length: The table's steps per item.
 
     Raises:
-      ConfigError: If an option is invalid or `transitions` does not apply to the items.
+      ConfigError: If the device is invalid or `transitions` does not apply to the items.
     """
 
     def __init__(
@@ -127,20 +134,14 @@ class RecentBatches:
         read: Callable[[int, int, np.random.Generator], list[torch.Tensor]],
         size: Callable[[], int],
         structure: Any,
-        batch_size: int,
-        num_updates: int,
+        options: RecentOptions,
         *,
-        eta: float = DEFAULT_ETA,
-        c_min: int = DEFAULT_C_MIN,
-        seed: int | None = None,
-        transitions: bool = False,
         device: str | torch.device = "cpu",
         table_name: str = "",
         sequence_length: int = TRANSITION_SEQUENCE_LENGTH,
     ) -> None:
-        check_options(batch_size, num_updates, eta, c_min, seed, transitions)
-        self._device = _resolve_device(device)
-        if transitions and (
+        self._device = resolve_device(device)
+        if options.transitions and (
             isinstance(structure, Masked) or sequence_length != TRANSITION_SEQUENCE_LENGTH
         ):
             raise ConfigError(
@@ -151,16 +152,14 @@ class RecentBatches:
             )
         self._read = read
         self._size = size
-        self.batch_size = int(batch_size)
-        self.num_updates = int(num_updates)
-        self.eta = float(eta)
-        self.c_min = int(c_min)
-        self.seed = seed
+        self.batch_size = options.batch_size
+        self.num_updates = options.num_updates
+        self.eta = options.eta
+        self.c_min = options.c_min
+        self.seed = options.seed
         self.table_name = table_name
         self.windows: list[int] = []
-        self._packer: Packer = (
-            transition_packer(structure) if transitions else item_packer(structure)
-        )
+        self._packer: Packer = stream_packer(structure, options.transitions)
 
     def __len__(self) -> int:
         """Batches per round: `num_updates`."""
@@ -209,7 +208,7 @@ def recent_batches(
       table: The table read; None: the primary one.
 
     Returns:
-      The batches.
+      The round's batches.
 
     Raises:
       ConfigError: If an option is invalid (`check_options`; the batch size and device as
@@ -217,7 +216,7 @@ def recent_batches(
         (after the buffer is required).
       BufferStateError: If the buffer was not created or loaded.
     """
-    check_options(batch_size, num_updates, eta, c_min, seed, transitions)
+    options = check_options(batch_size, num_updates, eta, c_min, seed, transitions)
     config = view.table(table)
     view.check_batches(config, batch_size, device)
     view.require_buffer()
@@ -226,12 +225,7 @@ def recent_batches(
         read,
         lambda: view.count(config.name),
         view.stored_spec,
-        batch_size,
-        num_updates,
-        eta=eta,
-        c_min=c_min,
-        seed=seed,
-        transitions=transitions,
+        options,
         device=device,
         table_name=config.name,
         sequence_length=config.sequence_length,

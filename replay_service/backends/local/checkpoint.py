@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replay_service.config.options import TableConfig
 from replay_service.errors import CheckpointError
@@ -30,7 +30,11 @@ from replay_service.storage.file_modes import (
     regular_file_exists,
     write_synced,
 )
-from replay_service.storage.files import DONE_FILE, file_digest
+from replay_service.storage.files import DONE_FILE, check_recorded_files, file_digest
+from replay_service.storage.metadata import Checkpoint
+
+if TYPE_CHECKING:
+    from replay_service.backends.local.table import LocalTable
 
 FORMAT = formats.LOCAL_CHECKPOINT.tag
 INDEX_FILE = "local_checkpoint.json"
@@ -219,3 +223,53 @@ def restore_table(path: str, index: int, stored_spec: Any, table: Any) -> None:
             state_path, fields, int(metadata["num_items"]), tensors
         )
         table.restore(items.data, items.priorities, items.times_sampled)
+
+
+def check_restorable(checkpoint: Checkpoint, names: Sequence[str]) -> None:
+    """Checks, before anything is restored, that `checkpoint` is a local checkpoint of the
+    tables `names` whose small files (`small_files`) match their recorded digests.
+
+    Args:
+      checkpoint: The checkpoint, as the store recorded it.
+      names: The configured tables' names, in order.
+
+    Raises:
+      CheckpointError: If it is a Reverb checkpoint, records no digests, a small file is
+        damaged, or it holds other tables.
+      UnknownFormatError: If its index's format tag is unknown or newer (not damage).
+    """
+    path = checkpoint.path
+    if not is_local_checkpoint(path):
+        raise CheckpointError(
+            f"{path!r} is a Reverb checkpoint; the local backend reads only its own. Load "
+            "it with backend='reverb' and export() it, then import_buffer() the export here"
+        )
+    if checkpoint.files is None:
+        raise CheckpointError(f"{path!r} records no file digests")
+    # The index's digest first: a damaged index is damage, never a format to refuse.
+    check_recorded_files(path, checkpoint.files, [INDEX_FILE])
+    check_recorded_files(path, checkpoint.files, small_files(path))
+    tables = read_index(path)
+    if tables != list(names):
+        raise CheckpointError(f"{path!r} holds tables {tables}, not the configured ones")
+
+
+def restore_tables(checkpoint: Checkpoint, stored_spec: Any, tables: Sequence[LocalTable]) -> None:
+    """Fills the new, empty `tables` (in the checkpoint's order) from `checkpoint`
+    (`restore_table`), after `check_restorable`.
+
+    Raises:
+      CheckpointError: If a file is missing or damaged, or the items restored are not as
+        many as were recorded when the checkpoint was taken.
+      SpecMismatchError: If a table's data spec or sequence length differ.
+    """
+    path = checkpoint.path
+    total = 0
+    for index, table in enumerate(tables):
+        restore_table(path, index, stored_spec, table)
+        total += table.size
+    if checkpoint.num_items is not None and total != checkpoint.num_items:
+        raise CheckpointError(
+            f"restoring {path!r} gave {total} items, but {checkpoint.num_items} were "
+            "recorded when it was taken"
+        )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from replay_service.backends.local.shared import SharedTable
 from replay_service.backends.local.table import LocalTable
 from replay_service.config.batch_limits import require_batch_size
 from replay_service.errors import ConfigError, ManagerClosedError
+from replay_service.sample.sources import PackingSource, SampleRequest, TorchSamples, hand_out
 
 # A torch stream of a uniform local table draws up to this many items and batches per table
 # call (within `batches.DRAW_BYTES`), then hands them out batch by batch: the table's lock,
@@ -33,9 +34,6 @@ from replay_service.errors import ConfigError, ManagerClosedError
 DRAW_ITEMS = 4096
 DRAW_BATCHES = 16
 
-if TYPE_CHECKING:
-    from replay_service.sample.batches import Packer
-
 # Reverb's `SampleInfo` fields, in its order.
 SampleInfo = collections.namedtuple(
     "SampleInfo", ["key", "probability", "table_size", "priority", "times_sampled"]
@@ -43,7 +41,7 @@ SampleInfo = collections.namedtuple(
 _INFO_DTYPES = ("uint64", "float64", "int64", "float64", "int32")
 
 
-class LocalSampleSource:
+class LocalSampleSource(PackingSource):
     """One local table as a source of torch batches (see `torch_sampling.iterate_batches`).
 
     In DataLoader worker processes (`prepare_workers()` first, which `data_loader()` calls)
@@ -155,25 +153,10 @@ class LocalSampleSource:
             f"the buffer of table {self.table_name!r} was closed; create or load a new one"
         )
 
-    def torch_samples(
-        self,
-        batch_size: int,
-        *,
-        num_workers: int | None = None,
-        convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        pack: Packer | None = None,
-        with_info: bool = True,
-    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
-        """Samples batches forever as `(data, info tuple)` of torch tensors (see
-        `torch_sampling.TorchSampleSource`).
-
-        Args:
-          batch_size: Items per batch.
-          num_workers: Ignored (sampling runs in the calling thread).
-          convert: Applied to every data tensor (pinning, device transfer); the info tensors
-            stay on the CPU (`iterate_batches` moves them when asked).
-          pack: Flat data tensors -> what is yielded; None: the item nest.
-          with_info: Whether to read and yield the info (else None).
+    def _samples(self, request: SampleRequest) -> TorchSamples:
+        """The batches of `torch_samples` (see `PackingSource`), in the calling thread
+        (`num_workers` is ignored); in a forked DataLoader worker, those of the shared table
+        (`worker_source`).
 
         A uniform table without `max_times_sampled` is drawn `draws_per_call(batch_size)`
         batches at a time (independent draws with replacement, as one batch at a time): a
@@ -186,50 +169,31 @@ class LocalSampleSource:
         Raises:
           ManagerClosedError, BufferStateError: As `sample`.
         """
-        from replay_service.sample.batches import (
-            TRANSITION_SEQUENCE_LENGTH,
-            item_packer,
-            split_batches,
-        )
+        from replay_service.sample.batches import TRANSITION_SEQUENCE_LENGTH, split_batches
 
-        del num_workers
         if get_worker_info() is not None:  # a forked worker: the shared table, read-only
-            yield from self.worker_source().torch_samples(
-                batch_size, convert=convert, pack=pack, with_info=with_info
-            )
+            yield from self.worker_source()._samples(request)
             return
-        if pack is None:
-            pack = item_packer(self._structure)
+        batch_size, convert, pack = request.batch_size, request.convert, request.pack
         draws = self.draws_per_call(batch_size)
-        table = self.table
         # Transitions read only the steps they keep (`Packer.steps`).
         steps = pack.steps if self.sequence_length == TRANSITION_SEQUENCE_LENGTH else None
         prepare = pack.prepare if steps is None else pack.prepare_steps
         assert prepare is not None
         while True:
-            resets = table.resets
-            data, info = self.sample(batch_size * draws, with_info=with_info, steps=steps)
+            clears = self.clears()
+            data, info = self.sample(batch_size * draws, with_info=request.with_info, steps=steps)
             if convert is not None:
                 data = [convert(t) for t in data]
             infos = (
                 tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
-                if with_info
+                if request.with_info
                 else None
             )
             # Prepared once for all the drawn batches, built per batch from views.
             parts = split_batches(prepare(data), batch_size, draws)
             info_parts = None if infos is None else split_batches(infos, batch_size, draws)
-            for k in range(draws):
-                if k:
-                    closed = self.closed_error()
-                    if closed is not None:
-                        raise closed
-                    if table.resets != resets:  # cleared: these items were removed
-                        break
-                yield (
-                    pack.build([part[k] for part in parts]),
-                    None if info_parts is None else tuple(part[k] for part in info_parts),
-                )
+            yield from hand_out(self, pack, parts, info_parts, draws, clears)
 
     def draws_per_call(self, batch_size: int) -> int:
         """Batches a torch stream draws per table call: for a table of independent draws
@@ -242,7 +206,7 @@ class LocalSampleSource:
         return min(DRAW_BATCHES, draws_per_call(batch_size, self.table.item_bytes, DRAW_ITEMS))
 
 
-class WorkerSampleSource:
+class WorkerSampleSource(PackingSource):
     """A shared local table sampled in a DataLoader worker process (`SharedReader`): uniform
     draws with replacement, read-only, one batch per call, from a generator of the worker's
     own (seeded from the table's seed and the worker id when the manager has `seed=`).
@@ -267,32 +231,21 @@ class WorkerSampleSource:
     def __reduce__(self) -> Any:
         return WorkerSampleSource, (self.shared, self.signature, self.sample_timeout)
 
-    def torch_samples(
-        self,
-        batch_size: int,
-        *,
-        num_workers: int | None = None,
-        convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        pack: Packer | None = None,
-        with_info: bool = True,
-    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
-        """Samples batches forever as `(data, info tuple)` (see `LocalSampleSource`).
+    def _samples(self, request: SampleRequest) -> TorchSamples:
+        """The batches of `torch_samples` (see `PackingSource`): one draw per batch, from a
+        reader of this worker's own (`num_workers` is ignored).
 
         Raises:
           ManagerClosedError: Once the owner closed the table.
           BufferStateError: If nothing can be sampled within `sample_timeout`.
         """
-        from replay_service.sample.batches import item_packer
-
-        del num_workers
-        if pack is None:
-            pack = item_packer(self.signature)
+        pack, with_info = request.pack, request.with_info
         worker = get_worker_info()
         reader = self.shared.reader(0 if worker is None else worker.id)
         while True:
-            data, info = reader.sample(batch_size, self.sample_timeout, with_info=with_info)
-            if convert is not None:
-                data = [convert(t) for t in data]
+            data, info = reader.sample(request.batch_size, self.sample_timeout, with_info=with_info)
+            if request.convert is not None:
+                data = [request.convert(t) for t in data]
             yield (
                 pack.build(list(pack.prepare(data))),
                 tuple(_info_tensor(info[name]) for name in SampleInfo._fields)

@@ -11,7 +11,7 @@ into (the packers, `TransitionBatch`) in `replay_service.sample.batches`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,13 +24,8 @@ from replay_service.errors import (
     ServerUnavailableError,
     SpecMismatchError,
 )
-from replay_service.sample.batches import (
-    Packer,
-    TorchSampleInfo,
-    draws_per_call,
-    item_packer,
-    split_batches,
-)
+from replay_service.sample.batches import TorchSampleInfo, draws_per_call, split_batches
+from replay_service.sample.sources import PackingSource, SampleRequest, TorchSamples, hand_out
 from replay_service.specs.layout_registry import resolve_layout
 from replay_service.specs.layouts import NESTED, Layout, steps_of
 from replay_service.specs.packed import PackedLayout, step_layout
@@ -68,7 +63,7 @@ def _server_draws_independently(handle: TableHandle) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class SampleSource:
+class SampleSource(PackingSource):
     """Where to sample from and what the items look like; picklable, holds no connection.
 
     Attributes:
@@ -179,26 +174,10 @@ class SampleSource:
             unpack=unpack,
         )
 
-    def torch_samples(
-        self,
-        batch_size: int,
-        *,
-        num_workers: int | None = None,
-        convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        pack: Packer | None = None,
-        with_info: bool = True,
-    ) -> Iterator[tuple[Any, tuple[torch.Tensor, ...] | None]]:
-        """Samples `tf_dataset` batches as torch tensors (see `TorchSampleSource`).
-
-        Args:
-          batch_size: Items per batch.
-          num_workers: Sample streams; None chooses (see `tf_dataset`).
-          convert: Applied to every data tensor after its conversion to torch.
-          pack: Flat data tensors -> what is yielded; None: the item nest.
-          with_info: Whether to yield the info tensors (else None).
-
-        Yields:
-          `(data, info)` pairs of torch tensors; `info` stays on the CPU.
+    def _samples(self, request: SampleRequest) -> TorchSamples:
+        """The batches of `torch_samples` (see `PackingSource`): `tf_dataset` batches as torch
+        tensors; `num_workers` is `tf_dataset`'s (None chooses), `convert` is applied to every
+        data tensor after its conversion to torch, and `info` stays on the CPU.
 
         Raises:
           BufferStateError: If no item could be sampled within `sample_timeout`.
@@ -214,8 +193,7 @@ class SampleSource:
             sampling_timeout_message,
         )
 
-        if pack is None:
-            pack = item_packer(self.signature)
+        batch_size, convert, pack = request.batch_size, request.convert, request.pack
         info_fields = len(TorchSampleInfo._fields)
 
         def read_nest(flat: Sequence[Any]) -> list[torch.Tensor]:
@@ -261,7 +239,7 @@ class SampleSource:
 
         def open_pipeline() -> Callable[[], Any]:
             dataset = self.tf_dataset(
-                batch_size, num_workers=num_workers, unpack=unpack, draws=draws
+                batch_size, num_workers=request.num_workers, unpack=unpack, draws=draws
             )
             return reverb_internals.flat_getter(dataset)
 
@@ -296,20 +274,11 @@ class SampleSource:
             prepared = read_batch(flat)
             parts = split_batches(prepared, batch_size, draws)
             info_parts = None
-            if with_info:
+            if request.with_info:
                 info = [tensor_to_torch(t) for t in flat[:info_fields]]
                 info_parts = split_batches(info, batch_size, draws)
-            for k in range(draws):
-                if k:
-                    closed = self.closed_error()
-                    if closed is not None:
-                        raise closed
-                    if self._clears() != clears:
-                        break  # the rest of this block was sampled before a clear()
-                yield (
-                    pack.build([part[k] for part in parts]),
-                    None if info_parts is None else tuple(part[k] for part in info_parts),
-                )
+            # The rest of a block sampled before a clear() is dropped.
+            yield from hand_out(self, pack, parts, info_parts, draws, clears)
 
     def _clears(self) -> int:
         return 0 if self.lifeline is None else self.lifeline.clears

@@ -32,8 +32,9 @@ from replay_service.sample.batches import (
     nest_packer,
     step_of,
     to_transitions,
+    transition_packer,
 )
-from replay_service.sample.torch_streams import TorchReplayDataset, transition_packer
+from replay_service.sample.torch_dataset import TorchReplayDataset
 from replay_service.specs import packed
 from replay_service.specs.arrays import ArraySpec
 from replay_service.specs.nests import normalize_spec

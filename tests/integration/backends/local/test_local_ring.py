@@ -24,7 +24,7 @@ from replay_service import (
     TableConfig,
     Timeouts,
 )
-from replay_service.backends.local.backend import LocalClient
+from replay_service.backends.local.client import LocalClient
 from replay_service.backends.local.table import LocalTable
 
 pytestmark = pytest.mark.local
