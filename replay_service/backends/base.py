@@ -5,9 +5,9 @@ validate their arguments, check the backend's `capabilities` where a feature is 
 then delegate (the pattern of TF-Agents' `replay_buffer.py`). A third backend implements this
 class and declares its capabilities; the manager does not change.
 
-Implementations: `backends.reverb.backend.EmbeddedBackend` and `RemoteBackend` (one Reverb
-server, in this process or reached by address) and `backends.local.backend.LocalBackend` (tables
-in this process, no Reverb or TensorFlow).
+Implementations: `backends.reverb.embedded.EmbeddedBackend` and `backends.reverb.remote.
+RemoteBackend` (one Reverb server, in this process or reached by address) and
+`backends.local.backend.LocalBackend` (tables in this process, no Reverb or TensorFlow).
 """
 
 from __future__ import annotations
