@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from replay_service.backends import Backend, Capability, resolve_auto
+from replay_service.backends.base import DatasetRequest, MixRequest
 from replay_service.backends.configure import configure
 from replay_service.backends.reverb.platform import inspect_patch
 from replay_service.collect import view as collect_view
@@ -416,9 +417,8 @@ class ReplayBufferManager:
             what = f"get_dataset(num_steps={num_steps!r}) of items of {length} steps"
             self._require(Capability.SPLIT_SEQUENCES, what)
             require_positive_int("num_steps", num_steps)
-        return self._backend.dataset(
-            replay_buffer, config, batch_size, num_steps, num_parallel_calls, prefetch
-        )
+        request = DatasetRequest(config, batch_size, num_steps, num_parallel_calls, prefetch)
+        return self._backend.dataset(replay_buffer, request)
 
     def mixed_dataset(
         self,
@@ -441,7 +441,8 @@ class ReplayBufferManager:
         require_positive_int("prefetch", prefetch)
         item_bytes = self._sample.item_bytes()
         require_batch_size("batch_size", batch_size, item_bytes, what="the mixed tables")
-        return self._backend.mixed_dataset(replay_buffer, weights, batch_size, seed, prefetch)
+        request = MixRequest(weights, batch_size, seed, prefetch)
+        return self._backend.mixed_dataset(replay_buffer, request)
 
     def num_frames(self, *, table: str | None = None) -> int:
         """Returns the number of items (windows of `sequence_length` steps) in `table`

@@ -13,17 +13,23 @@ PyTorch pipelines, export and import through Reverb); its two modes differ in li
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import reverb
 
-from replay_service.backends.base import Backend, BackendOptions, Capability
+from replay_service.backends.base import (
+    Backend,
+    BackendOptions,
+    Capability,
+    DatasetRequest,
+    MixRequest,
+)
 from replay_service.backends.reverb import transfer
 from replay_service.backends.reverb.connection import server_info
 from replay_service.backends.reverb.handles import TableHandle
 from replay_service.backends.reverb.platform import inspect_patch
-from replay_service.config.options import TableConfig, Timeouts
+from replay_service.config.options import TableConfig
 from replay_service.errors import SpecMismatchError
 from replay_service.specs import nests as specs
 from replay_service.specs.layout_registry import resolve_layout
@@ -41,12 +47,10 @@ class ReverbBackend(Backend):
     """What the embedded and the remote Reverb backends share: everything but the lifecycle.
 
     Args:
-      tables: Table configurations, the primary one first.
-      data_spec: Per-step data spec.
-      stored_spec: What each step stores (`data_spec`, or `Masked` for padded tables); None:
-        `data_spec`.
-      timeouts: Bounds on blocking calls.
-      layout: How every table stores `stored_spec` steps (resolved from the tables' layout).
+      options: The tables (the primary one first), the per-step `data_spec`, what each step
+        stores (`stored_spec`: `data_spec`, or `Masked` for padded tables; None: `data_spec`)
+        and the `timeouts` bounding blocking calls; every table stores steps in the layout of
+        the primary one (`options_layout`).
     """
 
     kind = "reverb"
@@ -61,30 +65,18 @@ class ReverbBackend(Backend):
     )
     description = "a Reverb server"
 
-    def __init__(
-        self,
-        tables: Sequence[TableConfig],
-        data_spec: Any,
-        stored_spec: Any,
-        timeouts: Timeouts,
-        layout: Layout,
-    ) -> None:
-        self._tables = tuple(tables)
-        self._data_spec = data_spec
-        self._stored_spec = data_spec if stored_spec is None else stored_spec
-        self._timeouts = timeouts
-        self._layout = layout
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options.tables, options_layout(options))
+        self._data_spec = options.data_spec
+        stored_spec = options.stored_spec
+        self._stored_spec = options.data_spec if stored_spec is None else stored_spec
+        self._timeouts = options.timeouts
         self._client: reverb.Client | None = None
 
-    @property
-    def tables(self) -> tuple[TableConfig, ...]:
-        """The tables on the server, the primary one first."""
-        return self._tables
-
-    @property
-    def layout(self) -> Layout:
-        """How every table stores steps."""
-        return self._layout
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> ReverbBackend:
+        """The backend of `options` (nothing is started or contacted before `create`/`load`)."""
+        return cls(options)
 
     @classmethod
     def way_out(cls, capability: Capability) -> str:
@@ -116,9 +108,9 @@ class ReverbBackend(Backend):
         from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
 
         del clear  # TF-Agents' `clear()` of the returned buffer resets the table itself
-        for table in self._tables:
+        for table in self._configs:
             self._check_table(client, table)
-        primary = self._tables[0]
+        primary = self._configs[0]
         replay_buffer = ReplayBuffer(
             self._stored_spec,
             primary.name,
@@ -145,7 +137,7 @@ class ReverbBackend(Backend):
             return client
         if not isinstance(self._layout, PackedLayout):
             return BoundedClient(client, self._timeouts)
-        lengths = {table.name: table.sequence_length for table in self._tables}
+        lengths = {table.name: table.sequence_length for table in self._configs}
         return PackingClient(client, self._layout, lengths, self._timeouts)
 
     def _check_table(self, client: Any, table: TableConfig) -> None:
@@ -174,23 +166,16 @@ class ReverbBackend(Backend):
         """The table's current size, as the server reports it."""
         return int(check_table_exists(client, table, self._timeouts.connect).current_size)
 
-    def dataset(
-        self,
-        replay_buffer: Any,
-        table: TableConfig,
-        batch_size: int,
-        num_steps: int | None,
-        num_parallel_calls: int,
-        prefetch: int,
-    ) -> tf.data.Dataset:
+    def dataset(self, replay_buffer: Any, request: DatasetRequest) -> tf.data.Dataset:
         """Whole items through the tuned pipeline (`pipeline.sample_dataset`); other
         `num_steps` split items with TF-Agents' pipeline."""
         from replay_service.backends.reverb.pipeline import sample_dataset
         from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
 
+        table, batch_size, num_steps = request.table, request.batch_size, request.num_steps
         if num_steps not in (None, table.sequence_length):
             # Splitting items into shorter sequences: TF-Agents' pipeline does that.
-            if table is not self._tables[0]:
+            if table is not self._configs[0]:
                 lifeline = replay_buffer.lifeline
                 replay_buffer = ReplayBuffer(
                     self._stored_spec,
@@ -205,7 +190,7 @@ class ReverbBackend(Backend):
             dataset = replay_buffer.as_dataset(
                 sample_batch_size=batch_size,
                 num_steps=num_steps,
-                num_parallel_calls=min(num_parallel_calls, batch_size),
+                num_parallel_calls=min(request.num_parallel_calls, batch_size),
             )
         else:
             ordered = table.sampling.sampler in ("fifo", "lifo", "max_heap", "min_heap")
@@ -221,32 +206,25 @@ class ReverbBackend(Backend):
                 lifeline=replay_buffer.lifeline,
                 layout=self._layout,
             )
-        return dataset.prefetch(prefetch)
+        return dataset.prefetch(request.prefetch)
 
-    def mixed_dataset(
-        self,
-        replay_buffer: Any,
-        weights: Mapping[str, float],
-        batch_size: int,
-        seed: int | None,
-        prefetch: int,
-    ) -> tf.data.Dataset:
+    def mixed_dataset(self, replay_buffer: Any, request: MixRequest) -> tf.data.Dataset:
         """Batches mixing this buffer's tables (`mixing.mixed_dataset`)."""
         from replay_service.backends.reverb.mixing import mixed_dataset
 
         dataset = mixed_dataset(
             self._require_client().server_address,
-            self._tables,
-            weights,
+            self._configs,
+            request.weights,
             self._stored_spec,
-            batch_size,
+            request.batch_size,
             sample_timeout=self._timeouts.sample,
-            seed=seed,
+            seed=request.seed,
             connect_timeout=self._timeouts.connect,
             lifeline=replay_buffer.lifeline,
             layout=self._layout,
         )
-        return dataset.prefetch(prefetch)
+        return dataset.prefetch(request.prefetch)
 
     def torch_source(self, replay_buffer: Any, table: TableConfig) -> Any:
         """A `SampleSource` of the table on this server, ended by the buffer's lifeline."""

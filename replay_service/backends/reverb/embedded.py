@@ -9,73 +9,41 @@ datasets, export and import) is `backends.reverb.backend.ReverbBackend`'s.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import reverb
 
 from replay_service.backends.base import BackendOptions, Capability
 from replay_service.backends.reverb import transfer
-from replay_service.backends.reverb.backend import ReverbBackend, options_layout
+from replay_service.backends.reverb.backend import ReverbBackend
 from replay_service.backends.reverb.server import CheckpointedServer
-from replay_service.config.options import TableConfig, Timeouts
-from replay_service.specs.layouts import Layout
+from replay_service.config.options import TableConfig
 from replay_service.storage import export as export_lib
 from replay_service.storage.metadata import Checkpoint
-from replay_service.storage.store import CheckpointStore
 
 _log = logging.getLogger(__name__)
 
 
 class EmbeddedBackend(ReverbBackend):
-    """A Reverb server in this process that checkpoints into `store`.
+    """A Reverb server in this process that checkpoints into its checkpoint directory.
 
     Args:
-      store: The checkpoint directory.
-      tables: Table configurations, the primary one first.
-      data_spec: Per-step data spec.
-      port: Port to listen on; None picks one.
-      timeouts: Bounds on blocking calls (`checkpoint` bounds each checkpoint).
-      checkpoint_interval_s: Seconds between automatic checkpoints; None: only on request.
-      stored_spec: What each step stores; None: `data_spec`.
-      layout: How the tables store steps.
+      options: As `ReverbBackend`'s, and the `checkpoint_dir` (locked on start) keeping
+        `keep_checkpoints`, the `port` to listen on (None picks one) and the
+        `checkpoint_interval_s` between automatic checkpoints (None: only on request);
+        `timeouts.checkpoint` bounds each checkpoint.
     """
 
     capabilities = ReverbBackend.capabilities | {Capability.PORT}
     description = "an embedded Reverb server"
 
-    def __init__(
-        self,
-        store: CheckpointStore,
-        tables: Sequence[TableConfig],
-        data_spec: Any,
-        port: int | None,
-        timeouts: Timeouts,
-        checkpoint_interval_s: float | None = None,
-        stored_spec: Any = None,
-        *,
-        layout: Layout,
-    ) -> None:
-        super().__init__(tables, data_spec, stored_spec, timeouts, layout)
-        self._store = store
-        self._port = port
-        self._interval = checkpoint_interval_s
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        self._store = options.checkpoint_store()
+        self._port = options.port
+        self._interval = options.checkpoint_interval_s
         self._owner: CheckpointedServer | None = None
-
-    @classmethod
-    def from_options(cls, options: BackendOptions) -> EmbeddedBackend:
-        """An embedded server for `options` (its checkpoint directory is locked on start)."""
-        assert options.checkpoint_dir is not None
-        return cls(
-            CheckpointStore(options.checkpoint_dir, keep=options.keep_checkpoints),
-            options.tables,
-            options.data_spec,
-            options.port,
-            options.timeouts,
-            options.checkpoint_interval_s,
-            stored_spec=options.stored_spec,
-            layout=options_layout(options),
-        )
 
     @property
     def checkpoint_dir(self) -> str | None:
@@ -100,7 +68,7 @@ class EmbeddedBackend(ReverbBackend):
         """Starts the server with `start` (`CheckpointedServer.create` or `.restore`, given
         `options`) and its checkpoint schedule; returns its client."""
         self._owner = start(
-            self._tables,
+            self._configs,
             self._data_spec,
             self._store,
             port=self._port,

@@ -9,7 +9,6 @@ empties its tables, and a checkpoint is asked of it. What it shares with the emb
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import reverb
@@ -19,61 +18,31 @@ from replay_service.backends.reverb import internals as reverb_internals
 from replay_service.backends.reverb.backend import (
     ReverbBackend,
     check_table_exists,
-    options_layout,
 )
 from replay_service.backends.reverb.connection import connect, server_info
 from replay_service.bounded import call_with_timeout
-from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import CheckpointError, CheckpointExistsError
 from replay_service.specs.layout_registry import resolve_layout
-from replay_service.specs.layouts import NESTED, PACKED, Layout, signature_layout
+from replay_service.specs.layouts import NESTED, PACKED, signature_layout
 from replay_service.storage.metadata import Checkpoint
 
 
 class RemoteBackend(ReverbBackend):
-    """A running Reverb server at `address` that owns its checkpoints.
+    """A running Reverb server at `options.server_address` that owns its checkpoints.
 
     Args:
-      address: "host:port".
-      tables: Table configurations the server must have.
-      timeouts: Bounds on blocking calls.
-      data_spec: Per-step data spec.
-      stored_spec: What each step stores; None: `data_spec`.
-      layout: How the tables store steps.
-      layout_from_server: Take the layout of the server's tables on connecting instead
-        (`load`; the manager's `layout="auto"`).
+      options: As `ReverbBackend`'s (its tables are those the server must have), and the
+        `server_address` ("host:port"); with `layout_from_server`, the layout of the server's
+        tables is taken on connecting instead (`load`; the manager's `layout="auto"`).
     """
 
     description = "a remote Reverb server"
 
-    def __init__(
-        self,
-        address: str,
-        tables: Sequence[TableConfig],
-        timeouts: Timeouts,
-        data_spec: Any = None,
-        stored_spec: Any = None,
-        *,
-        layout: Layout,
-        layout_from_server: bool = False,
-    ) -> None:
-        super().__init__(tables, data_spec, stored_spec, timeouts, layout)
-        self._address = address
-        self._layout_from_server = layout_from_server
-
-    @classmethod
-    def from_options(cls, options: BackendOptions) -> RemoteBackend:
-        """A client of the server at `options.server_address` (nothing is contacted yet)."""
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
         assert options.server_address is not None
-        return cls(
-            options.server_address,
-            options.tables,
-            options.timeouts,
-            options.data_spec,
-            options.stored_spec,
-            layout=options_layout(options),
-            layout_from_server=options.layout_from_server,
-        )
+        self._address = options.server_address
+        self._layout_from_server = options.layout_from_server
 
     @property
     def checkpoint_dir(self) -> None:
@@ -89,14 +58,14 @@ class RemoteBackend(ReverbBackend):
         """
         client = self.load()
         infos = server_info(client, self._timeouts.connect)
-        for table in self._tables:
+        for table in self._configs:
             size = infos[table.name].current_size if table.name in infos else 0
             if size and not overwrite:
                 raise CheckpointExistsError(
                     f"table {table.name!r} on {self._address!r} already holds {size} items; use "
                     "load_replay_buffer() to keep them or overwrite=True to empty it"
                 )
-        for table in self._tables:
+        for table in self._configs:
             client.reset(table.name)
         self.after_clear()
         return client
@@ -112,8 +81,8 @@ class RemoteBackend(ReverbBackend):
         client = connect(self._address, self._timeouts.connect)
         if self._layout_from_server:
             name = self.server_layout(client)
-            if name != self._tables[0].layout:
-                self._tables = tuple(dataclasses.replace(t, layout=name) for t in self._tables)
+            if name != self._configs[0].layout:
+                self._configs = tuple(dataclasses.replace(t, layout=name) for t in self._configs)
                 self._layout = resolve_layout(name, self._stored_spec)
         self._client = client
         return client
@@ -131,7 +100,7 @@ class RemoteBackend(ReverbBackend):
           SpecMismatchError: If the server has no such table.
           ServerUnavailableError: If it does not answer within `timeouts.connect`.
         """
-        info = check_table_exists(client, self._tables[0].name, self._timeouts.connect)
+        info = check_table_exists(client, self._configs[0].name, self._timeouts.connect)
         return PACKED if signature_layout(info.signature) == PACKED else NESTED
 
     def checkpoint(self) -> str:
