@@ -29,7 +29,7 @@ from replay_service.monitoring.monitor import BufferMonitor
 from replay_service.monitoring.stats import BufferStats, checkpoint_stats
 from replay_service.sample.view import SampleView
 from replay_service.specs.layouts import AUTO
-from replay_service.storage import export as export_lib
+from replay_service.storage import export_target, importing
 
 # TF-Agents' PolicySaver fails in this environment without it (see inspect_patch): a
 # process that imports the manager can save policies before its first buffer exists. The probe
@@ -633,7 +633,7 @@ class ReplayBufferManager:
     def export(
         self,
         dirpath: str | os.PathLike[str],
-        prefix: str = export_lib.DEFAULT_PREFIX,
+        prefix: str = export_target.DEFAULT_PREFIX,
         *,
         overwrite: bool = False,
     ) -> tuple[str, str]:
@@ -645,9 +645,9 @@ class ReplayBufferManager:
           CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
           CheckpointError: If the checkpoint cannot be taken or read.
         """
-        export_lib.require_one_table(self.tables, "export")
-        export_lib.export_paths(dirpath, prefix)  # a bad prefix fails before the checkpoint
-        export_lib.check_target(os.fspath(dirpath), overwrite)
+        export_target.require_one_table(self.tables, "export")
+        export_target.export_paths(dirpath, prefix)  # a bad prefix fails before the checkpoint
+        export_target.check_target(os.fspath(dirpath), overwrite)
         self._state.client()
         self._writers.flush()
         return self._backend.export(self.table_config, os.fspath(dirpath), prefix, overwrite)
@@ -655,7 +655,7 @@ class ReplayBufferManager:
     def import_buffer(
         self,
         dirpath: str | os.PathLike[str],
-        prefix: str = export_lib.DEFAULT_PREFIX,
+        prefix: str = export_target.DEFAULT_PREFIX,
         *,
         overwrite: bool = False,
         drop_oldest: bool = False,
@@ -670,9 +670,9 @@ class ReplayBufferManager:
           ConfigError: If the items do not fit, or there are extra tables.
           CheckpointExistsError, BufferStateError: As `create_replay_buffer`.
         """
-        export_lib.require_one_table(self.tables, "import")
+        export_target.require_one_table(self.tables, "import")
         self._state.require_none()
-        items = export_lib.read_export(
+        items = importing.read_export(
             self.table_config, self._stored_spec, dirpath, prefix, drop_oldest=drop_oldest
         )
         replay_buffer, observer = self.create_replay_buffer(overwrite=overwrite)

@@ -39,8 +39,8 @@ __all__ = [
 BACKENDS = ("auto", "reverb", "local")
 # The implementation of each resolved kind, by mode: (module, class).
 _IMPLEMENTATIONS = {
-    ("reverb", "embedded"): ("replay_service.backends.reverb.backend", "EmbeddedBackend"),
-    ("reverb", "remote"): ("replay_service.backends.reverb.backend", "RemoteBackend"),
+    ("reverb", "embedded"): ("replay_service.backends.reverb.embedded", "EmbeddedBackend"),
+    ("reverb", "remote"): ("replay_service.backends.reverb.remote", "RemoteBackend"),
     ("local", "embedded"): ("replay_service.backends.local.backend", "LocalBackend"),
 }
 # What `backend="auto"` chose in this process, said once.

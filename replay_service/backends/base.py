@@ -5,9 +5,9 @@ validate their arguments, check the backend's `capabilities` where a feature is 
 then delegate (the pattern of TF-Agents' `replay_buffer.py`). A third backend implements this
 class and declares its capabilities; the manager does not change.
 
-Implementations: `backends.reverb.backend.EmbeddedBackend` and `RemoteBackend` (one Reverb
-server, in this process or reached by address) and `backends.local.backend.LocalBackend` (tables
-in this process, no Reverb or TensorFlow).
+Implementations: `backends.reverb.embedded.EmbeddedBackend` and `backends.reverb.remote.
+RemoteBackend` (one Reverb server, in this process or reached by address) and
+`backends.local.backend.LocalBackend` (tables in this process, no Reverb or TensorFlow).
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import dataclasses
 import enum
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from replay_service.config.options import TableConfig, Timeouts, require_seed
 from replay_service.errors import ConfigError
+from replay_service.sample.view import DatasetRequest, MixRequest
+from replay_service.storage.store import CheckpointStore
 
 if TYPE_CHECKING:
     import numpy as np
@@ -125,6 +127,12 @@ class BackendOptions:
     device: str | None = None
     layout_from_server: bool = False
 
+    def checkpoint_store(self) -> CheckpointStore:
+        """The store of `checkpoint_dir`, keeping `keep_checkpoints` checkpoints: what a backend
+        that owns its checkpoint directory checkpoints into (nothing is read or locked yet)."""
+        assert self.checkpoint_dir is not None
+        return CheckpointStore(self.checkpoint_dir, keep=self.keep_checkpoints)
+
 
 class Backend(abc.ABC):
     """Where a buffer's tables live: lifecycle, checkpoints, and how items go in and out.
@@ -143,6 +151,11 @@ class Backend(abc.ABC):
 
     description: ClassVar[str] = "this backend"
     """How errors name the backend, e.g. "the local backend (tables in this process)"."""
+
+    def __init__(self, tables: Sequence[TableConfig], layout: Layout) -> None:
+        """Keeps the buffer's tables (the primary one first) and how they store steps."""
+        self._configs = tuple(tables)
+        self._layout = layout
 
     @classmethod
     def way_out(cls, capability: Capability) -> str:
@@ -212,15 +225,16 @@ class Backend(abc.ABC):
         """Builds the backend; nothing starts and nothing is written before `create`/`load`."""
 
     @property
-    @abc.abstractmethod
     def tables(self) -> tuple[TableConfig, ...]:
         """The buffer's tables, the primary one first (with a remote server's layout once
         `load` took it: `BackendOptions.layout_from_server`)."""
+        return self._configs
 
     @property
-    @abc.abstractmethod
     def layout(self) -> Layout:
-        """How the tables store steps (`BackendOptions.layout`, or the remote server's)."""
+        """How the tables store steps (`BackendOptions.layout`, or the remote server's; a
+        local table has its own storage and the layout is only what its collectors are given)."""
+        return self._layout
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -291,18 +305,11 @@ class Backend(abc.ABC):
         """The number of items in `table`."""
 
     @abc.abstractmethod
-    def dataset(
-        self,
-        replay_buffer: Any,
-        table: TableConfig,
-        batch_size: int,
-        num_steps: int | None,
-        num_parallel_calls: int,
-        prefetch: int,
-    ) -> tf.data.Dataset:
-        """A tf.data pipeline of `(items, info)` batches of `table`, `prefetch` batches ahead.
+    def dataset(self, replay_buffer: Any, request: DatasetRequest) -> tf.data.Dataset:
+        """A tf.data pipeline of `(items, info)` batches of `request.table`, `request.prefetch`
+        batches ahead.
 
-        `num_steps` is None or the table's sequence length unless the backend has
+        `request.num_steps` is None or the table's sequence length unless the backend has
         `Capability.SPLIT_SEQUENCES`.
         """
 
@@ -341,15 +348,9 @@ class Backend(abc.ABC):
 
     # --------------------------------------------------------- features of some backends
 
-    def mixed_dataset(
-        self,
-        replay_buffer: Any,
-        weights: Mapping[str, float],
-        batch_size: int,
-        seed: int | None,
-        prefetch: int,
-    ) -> tf.data.Dataset:
-        """Batches mixing the buffer's tables by `weights` (`Capability.MIXED_DATASET`)."""
+    def mixed_dataset(self, replay_buffer: Any, request: MixRequest) -> tf.data.Dataset:
+        """Batches mixing the buffer's tables by `request.weights`
+        (`Capability.MIXED_DATASET`)."""
         raise NotImplementedError(Capability.MIXED_DATASET.value)
 
     def limiter_state(self, table: str) -> LimiterState:

@@ -29,6 +29,43 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
+class DatasetRequest:
+    """What a `get_dataset` call asks of `Backend.dataset`, checked by `SampleView`.
+
+    Attributes:
+      table: The table sampled.
+      batch_size: Items per batch.
+      num_steps: Steps per sampled sequence: None or the table's sequence length for whole
+        items; a shorter one splits them (`Capability.SPLIT_SEQUENCES`).
+      num_parallel_calls: Parallel calls that split items into shorter sequences.
+      prefetch: Batches prefetched ahead.
+    """
+
+    table: TableConfig
+    batch_size: int
+    num_steps: int | None
+    num_parallel_calls: int
+    prefetch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MixRequest:
+    """What a `mixed_dataset` call asks of `Backend.mixed_dataset`, checked by `SampleView`.
+
+    Attributes:
+      weights: Table name -> weight of its items in the batches.
+      batch_size: Items per batch.
+      seed: Seed of the choice of tables; None: fresh entropy.
+      prefetch: Batches prefetched ahead.
+    """
+
+    weights: Mapping[str, float]
+    batch_size: int
+    seed: int | None
+    prefetch: int
+
+
+@dataclasses.dataclass(frozen=True)
 class SampleView:
     """The parts of one buffer its samplers are built from.
 
@@ -137,9 +174,8 @@ class SampleView:
             length = config.sequence_length
             self.split_sequences(f"get_dataset(num_steps={num_steps!r}) of items of {length} steps")
             require_positive_int("num_steps", num_steps)
-        return self.backend.dataset(
-            replay_buffer, config, batch_size, num_steps, num_parallel_calls, prefetch
-        )
+        request = DatasetRequest(config, batch_size, num_steps, num_parallel_calls, prefetch)
+        return self.backend.dataset(replay_buffer, request)
 
     def mixed_dataset(
         self, batch_size: int, weights: Mapping[str, float], seed: int | None, prefetch: int
@@ -156,7 +192,8 @@ class SampleView:
         require_positive_int("prefetch", prefetch)
         what = "the mixed tables"
         require_batch_size("batch_size", batch_size, self.item_bytes(), what=what)
-        return self.backend.mixed_dataset(replay_buffer, weights, batch_size, seed, prefetch)
+        request = MixRequest(weights, batch_size, seed, prefetch)
+        return self.backend.mixed_dataset(replay_buffer, request)
 
     def count(self, table: str | None) -> int:
         """The number of items in `table` (None: the primary one), after flushing the

@@ -107,7 +107,7 @@ _NO_TF_SCRIPT = textwrap.dedent(
     assert "ArraySpec" in dir(replay_service) and "ReplayBufferManager" in dir(replay_service)
 
     from replay_service.specs import arrays as array_specs
-    from replay_service.storage import export
+    from replay_service.storage import export, importing
     from replay_service.specs import nests as specs
     from replay_service.specs import windows as sequences
     from replay_service.storage.store import CheckpointStore
@@ -137,7 +137,7 @@ _NO_TF_SCRIPT = textwrap.dedent(
         times_sampled=np.zeros([3], np.int32),
     )
     export.write_export(os.path.join(root, "x"), "b_", table, stored, items, False)
-    back = export.read_export(table, stored, os.path.join(root, "x"), "b_")
+    back = importing.read_export(table, stored, os.path.join(root, "x"), "b_")
     assert back.num_items == 3
 
     first = CheckpointStore(os.path.join(root, "ckpt"))
@@ -393,16 +393,16 @@ def _stored_and_items(count: int) -> tuple[Any, Any]:
 
 @pytest.mark.local
 def test_write_export_and_read_export_round_trip_without_tf(tmp_path: Path) -> None:
-    from replay_service.storage import export
+    from replay_service.storage import export, export_target, importing
 
     stored, items = _stored_and_items(4)
     table = TableConfig(name="t", capacity=10, sequence_length=2)
     state_path, metadata_path = export.write_export(tmp_path / "e", "p_", table, stored, items)
-    assert (state_path, metadata_path) == export.export_paths(tmp_path / "e", "p_")
+    assert (state_path, metadata_path) == export_target.export_paths(tmp_path / "e", "p_")
     metadata = export.read_metadata(metadata_path)
     assert metadata["data_spec"] == specs.describe_spec(stored)
     assert metadata["versions"]["replay_service"]
-    back = export.read_export(table, stored, tmp_path / "e", "p_")
+    back = importing.read_export(table, stored, tmp_path / "e", "p_")
     for got, want in zip(back.data, items.data, strict=True):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(back.priorities, items.priorities)
@@ -412,7 +412,7 @@ def test_write_export_and_read_export_round_trip_without_tf(tmp_path: Path) -> N
     with pytest.raises(CheckpointError, match="not empty"):
         export.write_export(tmp_path / "e", "p_", table, stored, items)
     export.write_export(tmp_path / "e", "p_", table, stored, items.newest(2), overwrite=True)
-    assert export.read_export(table, stored, tmp_path / "e", "p_").num_items == 2
+    assert importing.read_export(table, stored, tmp_path / "e", "p_").num_items == 2
 
 
 @pytest.mark.local
@@ -443,7 +443,7 @@ def test_write_export_refuses_items_that_do_not_match_the_spec(tmp_path: Path) -
 
 def test_the_reverb_and_tf_free_readers_agree_on_an_export(tmp_path: Path) -> None:
     pytest.importorskip("tf_agents")
-    from replay_service.storage import export
+    from replay_service.storage import export, importing
 
     stored, items = _stored_and_items(3)
     table = TableConfig(name="t", capacity=10, sequence_length=2)
@@ -454,7 +454,7 @@ def test_the_reverb_and_tf_free_readers_agree_on_an_export(tmp_path: Path) -> No
     for a, b in zip(by_signature.data, by_fields.data, strict=True):
         np.testing.assert_array_equal(a, b)
     tf_stored = specs.to_tf_spec(stored)
-    assert export.read_export(table, tf_stored, tmp_path, "p_").num_items == 3
+    assert importing.read_export(table, tf_stored, tmp_path, "p_").num_items == 3
 
 
 # ----------------------------------------------------------------------------------- lock
@@ -562,7 +562,7 @@ def test_the_export_writer_gives_safetensors_bytes_for_every_dtype_and_split_arr
 
     import safetensors.numpy
 
-    from replay_service.storage.export import Concatenated, write_safetensors
+    from replay_service.storage.export_state import Concatenated, write_safetensors
 
     rng = np.random.default_rng(0)
     dtypes = ["bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32"]
@@ -587,7 +587,7 @@ def test_the_export_writer_gives_safetensors_bytes_for_every_dtype_and_split_arr
 
 @pytest.mark.local
 def test_a_written_file_that_does_not_read_back_as_written_is_refused(tmp_path) -> None:
-    from replay_service.storage.export import _compare_read_back
+    from replay_service.storage.export_state import _compare_read_back
 
     chunks = [b"header00", np.arange(3 << 20, dtype=np.uint8) % 251]
     path = tmp_path / "state.safetensors"

@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replay_service.backends.base import Backend, BackendOptions, Capability, Lifeline
+from replay_service.backends.base import (
+    Backend,
+    BackendOptions,
+    Capability,
+    Lifeline,
+)
 from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import sampling as local_sampling
 from replay_service.backends.local.client import LocalClient
@@ -28,6 +33,7 @@ from replay_service.backends.local.scratch import check_scratch_dir
 from replay_service.backends.local.table import LocalTable, check_device, check_local_table
 from replay_service.config.options import TableConfig, Timeouts
 from replay_service.errors import ConfigError
+from replay_service.sample.view import DatasetRequest
 from replay_service.specs.layouts import Layout, NestedLayout
 from replay_service.specs.nests import describe_spec
 from replay_service.storage import export as export_lib
@@ -96,14 +102,13 @@ class LocalBackend(Backend):
             )
         self._lifeline = Lifeline()
         self._store = store
-        self._configs = tuple(tables)
+        super().__init__(tables, NestedLayout(stored_spec) if layout is None else layout)
         self._data_spec = data_spec
         self._stored_spec = stored_spec
         self._timeouts = timeouts
         self._interval = checkpoint_interval_s
         self._storage = storage
         self._seed = seed
-        self._layout = NestedLayout(stored_spec) if layout is None else layout
         self.metadata = StoreMetadata.for_tables(self._configs[0], data_spec, self._configs[1:])
         self._fields = describe_spec(stored_spec)
         self._tables: dict[str, LocalTable] = {}
@@ -122,9 +127,8 @@ class LocalBackend(Backend):
     @classmethod
     def from_options(cls, options: BackendOptions) -> LocalBackend:
         """Local tables for `options` (nothing is created before `create` or `load`)."""
-        assert options.checkpoint_dir is not None
         return cls(
-            CheckpointStore(options.checkpoint_dir, keep=options.keep_checkpoints),
+            options.checkpoint_store(),
             options.tables,
             options.data_spec,
             options.stored_spec,
@@ -146,16 +150,6 @@ class LocalBackend(Backend):
         """The absolute checkpoint directory."""
         return self._store.root
 
-    @property
-    def tables(self) -> tuple[TableConfig, ...]:
-        """The tables' configurations, the primary one first."""
-        return self._configs
-
-    @property
-    def layout(self) -> Layout:
-        """The layout the collectors are given (a local table ignores it)."""
-        return self._layout
-
     # ------------------------------------------------------------------ items in and out
 
     def open_buffer(self, client: Any, clear: Callable[[], None]) -> Any:
@@ -167,18 +161,12 @@ class LocalBackend(Backend):
         """The table's size."""
         return int(client.table(table).size)
 
-    def dataset(
-        self,
-        replay_buffer: Any,
-        table: TableConfig,
-        batch_size: int,
-        num_steps: int | None,
-        num_parallel_calls: int,
-        prefetch: int,
-    ) -> Any:
-        """Whole items of the table as tf.data batches (`sampling.tf_dataset`)."""
-        del replay_buffer, num_steps, num_parallel_calls  # whole items only (no SPLIT_SEQUENCES)
-        return local_sampling.tf_dataset(self._source(table.name), batch_size, prefetch)
+    def dataset(self, replay_buffer: Any, request: DatasetRequest) -> Any:
+        """Whole items of the table as tf.data batches (`sampling.tf_dataset`): `num_steps` and
+        `num_parallel_calls` do not apply (no SPLIT_SEQUENCES)."""
+        del replay_buffer
+        source = self._source(request.table.name)
+        return local_sampling.tf_dataset(source, request.batch_size, request.prefetch)
 
     def torch_source(self, replay_buffer: Any, table: TableConfig) -> Any:
         """A `LocalSampleSource` of the table, ended by `close()` of the manager."""

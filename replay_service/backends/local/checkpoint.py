@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from replay_service.config.options import TableConfig
 from replay_service.errors import CheckpointError
 from replay_service.storage import export as export_lib
-from replay_service.storage import formats
+from replay_service.storage import export_state, export_target, formats, importing
 from replay_service.storage.file_modes import (
     DIR_MODE,
     open_regular,
@@ -81,7 +81,7 @@ def write(
     """Writes a complete local checkpoint into the new directory `path`.
 
     Each state file is read back and compared with the bytes meant while it is written (see
-    `export.write_safetensors`), so its digest is known without hashing it again.
+    `export_state.write_safetensors`), so its digest is known without hashing it again.
 
     Args:
       path: Directory to create (must not exist).
@@ -110,7 +110,7 @@ def write(
         metadata = export_lib.read_metadata(metadata_path)
         files[os.path.basename(state_path)] = {
             "size": os.path.getsize(state_path),
-            "sha256": metadata[export_lib.CHECKSUMS][export_lib.STATE_SUFFIX],
+            "sha256": metadata[export_lib.CHECKSUMS][export_target.STATE_SUFFIX],
         }
         files[os.path.basename(metadata_path)] = file_digest(metadata_path)
         num_items += items.num_items
@@ -162,12 +162,12 @@ def verify(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
     num_items = 0
     files: dict[str, dict[str, Any]] = {}
     for index in range(len(tables)):
-        state_path, metadata_path = export_lib.export_paths(path, table_prefix(index))
+        state_path, metadata_path = export_target.export_paths(path, table_prefix(index))
         metadata = export_lib.read_metadata(metadata_path)
         # The one read-back of the state file: its digest must be the one computed from the
         # bytes that were meant to be written.
         state = file_digest(state_path)
-        recorded = metadata.get(export_lib.CHECKSUMS, {}).get(export_lib.STATE_SUFFIX)
+        recorded = metadata.get(export_lib.CHECKSUMS, {}).get(export_target.STATE_SUFFIX)
         if state["sha256"] != recorded:
             raise CheckpointError(
                 f"{state_path!r} does not read back as written: SHA-256 {state['sha256']}, "
@@ -185,7 +185,7 @@ def small_files(path: str) -> list[str]:
     checks first (each state file is checked against its metadata as it is read)."""
     names = [INDEX_FILE]
     for index in range(len(read_index(path))):
-        _, metadata_path = export_lib.export_paths(path, table_prefix(index))
+        _, metadata_path = export_target.export_paths(path, table_prefix(index))
         names.append(os.path.basename(metadata_path))
     return names
 
@@ -194,7 +194,7 @@ def recorded_names(path: str) -> list[str]:
     """The files of a local checkpoint whose digests are recorded (all but `DONE`)."""
     names = [INDEX_FILE]
     for index in range(len(read_index(path))):
-        state_path, metadata_path = export_lib.export_paths(path, table_prefix(index))
+        state_path, metadata_path = export_target.export_paths(path, table_prefix(index))
         names += [os.path.basename(state_path), os.path.basename(metadata_path)]
     return names
 
@@ -211,14 +211,14 @@ def restore_table(path: str, index: int, stored_spec: Any, table: Any) -> None:
       SpecMismatchError: If its data spec or sequence length differ from the table's.
     """
     config = table.config
-    state_path, metadata_path = export_lib.export_paths(path, table_prefix(index))
+    state_path, metadata_path = export_target.export_paths(path, table_prefix(index))
     metadata = export_lib.read_metadata(metadata_path)
-    export_lib.check_compatible(metadata, config.sequence_length, stored_spec, metadata_path)
-    recorded = metadata.get(export_lib.CHECKSUMS, {}).get(export_lib.STATE_SUFFIX)
+    importing.check_compatible(metadata, config.sequence_length, stored_spec, metadata_path)
+    recorded = metadata.get(export_lib.CHECKSUMS, {}).get(export_target.STATE_SUFFIX)
     if not isinstance(recorded, str):
         raise CheckpointError(f"{metadata_path!r} records no sha256 of {state_path!r}")
     fields = export_lib.item_fields(stored_spec, config.sequence_length)
-    with export_lib.mapped_state(state_path, recorded) as tensors:
+    with export_state.mapped_state(state_path, recorded) as tensors:
         items = export_lib.read_state_fields(
             state_path, fields, int(metadata["num_items"]), tensors
         )

@@ -1,56 +1,55 @@
-"""The Reverb backend: a buffer's tables on one Reverb server, embedded or remote.
+"""`ReverbBackend`: what the embedded and the remote Reverb backends share, all but the lifecycle.
 
+The Reverb backend keeps a buffer's tables on one Reverb server, embedded or remote.
 `ReverbBackend` holds what both modes share (checking the server's tables, the tf.data and
 PyTorch pipelines, export and import through Reverb); its two modes differ in lifecycle only:
 
-- `EmbeddedBackend`: a `CheckpointedServer` in this process, owning `checkpoint_dir`.
-- `RemoteBackend`: a running `replay-server` (or any Reverb server with the same tables),
-  which owns its checkpoints.
+- `EmbeddedBackend` (`backends/reverb/embedded.py`): a `CheckpointedServer` in this process,
+  owning `checkpoint_dir`.
+- `RemoteBackend` (`backends/reverb/remote.py`): a running `replay-server` (or any Reverb server
+  with the same tables), which owns its checkpoints.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import reverb
 
-from replay_service.backends.base import Backend, BackendOptions, Capability
-from replay_service.backends.reverb import internals as reverb_internals
+from replay_service.backends.base import (
+    Backend,
+    BackendOptions,
+    Capability,
+)
 from replay_service.backends.reverb import transfer
-from replay_service.backends.reverb.connection import connect, server_info
+from replay_service.backends.reverb.connection import server_info
 from replay_service.backends.reverb.handles import TableHandle
 from replay_service.backends.reverb.platform import inspect_patch
-from replay_service.backends.reverb.server import CheckpointedServer
-from replay_service.bounded import call_with_timeout
-from replay_service.config.options import TableConfig, Timeouts
-from replay_service.errors import CheckpointError, CheckpointExistsError, SpecMismatchError
+from replay_service.config.options import TableConfig
+from replay_service.errors import SpecMismatchError
+from replay_service.sample.view import DatasetRequest, MixRequest
 from replay_service.specs import nests as specs
 from replay_service.specs.layout_registry import resolve_layout
-from replay_service.specs.layouts import NESTED, PACKED, Layout, signature_layout
+from replay_service.specs.layouts import Layout
 from replay_service.storage import export as export_lib
-from replay_service.storage.metadata import Checkpoint
-from replay_service.storage.store import CheckpointStore
+from replay_service.storage import export_target
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 inspect_patch.patch_inspect()  # lets PolicySaver save policies (see inspect_patch)
 
-_log = logging.getLogger(__name__)
-
 
 class ReverbBackend(Backend):
     """What the embedded and the remote Reverb backends share: everything but the lifecycle.
 
     Args:
-      tables: Table configurations, the primary one first.
-      data_spec: Per-step data spec.
-      stored_spec: What each step stores (`data_spec`, or `Masked` for padded tables).
-      timeouts: Bounds on blocking calls.
-      layout: How every table stores `stored_spec` steps (resolved from the tables' layout).
+      options: The tables (the primary one first), the per-step `data_spec`, what each step
+        stores (`stored_spec`: `data_spec`, or `Masked` for padded tables; None: `data_spec`)
+        and the `timeouts` bounding blocking calls; every table stores steps in the layout of
+        the primary one (`options_layout`).
     """
 
     kind = "reverb"
@@ -65,30 +64,18 @@ class ReverbBackend(Backend):
     )
     description = "a Reverb server"
 
-    def __init__(
-        self,
-        tables: Sequence[TableConfig],
-        data_spec: Any,
-        stored_spec: Any,
-        timeouts: Timeouts,
-        layout: Layout,
-    ) -> None:
-        self._tables = tuple(tables)
-        self._data_spec = data_spec
-        self._stored_spec = stored_spec
-        self._timeouts = timeouts
-        self._layout = layout
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options.tables, options_layout(options))
+        self._data_spec = options.data_spec
+        stored_spec = options.stored_spec
+        self._stored_spec = options.data_spec if stored_spec is None else stored_spec
+        self._timeouts = options.timeouts
         self._client: reverb.Client | None = None
 
-    @property
-    def tables(self) -> tuple[TableConfig, ...]:
-        """The tables on the server, the primary one first."""
-        return self._tables
-
-    @property
-    def layout(self) -> Layout:
-        """How every table stores steps."""
-        return self._layout
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> ReverbBackend:
+        """The backend of `options` (nothing is started or contacted before `create`/`load`)."""
+        return cls(options)
 
     @classmethod
     def way_out(cls, capability: Capability) -> str:
@@ -120,9 +107,9 @@ class ReverbBackend(Backend):
         from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
 
         del clear  # TF-Agents' `clear()` of the returned buffer resets the table itself
-        for table in self._tables:
+        for table in self._configs:
             self._check_table(client, table)
-        primary = self._tables[0]
+        primary = self._configs[0]
         replay_buffer = ReplayBuffer(
             self._stored_spec,
             primary.name,
@@ -149,7 +136,7 @@ class ReverbBackend(Backend):
             return client
         if not isinstance(self._layout, PackedLayout):
             return BoundedClient(client, self._timeouts)
-        lengths = {table.name: table.sequence_length for table in self._tables}
+        lengths = {table.name: table.sequence_length for table in self._configs}
         return PackingClient(client, self._layout, lengths, self._timeouts)
 
     def _check_table(self, client: Any, table: TableConfig) -> None:
@@ -178,23 +165,16 @@ class ReverbBackend(Backend):
         """The table's current size, as the server reports it."""
         return int(check_table_exists(client, table, self._timeouts.connect).current_size)
 
-    def dataset(
-        self,
-        replay_buffer: Any,
-        table: TableConfig,
-        batch_size: int,
-        num_steps: int | None,
-        num_parallel_calls: int,
-        prefetch: int,
-    ) -> tf.data.Dataset:
+    def dataset(self, replay_buffer: Any, request: DatasetRequest) -> tf.data.Dataset:
         """Whole items through the tuned pipeline (`pipeline.sample_dataset`); other
         `num_steps` split items with TF-Agents' pipeline."""
         from replay_service.backends.reverb.pipeline import sample_dataset
         from replay_service.backends.reverb.tf_agents_buffer import ReplayBuffer
 
+        table, batch_size, num_steps = request.table, request.batch_size, request.num_steps
         if num_steps not in (None, table.sequence_length):
             # Splitting items into shorter sequences: TF-Agents' pipeline does that.
-            if table is not self._tables[0]:
+            if table is not self._configs[0]:
                 lifeline = replay_buffer.lifeline
                 replay_buffer = ReplayBuffer(
                     self._stored_spec,
@@ -209,7 +189,7 @@ class ReverbBackend(Backend):
             dataset = replay_buffer.as_dataset(
                 sample_batch_size=batch_size,
                 num_steps=num_steps,
-                num_parallel_calls=min(num_parallel_calls, batch_size),
+                num_parallel_calls=min(request.num_parallel_calls, batch_size),
             )
         else:
             ordered = table.sampling.sampler in ("fifo", "lifo", "max_heap", "min_heap")
@@ -225,32 +205,25 @@ class ReverbBackend(Backend):
                 lifeline=replay_buffer.lifeline,
                 layout=self._layout,
             )
-        return dataset.prefetch(prefetch)
+        return dataset.prefetch(request.prefetch)
 
-    def mixed_dataset(
-        self,
-        replay_buffer: Any,
-        weights: Mapping[str, float],
-        batch_size: int,
-        seed: int | None,
-        prefetch: int,
-    ) -> tf.data.Dataset:
+    def mixed_dataset(self, replay_buffer: Any, request: MixRequest) -> tf.data.Dataset:
         """Batches mixing this buffer's tables (`mixing.mixed_dataset`)."""
         from replay_service.backends.reverb.mixing import mixed_dataset
 
         dataset = mixed_dataset(
             self._require_client().server_address,
-            self._tables,
-            weights,
+            self._configs,
+            request.weights,
             self._stored_spec,
-            batch_size,
+            request.batch_size,
             sample_timeout=self._timeouts.sample,
-            seed=seed,
+            seed=request.seed,
             connect_timeout=self._timeouts.connect,
             lifeline=replay_buffer.lifeline,
             layout=self._layout,
         )
-        return dataset.prefetch(prefetch)
+        return dataset.prefetch(request.prefetch)
 
     def torch_source(self, replay_buffer: Any, table: TableConfig) -> Any:
         """A `SampleSource` of the table on this server, ended by the buffer's lifeline."""
@@ -265,9 +238,15 @@ class ReverbBackend(Backend):
     def export(
         self, table: TableConfig, dirpath: str, prefix: str, overwrite: bool
     ) -> tuple[str, str]:
-        """Exports the table from a checkpoint taken now (`transfer.export_buffer`)."""
-        return transfer.export_buffer(
-            self.table_handle(table), self.checkpoint(), dirpath, prefix, overwrite=overwrite
+        """Exports the table from a checkpoint taken now: its items read once
+        (`transfer.read_items`), written by `storage.export.write_export`; the directory is
+        checked again before they are read."""
+        handle, checkpoint_path = self.table_handle(table), self.checkpoint()
+        export_target.export_paths(dirpath, prefix)
+        export_target.check_target(os.fspath(dirpath), overwrite)
+        items = transfer.read_items(handle, checkpoint_path)
+        return export_lib.write_export(
+            dirpath, prefix, handle.table, handle.stored_spec, items, overwrite
         )
 
     def read_items(self, table: TableConfig) -> export_lib.ExportedItems:
@@ -309,281 +288,6 @@ class ReverbBackend(Backend):
     def _require_client(self) -> reverb.Client:
         assert self._client is not None, "create() or load() first"
         return self._client
-
-
-class EmbeddedBackend(ReverbBackend):
-    """A Reverb server in this process that checkpoints into `store`.
-
-    Args:
-      store: The checkpoint directory.
-      tables: Table configurations, the primary one first.
-      data_spec: Per-step data spec.
-      port: Port to listen on; None picks one.
-      timeouts: Bounds on blocking calls (`checkpoint` bounds each checkpoint).
-      checkpoint_interval_s: Seconds between automatic checkpoints; None: only on request.
-      stored_spec: What each step stores; None: `data_spec`.
-      layout: How the tables store steps.
-    """
-
-    capabilities = ReverbBackend.capabilities | {Capability.PORT}
-    description = "an embedded Reverb server"
-
-    def __init__(
-        self,
-        store: CheckpointStore,
-        tables: Sequence[TableConfig],
-        data_spec: Any,
-        port: int | None,
-        timeouts: Timeouts,
-        checkpoint_interval_s: float | None = None,
-        stored_spec: Any = None,
-        *,
-        layout: Layout,
-    ) -> None:
-        super().__init__(
-            tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts, layout
-        )
-        self._store = store
-        self._port = port
-        self._interval = checkpoint_interval_s
-        self._owner: CheckpointedServer | None = None
-
-    @classmethod
-    def from_options(cls, options: BackendOptions) -> EmbeddedBackend:
-        """An embedded server for `options` (its checkpoint directory is locked on start)."""
-        assert options.checkpoint_dir is not None
-        return cls(
-            CheckpointStore(options.checkpoint_dir, keep=options.keep_checkpoints),
-            options.tables,
-            options.data_spec,
-            options.port,
-            options.timeouts,
-            options.checkpoint_interval_s,
-            stored_spec=options.stored_spec,
-            layout=options_layout(options),
-        )
-
-    @property
-    def checkpoint_dir(self) -> str | None:
-        """The absolute checkpoint directory."""
-        return self._store.root
-
-    def create(self, overwrite: bool) -> reverb.Client:
-        """Starts a new, empty buffer; see `CheckpointedServer.create`."""
-        self._owner = CheckpointedServer.create(
-            self._tables,
-            self._data_spec,
-            self._store,
-            port=self._port,
-            checkpoint_timeout=self._timeouts.checkpoint,
-            overwrite=overwrite,
-        )
-        self._owner.start_schedule(self._interval)
-        _log.info("Created an empty buffer in %s", self._store.root)
-        self._client = self._owner.client
-        return self._client
-
-    def load(self) -> reverb.Client:
-        """Restores the newest checkpoint that verifies; see `CheckpointedServer.restore`."""
-        self._owner = CheckpointedServer.restore(
-            self._tables,
-            self._data_spec,
-            self._store,
-            port=self._port,
-            checkpoint_timeout=self._timeouts.checkpoint,
-        )
-        self._owner.start_schedule(self._interval)
-        assert self._owner.restored_from is not None
-        _log.info(
-            "Loaded %s items from %s",
-            self._owner.restored_from.num_items,
-            self._owner.restored_from.path,
-        )
-        self._client = self._owner.client
-        return self._client
-
-    def replay_buffer_kwargs(self) -> dict[str, Any]:
-        """How TF-Agents' `ReverbReplayBuffer` reaches the server."""
-        assert self._owner is not None
-        return {"local_server": self._owner.server}
-
-    def checkpoint(self) -> str:
-        """Takes a verified checkpoint; returns its path under `checkpoints/`.
-
-        Raises:
-          CheckpointError: If it fails.
-        """
-        assert self._owner is not None
-        return self._owner.checkpoint().path
-
-    def read_items(self, table: TableConfig) -> export_lib.ExportedItems:
-        """The items of a checkpoint taken now and deleted once read (`CheckpointedServer.
-        snapshot`): the user's checkpoints, their retention and the newest one stay as they
-        were."""
-        assert self._owner is not None
-        handle = self.table_handle(table)
-        return self._owner.snapshot(lambda path: transfer.read_items(handle, path))
-
-    def after_clear(self) -> None:
-        """Checkpoints the emptied tables, so a later load does not bring old items back."""
-        self.checkpoint()
-
-    def last_checkpoint(self) -> tuple[Checkpoint | None, float | None]:
-        """The last checkpoint taken or adopted, and the seconds it took (None if unknown)."""
-        if self._owner is None:
-            return None, None
-        return self._owner.last_checkpoint, self._owner.last_checkpoint_duration_s
-
-    def close(self) -> None:
-        """Stops the server (no checkpoint) and releases the directory."""
-        if self._owner is not None:
-            self._owner.stop(final_checkpoint=False)
-
-
-class RemoteBackend(ReverbBackend):
-    """A running Reverb server at `address` that owns its checkpoints.
-
-    Args:
-      address: "host:port".
-      tables: Table configurations the server must have.
-      timeouts: Bounds on blocking calls.
-      data_spec: Per-step data spec.
-      stored_spec: What each step stores; None: `data_spec`.
-      layout: How the tables store steps.
-      layout_from_server: Take the layout of the server's tables on connecting instead
-        (`load`; the manager's `layout="auto"`).
-    """
-
-    description = "a remote Reverb server"
-
-    def __init__(
-        self,
-        address: str,
-        tables: Sequence[TableConfig],
-        timeouts: Timeouts,
-        data_spec: Any = None,
-        stored_spec: Any = None,
-        *,
-        layout: Layout,
-        layout_from_server: bool = False,
-    ) -> None:
-        super().__init__(
-            tables, data_spec, data_spec if stored_spec is None else stored_spec, timeouts, layout
-        )
-        self._address = address
-        self._layout_from_server = layout_from_server
-
-    @classmethod
-    def from_options(cls, options: BackendOptions) -> RemoteBackend:
-        """A client of the server at `options.server_address` (nothing is contacted yet)."""
-        assert options.server_address is not None
-        return cls(
-            options.server_address,
-            options.tables,
-            options.timeouts,
-            options.data_spec,
-            options.stored_spec,
-            layout=options_layout(options),
-            layout_from_server=options.layout_from_server,
-        )
-
-    @property
-    def checkpoint_dir(self) -> None:
-        """None: the server owns its checkpoints."""
-        return None
-
-    def create(self, overwrite: bool) -> reverb.Client:
-        """Empties the server's tables, refusing non-empty ones unless `overwrite`.
-
-        Raises:
-          CheckpointExistsError: If a table holds items and `overwrite` is False.
-          ServerUnavailableError: If the server does not answer.
-        """
-        client = self.load()
-        infos = server_info(client, self._timeouts.connect)
-        for table in self._tables:
-            size = infos[table.name].current_size if table.name in infos else 0
-            if size and not overwrite:
-                raise CheckpointExistsError(
-                    f"table {table.name!r} on {self._address!r} already holds {size} items; use "
-                    "load_replay_buffer() to keep them or overwrite=True to empty it"
-                )
-        for table in self._tables:
-            client.reset(table.name)
-        self.after_clear()
-        return client
-
-    def load(self) -> reverb.Client:
-        """Connects to the server; with `layout_from_server`, takes its tables' layout
-        (`server_layout`) for every table, before anything is built with it.
-
-        Raises:
-          ServerUnavailableError: If it does not answer within `timeouts.connect`.
-          SpecMismatchError: With `layout_from_server`, if the server has no primary table.
-        """
-        client = connect(self._address, self._timeouts.connect)
-        if self._layout_from_server:
-            name = self.server_layout(client)
-            if name != self._tables[0].layout:
-                self._tables = tuple(dataclasses.replace(t, layout=name) for t in self._tables)
-                self._layout = resolve_layout(name, self._stored_spec)
-        self._client = client
-        return client
-
-    def replay_buffer_kwargs(self) -> dict[str, Any]:
-        """How TF-Agents' `ReverbReplayBuffer` reaches the server."""
-        return {"server_address": self._address}
-
-    def server_layout(self, client: reverb.Client) -> str:
-        """ "packed" when the primary table's signature is one `uint8[sequence_length,
-        step_bytes]` tensor (a packed table's), else "nested"; `open_buffer` then checks every
-        table against it.
-
-        Raises:
-          SpecMismatchError: If the server has no such table.
-          ServerUnavailableError: If it does not answer within `timeouts.connect`.
-        """
-        info = check_table_exists(client, self._tables[0].name, self._timeouts.connect)
-        return PACKED if signature_layout(info.signature) == PACKED else NESTED
-
-    def checkpoint(self) -> str:
-        """Asks the server for a checkpoint; returns where Reverb wrote it on the server's side
-        (`replay-server` then verifies and adopts it into its `checkpoints/`). A save that lost
-        a race with another client's or the server's own save is asked for once more.
-
-        Raises:
-          CheckpointError: If it fails or takes longer than `timeouts.checkpoint`.
-        """
-        client, timeout = self._client, self._timeouts.checkpoint
-        assert client is not None
-        try:
-            return reverb_internals.retry_concurrent_save(
-                lambda: call_with_timeout(client.checkpoint, timeout, "checkpoint")
-            )
-        except Exception as e:  # Reverb raises RuntimeError; a timeout raises TimeoutError
-            raise CheckpointError(f"checkpoint of {self._address!r} failed: {e}") from e
-
-    def after_clear(self) -> None:
-        """Checkpoints the emptied tables on the server, so a restart does not bring them back.
-
-        Raises:
-          CheckpointError: If that checkpoint fails (the tables are empty either way).
-        """
-        try:
-            self.checkpoint()
-        except CheckpointError as e:
-            raise CheckpointError(
-                f"the tables were emptied, but the server could not checkpoint that: {e}; "
-                "a restart of the server may bring the old items back"
-            ) from e
-
-    def last_checkpoint(self) -> tuple[Checkpoint | None, float | None]:
-        """Unknown here: the server owns its checkpoints (`replay-server status --json`)."""
-        return None, None
-
-    def close(self) -> None:
-        """Nothing to release: the server runs on."""
-        self._client = None
 
 
 def options_layout(options: BackendOptions) -> Layout:

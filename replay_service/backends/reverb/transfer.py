@@ -1,23 +1,22 @@
 """Reverb's side of an export and an import: every item of a table read once, and written back.
 
-The items of an export, and of an epoch pass, are read exactly once (`read_items`,
-`export_buffer`); an import writes them back in order (`insert_items`); the files are
-`storage.export`'s. Reverb has no "iterate all items" call, and sampling the
-live table would count toward its rate limiter, `times_sampled` and `max_times_sampled`. The
-export therefore takes a checkpoint with the manager and reads that: the item records
-(`items.tfrecord`) give keys, priorities, `times_sampled` and the insertion order; the data is
-decoded by Reverb itself, in a throw-away in-process server restored from a copy of the
-checkpoint whose table was rewritten to a FIFO sampler with `max_times_sampled=1` and no rate
-limit. Sampling that copy returns each item exactly once, oldest first, then leaves it empty;
-the items are placed by key into the order of the item records. The live table is not touched
-beyond the checkpoint, which becomes the newest checkpoint of `checkpoint_dir`. The copy holds
-the buffer in memory a second time while the export runs, and like every Reverb server it
-listens on all interfaces for that time (see docs/operations.md, "Security").
+The items of an export, and of an epoch pass, are read exactly once (`read_items`); an import
+writes them back in order (`insert_items`); the files are `storage.export`'s. Reverb has no
+"iterate all items" call, and sampling the live table would count toward its rate limiter,
+`times_sampled` and `max_times_sampled`. The export therefore takes a checkpoint with the
+manager and reads that: the item records (`items.tfrecord`) give keys, priorities,
+`times_sampled` and the insertion order; the data is decoded by Reverb itself, in a throw-away
+in-process server restored from a copy of the checkpoint whose table was rewritten to a FIFO
+sampler with `max_times_sampled=1` and no rate limit. Sampling that copy returns each item
+exactly once, oldest first, then leaves it empty; the items are placed by key into the order of
+the item records. The live table is not touched beyond the checkpoint, which becomes the newest
+checkpoint of `checkpoint_dir`. The copy holds the buffer in memory a second time while the
+export runs, and like every Reverb server it listens on all interfaces for that time (see
+docs/operations.md, "Security").
 """
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,13 +24,7 @@ import numpy as np
 from replay_service.backends.reverb import internals as reverb_internals
 from replay_service.config.options import Timeouts, to_ms
 from replay_service.errors import WriteTimeoutError
-from replay_service.storage.export import (
-    DEFAULT_PREFIX,
-    ExportedItems,
-    check_target,
-    export_paths,
-    write_export,
-)
+from replay_service.storage.export import ExportedItems
 
 if TYPE_CHECKING:
     import reverb
@@ -40,38 +33,6 @@ if TYPE_CHECKING:
     from replay_service.specs.layouts import Layout
 
 _UNSIGNED_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def export_buffer(
-    handle: TableHandle,
-    checkpoint_path: str,
-    dirpath: str | os.PathLike[str],
-    prefix: str = DEFAULT_PREFIX,
-    *,
-    overwrite: bool = False,
-) -> tuple[str, str]:
-    """Writes every item of one table, exactly once, from a checkpoint (see module docs).
-
-    Args:
-      handle: The table to export.
-      checkpoint_path: A complete checkpoint of its server, readable from this machine
-        (`ReplayBufferManager.export` takes one first).
-      dirpath: Directory to write into; created if missing.
-      prefix: File name prefix.
-      overwrite: Replace the two export files in a non-empty directory (other files are kept).
-
-    Returns:
-      `(state_path, metadata_path)`.
-
-    Raises:
-      CheckpointExistsError: If `dirpath` is not empty and `overwrite` is False.
-      CheckpointError: If the checkpoint cannot be read or decoded, or the files cannot be
-        written.
-    """
-    export_paths(dirpath, prefix)
-    check_target(os.fspath(dirpath), overwrite)
-    items = read_items(handle, checkpoint_path)
-    return write_export(dirpath, prefix, handle.table, handle.stored_spec, items, overwrite)
 
 
 def read_items(handle: TableHandle, checkpoint_path: str) -> ExportedItems:

@@ -10,7 +10,7 @@ from tf_agents.replay_buffers import reverb_utils
 
 from replay_service.errors import ConfigError
 from replay_service.specs.nests import normalize_spec, numpy_dtype
-from replay_service.storage.export import read_export
+from replay_service.storage.importing import read_export
 
 FIRST, MID, LAST = 0, 1, 2
 # Steps per episode, the boundary step included: shorter and longer than the windows.

@@ -35,7 +35,7 @@ from replay_service.distributed.sharding import ShardedReplayBuffer
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.sample.batches import draws_per_call
 from replay_service.specs import packed
-from replay_service.storage.export import read_export
+from replay_service.storage.importing import read_export
 from replay_service.storage.store import CheckpointStore
 from tests.conftest import CARTPOLE_CONFIG, FAST_TIMEOUTS, ServerProcess, all_items
 
