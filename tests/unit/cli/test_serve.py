@@ -25,8 +25,10 @@ from replay_service.monitoring.report import TableReport
 
 
 @pytest.fixture()
-def parsed():
-    """absl's flags parsed with their defaults, each test's values restored afterwards."""
+def parsed(monkeypatch, tmp_path):
+    """absl's flags parsed with their defaults, each test's values restored afterwards; run in
+    a directory of its own, where the default checkpoint_dir would be made."""
+    monkeypatch.chdir(tmp_path)
     was_parsed = flags.FLAGS.is_parsed()
     if not was_parsed:
         flags.FLAGS.mark_as_parsed()
