@@ -84,8 +84,8 @@ def test_regular_file_exists_is_false_for_nothing_and_refuses_other_kinds(tmp_pa
     assert regular_file_exists(str(tmp_path / "file")) is True
     assert regular_file_exists(str(tmp_path / "missing")) is False
     assert regular_file_exists(str(tmp_path / "file" / "below")) is False  # parent is a file
+    (tmp_path / "sub").mkdir()
     with pytest.raises(NotRegularFileError, match=r"'.*sub' is a directory, not a regular file"):
-        (tmp_path / "sub").mkdir()
         regular_file_exists(str(tmp_path / "sub"))
 
 
