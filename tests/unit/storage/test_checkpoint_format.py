@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
-
 import pytest
 
 from replay_service.errors import CheckpointError
@@ -16,24 +13,7 @@ from replay_service.storage.checkpoint_format import (
     registered,
     verify_checkpoint,
 )
-
-
-class SuffixFormat:
-    """Owns the checkpoints holding a file ending in `suffix`; reads back as `verified`."""
-
-    settle_s = 0.0
-
-    def __init__(self, backend: str, suffix: str, verified: Any = (0, {})) -> None:
-        self.backend = backend
-        self.suffix = suffix
-        self.verified = verified
-
-    def owns(self, names: Collection[str]) -> bool:
-        return any(name.endswith(self.suffix) for name in names)
-
-    def verify(self, path: str) -> Any:
-        return self.verified
-
+from storage_fakes import SuffixFormat
 
 LOCAL = SuffixFormat("local", ".safetensors", (3, {"t.safetensors": {"size": 1}}))
 REVERB = SuffixFormat("reverb", ".tfrecord")

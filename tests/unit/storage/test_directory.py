@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -38,26 +36,14 @@ from replay_service.storage.directory import (
 )
 from replay_service.storage.files import DONE_FILE
 from replay_service.storage.metadata import FORMAT, Checkpoint, StoreMetadata
+from storage_fakes import SuffixFormat
 
 pytestmark = pytest.mark.local
 
 META = StoreMetadata("t", 2, 10, [{"path": "x", "dtype": "float32", "shape": []}], layout="packed")
 
 
-class SuffixFormat:
-    def __init__(self, backend: str, suffix: str, settle_s: float = 0.0) -> None:
-        self.backend = backend
-        self.suffix = suffix
-        self.settle_s = settle_s
-
-    def owns(self, names: Collection[str]) -> bool:
-        return any(n.endswith(self.suffix) for n in names)
-
-    def verify(self, path: str) -> Any:
-        raise AssertionError("not read here")
-
-
-FORMATS = (SuffixFormat("local", ".safetensors"), SuffixFormat("reverb", ".tfrecord", 5.0))
+FORMATS = (SuffixFormat("local", ".safetensors"), SuffixFormat("reverb", ".tfrecord", settle_s=5.0))
 
 
 def store(root: Path) -> CheckpointDirectory:

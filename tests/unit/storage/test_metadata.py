@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -20,41 +18,13 @@ from replay_service.storage.metadata import (
     TableSummary,
     VariableTableSummary,
 )
+from storage_fakes import FIELD, SuffixFormat, metadata
 
 pytestmark = pytest.mark.local
 
 NEWER = FORMAT.rsplit("/", 1)[0] + "/99"
 """The store file's format tag of a future release."""
-FIELD = {"path": "observation", "shape": [3], "dtype": "float32"}
-
-
-def metadata(**changes: Any) -> StoreMetadata:
-    fields: dict[str, Any] = {
-        "table_name": "t",
-        "sequence_length": 2,
-        "capacity": 100,
-        "data_spec": [FIELD],
-    }
-    return StoreMetadata(**{**fields, **changes})
-
-
-class NamedFormat:
-    """A checkpoint format owning the files that end in `suffix`."""
-
-    settle_s = 0.0
-
-    def __init__(self, backend: str, suffix: str) -> None:
-        self.backend = backend
-        self.suffix = suffix
-
-    def owns(self, names: Collection[str]) -> bool:
-        return any(n.endswith(self.suffix) for n in names)
-
-    def verify(self, path: str) -> Any:
-        raise AssertionError("not read here")
-
-
-FORMATS = (NamedFormat("local", ".safetensors"), NamedFormat("reverb", ".tfrecord"))
+FORMATS = (SuffixFormat("local", ".safetensors"), SuffixFormat("reverb", ".tfrecord"))
 
 
 def test_metadata_round_trips_through_its_json_form():

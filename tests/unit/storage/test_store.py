@@ -32,16 +32,15 @@ from replay_service.storage.files import DONE_FILE, file_digest
 from replay_service.storage.metadata import (
     FORMAT,
     Checkpoint,
-    StoreMetadata,
 )
 from replay_service.storage.store import CheckpointStore
+from storage_fakes import metadata
 
 pytestmark = pytest.mark.local
 
 DATA_FILE = "items.toy"
 NEWER = FORMAT.rsplit("/", 1)[0] + "/99"
 """The store file's format tag of a future release."""
-FIELD = {"path": "observation", "shape": [3], "dtype": "float32"}
 
 
 class ToyFormat:
@@ -65,16 +64,6 @@ class ToyFormat:
 
 
 TOY = ToyFormat()
-
-
-def metadata(**changes: Any) -> StoreMetadata:
-    fields: dict[str, Any] = {
-        "table_name": "t",
-        "sequence_length": 2,
-        "capacity": 100,
-        "data_spec": [FIELD],
-    }
-    return StoreMetadata(**{**fields, **changes})
 
 
 def toy_writer(items: int, name: str = "written", done: bool = True) -> Any:
