@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -303,6 +304,9 @@ def diff_value(value: Any, data_spec: Any) -> list[str]:
         nest.assert_same_structure(spec, value, check_types=False)
     except (ValueError, TypeError) as e:
         return [f"structure differs from the data spec: {e}"]
+    differs = _nest_difference(spec, value, "")
+    if differs:
+        return [f"structure differs from the data spec: {differs}"]
     problems = []
     for (path, leaf_spec), leaf in zip(leaf_specs, nest.flatten(value), strict=True):
         array = np.asarray(leaf)
@@ -470,6 +474,38 @@ def collect_data_spec(env: Any, policy: Any) -> Any:
       A `Trajectory` of `tf.TensorSpec`s.
     """
     return trajectory_spec(env, policy.info_spec)
+
+
+def _nest_difference(spec: Any, value: Any, path: str) -> str | None:
+    """Where a dict of `value` has other keys than the spec's dict at the same place, or a
+    non-empty sequence stands for a dict (or a dict for one), which `assert_same_structure(
+    check_types=False)` lets pass when the leaves line up; None if nowhere."""
+    where = f"field {path!r}" if path else "the step"
+    nests = (Mapping, tuple, list)
+    if (
+        isinstance(spec, nests)
+        and isinstance(value, nests)
+        and isinstance(spec, Mapping) != isinstance(value, Mapping)
+        and (len(spec) or len(value))
+    ):
+        return f"{where} is a {type(value).__name__}, the data spec a {type(spec).__name__}"
+    if isinstance(spec, Mapping) and isinstance(value, Mapping):
+        if set(spec) != set(value):
+            return (
+                f"{where} has keys {sorted(map(str, value))}, the data spec "
+                f"{sorted(map(str, spec))}"
+            )
+        pairs = [(str(key), spec[key], value[key]) for key in spec]
+    elif isinstance(spec, tuple | list) and isinstance(value, tuple | list):
+        names = getattr(spec, "_fields", None) or [str(i) for i in range(len(spec))]
+        pairs = list(zip(names, spec, value, strict=False))
+    else:
+        return None
+    for name, spec_part, value_part in pairs:
+        found = _nest_difference(spec_part, value_part, f"{path}/{name}" if path else name)
+        if found:
+            return found
+    return None
 
 
 def _use_tf(spec_type: str) -> bool:

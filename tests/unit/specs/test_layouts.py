@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import tree
 
-from replay_service.errors import ConfigError
 from replay_service.specs.arrays import ArraySpec, Trajectory, trajectory_spec
 from replay_service.specs.layout_registry import as_layout, resolve_layout
 from replay_service.specs.layouts import LAYOUTS, Layout, NestedLayout
-from replay_service.specs.packed import MAX_CHUNK_LENGTH, PackedLayout, layout_of
+from replay_service.specs.packed import MAX_CHUNK_LENGTH, PackedLayout
 from replay_service.specs.windows import Masked, stored_spec
 
 # CartPole: 4 float32 observations, one int64 action: 40 bytes per step.
@@ -123,22 +122,6 @@ def test_resolve_layout_names_the_implementation(case: Case) -> None:
     assert layout.structure is CARTPOLE or layout.structure == CARTPOLE
     assert as_layout(layout, None) is layout
     assert type(as_layout(case.name, CARTPOLE)) is case.kind
-
-
-def test_resolve_layout_caches_the_packed_layout_per_spec() -> None:
-    assert resolve_layout("packed", CARTPOLE) is layout_of(CARTPOLE)
-    assert resolve_layout("packed", CARTPOLE) is resolve_layout("packed", CARTPOLE)
-    padded = stored_spec(CARTPOLE, True)
-    assert resolve_layout("packed", padded) is not resolve_layout("packed", CARTPOLE)
-
-
-@pytest.mark.parametrize("name", ["columnar", "", "Packed", None, 1])
-def test_resolve_layout_refuses_an_unknown_name(name: Any) -> None:
-    with pytest.raises(ConfigError, match=r"layout must be one of \['nested', 'packed'\]") as e:
-        resolve_layout(name, CARTPOLE)
-    assert repr(name) in str(e.value)
-    with pytest.raises(ConfigError, match="extra_tables"):
-        resolve_layout(name, CARTPOLE, where="extra_tables[0].layout")
 
 
 @pytest.mark.parametrize("length", [1, 2, 100])

@@ -17,7 +17,6 @@ from replay_service.errors import (
     CheckpointError,
     CheckpointExistsError,
     NoCheckpointError,
-    SpecMismatchError,
     UnknownFormatError,
 )
 from replay_service.storage.checkpoint_format import Verified
@@ -33,18 +32,15 @@ from replay_service.storage.files import DONE_FILE, file_digest
 from replay_service.storage.metadata import (
     FORMAT,
     Checkpoint,
-    StoreMetadata,
-    TableSummary,
-    VariableTableSummary,
 )
 from replay_service.storage.store import CheckpointStore
+from storage_fakes import metadata
 
 pytestmark = pytest.mark.local
 
 DATA_FILE = "items.toy"
 NEWER = FORMAT.rsplit("/", 1)[0] + "/99"
 """The store file's format tag of a future release."""
-FIELD = {"path": "observation", "shape": [3], "dtype": "float32"}
 
 
 class ToyFormat:
@@ -68,16 +64,6 @@ class ToyFormat:
 
 
 TOY = ToyFormat()
-
-
-def metadata(**changes: Any) -> StoreMetadata:
-    fields: dict[str, Any] = {
-        "table_name": "t",
-        "sequence_length": 2,
-        "capacity": 100,
-        "data_spec": [FIELD],
-    }
-    return StoreMetadata(**{**fields, **changes})
 
 
 def toy_writer(items: int, name: str = "written", done: bool = True) -> Any:
@@ -107,47 +93,6 @@ def store(tmp_path: Path) -> CheckpointStore:
 
 def tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != ".lock")
-
-
-# ------------------------------------------------------------------------------ metadata
-
-
-def test_metadata_round_trips_through_its_json_form():
-    full = metadata(
-        extra_tables=(TableSummary(name="x", sequence_length=3, capacity=7),),
-        pad_end_of_episode=True,
-        variable_tables=(VariableTableSummary(name="weights", spec=[FIELD]),),
-        layout="packed",
-    )
-    data = json.loads(json.dumps(full.to_json()))
-    assert data["format"] == FORMAT
-    assert StoreMetadata.from_json(data, "here") == full
-    older = {k: v for k, v in data.items() if k not in ("extra_tables", "variable_tables")}
-    assert StoreMetadata.from_json(older, "here").extra_tables == ()
-
-
-def test_metadata_names_every_difference_and_refuses_a_mismatch():
-    stored = metadata(extra_tables=(TableSummary(name="x", sequence_length=3, capacity=7),))
-    asked = metadata(
-        capacity=50,
-        layout="packed",
-        extra_tables=(TableSummary(name="x", sequence_length=4, capacity=7),),
-    )
-    problems = stored.differences(asked)
-    assert problems[0].startswith("capacity: requested 50, stored 100 (Reverb restores")
-    assert any(p.startswith("layout: requested 'packed', stored 'nested'") for p in problems)
-    assert "extra table 'x' sequence_length: requested 4, stored 3" in problems
-    assert stored.differences(stored) == []
-    with pytest.raises(SpecMismatchError, match="^the file does not match the configured"):
-        stored.check_matches(asked, "the file")
-
-
-def test_metadata_of_an_unknown_or_newer_format_is_refused_not_damaged():
-    data = {**metadata().to_json(), "format": NEWER}
-    with pytest.raises(UnknownFormatError):
-        StoreMetadata.from_json(data, "here")
-    with pytest.raises(CheckpointError, match="malformed"):
-        StoreMetadata.from_json({"format": FORMAT}, "here")
 
 
 # -------------------------------------------------------------------- staging and commit
