@@ -15,6 +15,7 @@ from replay_service import (
     SpecMismatchError,
     TableConfig,
 )
+from replay_service.collect.episode_padding import boundary_zeros
 from replay_service.collect.observer import TrajectoryObserver
 from replay_service.collect.transitions import TransitionWriter
 
@@ -90,11 +91,14 @@ def test_checkpoint_flushes_and_close_closes_every_collector_made(make_from_spac
     writers = [manager.transition_writer() for _ in range(2)]
     for writer in writers:
         add_episode(writer, 3)  # 3 windows of 2 each
+    observer = manager.observer()
     manager.checkpoint()
     manager.close()
     for writer in writers:
         with pytest.raises(ManagerClosedError, match="writer is closed"):
             writer.add(state(0), 0, 1.0, state(1), False)
+    with pytest.raises(ManagerClosedError, match="observer is closed"):
+        observer(boundary_zeros(manager.data_spec))
     reloaded = make_from_spaces("local", name="ckpt")
     reloaded.load_replay_buffer()
     assert reloaded.num_frames() == 6

@@ -1,5 +1,5 @@
 """`sample.epochs`, through `manager.epoch_batches` on the local backend: a pass is a snapshot
-of one table taken when it is made (collectors flushed first), its batch count follows
+of one table taken when it is made, its batch count follows
 `drop_last`, an unseeded pass draws new permutations on every iteration, and padded tables
 refuse transitions. (Every item once per epoch, seeds and bad options, on both backends:
 test_extras_epochs.py.)"""
@@ -31,11 +31,11 @@ def firsts(batch) -> list[tuple[int, int]]:
     return [(int(e), int(i)) for e, i in observation[:, 0, :2].tolist()]
 
 
-def test_a_pass_is_a_snapshot_taken_when_it_is_made_with_unflushed_items(make_from_spaces):
+def test_a_pass_is_a_snapshot_taken_when_it_is_made(make_from_spaces):
     manager = make_from_spaces("local")
     manager.create_replay_buffer()
     writer = manager.transition_writer()
-    write(writer, range(2), 5)  # not flushed: epoch_batches flushes the collectors
+    write(writer, range(2), 5)
     epochs = manager.epoch_batches(4, seed=0)
     write(writer, range(2, 4), 5)  # after the snapshot: not in the pass
     writer.flush()

@@ -1,5 +1,5 @@
-"""`sample.view.SampleView`, through the manager's torch sampling on the local backend: the
-table a call names is the one sampled and the one its batch-size check measures (its own
+"""`sample.view.SampleView`, through the manager's sampling on the local backend: the table a
+call names is the one sampled and the one `epoch_batches`' batch-size check measures (by its own
 sequence length), and an unknown table is refused listing the buffer's tables. (The ceilings
 and devices themselves, on every entry point and both backends: test_batch_bounds.py.)"""
 
@@ -55,9 +55,9 @@ def test_the_named_table_is_sampled(manager):
 
 def test_the_batch_check_measures_the_named_tables_items(manager):
     with pytest.raises(ConfigError, match=f"of table {manager.table_name!r}") as primary:
-        manager.torch_batches(HUGE)
+        manager.epoch_batches(HUGE)
     with pytest.raises(ConfigError, match=f"of table {LONG!r}") as long:
-        manager.torch_batches(HUGE, table=LONG)
+        manager.epoch_batches(HUGE, table=LONG)
     step_bytes = per_item_bytes(str(primary.value)) // 2
     assert per_item_bytes(str(long.value)) == 5 * step_bytes
 
@@ -67,6 +67,8 @@ def test_an_unknown_table_is_refused_listing_the_tables(manager):
         manager.torch_batches(4, table="nope")
     with pytest.raises(ConfigError, match="unknown table 'nope'"):
         manager.torch_dataset(4, table="nope")
+    with pytest.raises(ConfigError, match="unknown table 'nope'"):
+        manager.epoch_batches(4, table="nope")
 
 
 def test_sampling_before_the_buffer_exists_is_refused(make_from_spaces):
