@@ -124,7 +124,7 @@ class ConstantPolicy(tf_policy.TFPolicy):
 
 
 def export_constant_policy(export_dir: Path, action: np.ndarray, info: dict[str, float]) -> None:
-    """Saves a `ConstantPolicy` in the layout `PolicySaver` writes (see test_policies.py)."""
+    """Saves a `ConstantPolicy` in the layout `PolicySaver` writes (see test_policy_schedule.py)."""
     policy = ConstantPolicy(BuildingEnv(seed=0), action, info)
     batched = tensor_spec.add_outer_dims_nest(policy.time_step_spec, (None,))
     module = tf.Module()

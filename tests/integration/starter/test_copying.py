@@ -1,4 +1,5 @@
-"""Copying a buffer for training (`copy_buffer`) and the starter-buffer naming and sizing rules."""
+"""Copying a buffer for training (`copy_buffer`): only its newest checkpoint, never half-written,
+never over foreign files or a buffer in use."""
 
 from __future__ import annotations
 
@@ -14,19 +15,10 @@ from replay_service import (
     CheckpointError,
     CheckpointExistsError,
     CheckpointStore,
-    ConfigError,
     NoCheckpointError,
     SpecMismatchError,
 )
-from replay_service.starter import (
-    SUMMARY_PLOT_SUFFIX,
-    check_capacity,
-    copy_buffer,
-    max_new_items,
-    starter_buffer_path,
-    summary_plot_path,
-    validate_buffer_name,
-)
+from replay_service.starter import copy_buffer
 from replay_service.storage.directory import (
     CHECKPOINT_META_FILE,
     CHECKPOINT_PREFIX,
@@ -197,38 +189,3 @@ def test_overlapping_paths_are_refused(source, tmp_path):
     with pytest.raises(CheckpointError, match="exists and is not a directory"):
         copy_buffer(source_dir, tmp_path / "a_file")
     assert tree_digest(source_dir) == before
-
-
-@pytest.mark.parametrize("name", ["my-starter-buffer", "week_01", "v1.2", "a..b"])
-def test_valid_buffer_names(name, tmp_path):
-    assert validate_buffer_name(name) == name
-    assert starter_buffer_path(tmp_path, name) == str(tmp_path / name)
-    assert summary_plot_path(tmp_path, name) == str(tmp_path / name) + SUMMARY_PLOT_SUFFIX
-
-
-@pytest.mark.parametrize(
-    "name",
-    ["", ".", "..", ".x", "a/b", "/abs", "a\\b", "a\0b", "b.summary.png", 3, None],
-)
-def test_invalid_buffer_names(name):
-    with pytest.raises(ConfigError, match="buffer name") as raised:
-        validate_buffer_name(name)
-    assert repr(name) in str(raised.value)
-
-
-def test_an_overlong_buffer_name_is_refused_with_its_length():
-    with pytest.raises(ConfigError, match="'xxxxxxxxxxxxxxxxxxxx'... is 201 characters long"):
-        validate_buffer_name("x" * 201)
-
-
-def test_item_bounds_and_the_capacity_check():
-    assert max_new_items(60, 2) == 60
-    assert max_new_items(60, 5) == 60
-    assert max_new_items(60, 1) == 120
-    check_capacity(100, 40, 60, "what")
-    with pytest.raises(ConfigError) as raised:
-        check_capacity(100, 41, 60, "1 env(s) x 2 run(s) x 30 steps")
-    assert str(raised.value).startswith(
-        "capacity 100 is too small: 41 items already stored + 1 env(s) x 2 run(s) x 30 steps can "
-        "write up to 60 items, 101 in all"
-    )

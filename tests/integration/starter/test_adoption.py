@@ -24,6 +24,8 @@ from replay_service import (
     SpecMismatchError,
     copy_buffer,
 )
+from replay_service.backends.reverb.internals import ColumnType
+from replay_service.starter.adoption import diff_columns
 
 TABLE = "uniform_table"
 CAPACITY = 1000
@@ -202,3 +204,43 @@ def test_replay_populate_copy_to_adopts_a_bare_root(
     assert result.stderr == ""
     assert CheckpointStore(target).latest().num_items == written
     assert tree_digest(root) == before
+
+
+# ------------------------------------------------------------ diff_columns, without a checkpoint
+
+
+def _field(path: str, dtype: str, shape: list) -> dict:
+    return {"path": path, "dtype": dtype, "shape": shape}
+
+
+FIELDS = [
+    _field("step_type", "int32", []),
+    _field("observation", "float32", [4]),
+    _field("action", "int64", []),
+]
+
+
+def test_diff_columns_of_matching_and_empty_tables_is_empty():
+    columns = [ColumnType("int32", ()), ColumnType("float32", (4,)), ColumnType("int64", ())]
+    assert diff_columns(FIELDS, columns) == []
+    assert diff_columns(FIELDS, []) == []  # a table without items matches any spec
+    unknown = [_field("x", "float32", [None, 3])]  # a spec's unknown dimension matches any
+    assert diff_columns(unknown, [ColumnType("float32", (7, 3))]) == []
+    assert diff_columns(unknown, [ColumnType("float32", (7,))]) != []
+
+
+def test_diff_columns_names_every_field_that_differs():
+    columns = [ColumnType("int64", ()), ColumnType("float32", (5,)), ColumnType("int64", ())]
+    assert diff_columns(FIELDS, columns) == [
+        "field 'step_type': the data_spec says int32[], the stored items hold int64[]",
+        "field 'observation': the data_spec says float32[4], the stored items hold float32[5]",
+    ]
+
+
+def test_diff_columns_of_counts_that_differ_by_more_than_one_describes_both():
+    (message,) = diff_columns(FIELDS, [ColumnType("float32", (4,))])
+    assert message.startswith("the data_spec has 3 fields (step_type: int32[], observation: ")
+    assert message.endswith("the stored items have 1 columns (float32[4])")
+    # One field more, but the rest do not pair up either: no single field is blamed.
+    (message,) = diff_columns(FIELDS, [ColumnType("int8", ()), ColumnType("int8", ())])
+    assert message.startswith("the data_spec has 3 fields")

@@ -8,6 +8,7 @@ import pytest
 import tree
 from tf_agents.replay_buffers import reverb_utils
 
+from replay_service.collect.episode_padding import EpisodePadding, boundary_zeros
 from replay_service.errors import ConfigError
 from replay_service.specs.nests import normalize_spec, numpy_dtype
 from replay_service.storage.importing import read_export
@@ -159,3 +160,25 @@ def test_tf_agents_padding_on_a_masked_table_is_refused(make_manager):
     manager.create_replay_buffer()
     with pytest.raises(ConfigError, match="pad_end_of_episode=True"):
         manager.observer(pad_end_of_episodes=True)
+
+
+# ------------------------------------------------------------------ EpisodePadding on its own
+
+
+def test_padding_counts_of_each_mode(data_spec):
+    plain = EpisodePadding.build(data_spec, 4, True, False, masked_table=False)
+    tiled = EpisodePadding.build(data_spec, 4, True, True, masked_table=False)
+    assert [plain.count(n) for n in (0, 1, 3, 4, 9)] == [0, 3, 1, 0, 0]
+    assert [tiled.count(n) for n in (0, 1, 3, 4, 9)] == [0, 3, 3, 3, 3]
+    assert EpisodePadding.build(data_spec, 4, False, False, masked_table=True) is None
+    assert EpisodePadding.build(data_spec, 4, np.False_, False, masked_table=False) is None
+
+
+def test_the_padding_step_is_zeros_with_last_then_first_step_types(data_spec):
+    step = boundary_zeros(data_spec)
+    spec = normalize_spec(data_spec)
+    assert int(step.step_type) == 2 and int(step.next_step_type) == 0  # LAST -> FIRST
+    assert float(step.discount) == 0.0 and float(step.reward) == 0.0
+    for leaf, leaf_spec in zip(tree.flatten(step), tree.flatten(spec), strict=True):
+        assert leaf.shape == tuple(leaf_spec.shape) and leaf.dtype == numpy_dtype(leaf_spec)
+    assert not step.observation.any()
