@@ -33,6 +33,7 @@ def test_only_the_kept_clients_connection_survives_and_nothing_new_connects() ->
         closed = close_foreign_connections(port, own)
 
         assert closed >= 2  # the listening socket and the other client's connection at least
+        assert server_info(kept, 5.0)["q"].current_size == 1  # bounded: fails if cut off
         kept.insert([np.int32(2)], {"q": 1.0})
         assert server_info(kept, 5.0)["q"].current_size == 2
         with pytest.raises(ServerUnavailableError):
