@@ -5,9 +5,11 @@ within the bound instead of blocking."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
@@ -75,11 +77,15 @@ def test_elements_pass_in_order_until_the_lifeline_is_closed(address: str) -> No
 def test_a_blocked_sampler_fails_within_the_bound_once_its_server_is_gone() -> None:
     server = reverb.Server([reverb.Table.queue("empty", 10)])
     address = f"localhost:{server.port}"
+    with reverb.Client(address).trajectory_writer(num_keep_alive_refs=1) as writer:
+        writer.append([np.int32(7)])
+        writer.create_item("empty", 1.0, [writer.history[0][-1]])
     samples = reverb.TrajectoryDataset(
         address, "empty", tf.int32, tf.TensorShape([]), max_in_flight_samples_per_worker=1
-    )  # blocks: the queue stays empty
+    )
     dataset = guard_liveness(samples, address, "empty", sample_timeout=0.5, connect_timeout=1.0)
     iterator = iter(dataset)
+    assert int(next(iterator).data) == 7  # the sampler is connected; the queue is empty now
     server.stop()
     start = time.monotonic()
     with pytest.raises(tf.errors.InvalidArgumentError, match=SERVER_LOST_MESSAGE) as raised:
@@ -89,3 +95,5 @@ def test_a_blocked_sampler_fails_within_the_bound_once_its_server_is_gone() -> N
     message = replay_service_message(raised.value)
     assert message is not None
     assert message.startswith(f"{SERVER_LOST_MESSAGE} at {address} while sampling table empty:")
+    del raised, iterator  # stops the sampler's retries now, not at some later collection
+    gc.collect()
