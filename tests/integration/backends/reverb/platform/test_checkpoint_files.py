@@ -68,6 +68,7 @@ def test_verify_counts_every_tables_items_and_hashes_every_file(checkpoint: str)
     assert CHECKPOINT_FORMAT.verify(checkpoint) == (items, files)
 
 
+@pytest.mark.heavy
 def test_records_are_read_whole_and_the_same_as_a_stream(checkpoint: str) -> None:
     records = read_records(checkpoint, ITEMS_FILE)
     assert len(records) == ITEMS + 2
