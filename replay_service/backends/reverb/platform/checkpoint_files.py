@@ -106,6 +106,8 @@ def _verify_file(path: str) -> dict[str, Any]:
         raise CheckpointError(
             f"{path!r} is truncated ({size} bytes; its ZLIB stream or last record is incomplete)"
         )
+    if inflate.unused_data:  # after the stream's end in the block that ended it
+        raise CheckpointError(f"{path!r} has data after the end of its ZLIB stream")
     return {"size": size, "sha256": digest.hexdigest(), "records": records}
 
 
