@@ -129,7 +129,9 @@ def configure_spaces(
 ) -> tuple[Any, str]:
     """The data spec of `ReplayBufferManager.from_spaces` (`specs.nests.data_spec_for_spaces`)
     and what its `backend` means there (`resolve_auto` at the single-process door); the
-    arguments are documented there, `options` being its other keyword arguments.
+    arguments are documented there, `options` being its other keyword arguments. On the local
+    backend the spec is an `array_specs.Trajectory` of `ArraySpec`, so that door imports no
+    TensorFlow or TF-Agents.
 
     Returns:
       The data spec and the backend name.
@@ -137,13 +139,19 @@ def configure_spaces(
     Raises:
       ConfigError: For an unsupported space or a bad extra, naming it and its value.
     """
-    data_spec = specs.data_spec_for_spaces(observation_space, action_space, extras=extras)
     chosen = resolve_auto(
         backend,
         checkpoint_dir=checkpoint_dir,
         server_address=options.get("server_address"),
         single_process=True,
         options=options,
+    )
+    # The local backend's door imports no TensorFlow: its spec is an `array_specs.Trajectory`
+    # (a checkpoint's description is the same for either kind of spec). Reverb gets TF specs;
+    # an unresolved "auto" gets them where TF-Agents imports (Reverb, where it imports too).
+    spec_type: specs.SpecType = {"local": "array", "reverb": "tf"}.get(chosen, "auto")
+    data_spec = specs.data_spec_for_spaces(
+        observation_space, action_space, spec_type, extras=extras
     )
     return data_spec, chosen
 

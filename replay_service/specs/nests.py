@@ -95,8 +95,8 @@ def normalize_spec(data_spec: Any) -> Any:
 
 
 def to_tf_spec(data_spec: Any) -> Any:
-    """The spec as TF specs: a nest of `tf.TensorSpec`, an `array_specs.Trajectory` becoming a
-    TF-Agents `Trajectory` (imports TensorFlow).
+    """The spec as TF specs: a nest of `tf.TensorSpec`, every `array_specs.Trajectory` in it (the
+    spec, or the step of a `Masked` one) becoming a TF-Agents `Trajectory` (imports TensorFlow).
 
     Args:
       data_spec: A nest of specs (see `normalize_spec`).
@@ -110,11 +110,15 @@ def to_tf_spec(data_spec: Any) -> Any:
     spec = normalize_spec(data_spec)
     if any(isinstance(leaf, ArraySpec) for leaf in tree.flatten(spec)):
         spec = _array_leaves_to_tf(spec)
-    if isinstance(spec, array_specs.Trajectory):
+
+    def tf_agents_trajectory(node: Any) -> Any:
+        if not isinstance(node, array_specs.Trajectory):
+            return None  # looked into
         from tf_agents.trajectories import trajectory
 
-        spec = trajectory.Trajectory(*spec)
-    return spec
+        return trajectory.Trajectory(*node)
+
+    return tree.traverse(tf_agents_trajectory, spec)
 
 
 def to_array_spec(data_spec: Any) -> Any:

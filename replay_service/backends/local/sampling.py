@@ -272,10 +272,11 @@ def tf_dataset(source: LocalSampleSource, batch_size: int, prefetch: int = 0) ->
       ConfigError: If TensorFlow is not installed.
     """
     tf = require_tensorflow("get_dataset")
-    from replay_service.specs.nests import table_signature
+    from replay_service.specs.nests import table_signature, to_tf_spec
 
     length = source.sequence_length
-    signature = table_signature(source._structure, length)
+    # TF-Agents' `Trajectory` where the spec has an `array_specs.Trajectory` (`from_spaces`).
+    signature = table_signature(to_tf_spec(source._structure), length)
     flat = tree.flatten(signature)
     output_signature = (
         tuple(tf.TensorSpec([batch_size, *s.shape], s.dtype) for s in flat),

@@ -499,3 +499,81 @@ def test_from_spaces_auto_gives_a_new_buffer_the_local_backend_unless_reverb_is_
         assert again.backend == "reverb"
         again.load_replay_buffer()
         assert again.num_frames() == 1
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("writer", ["tf_spec", "from_spaces"])
+def test_local_checkpoints_and_exports_move_between_tf_and_array_specs(tmp_path, writer):
+    """`from_spaces` on the local backend gives an `array_specs.Trajectory`, where it gave TF
+    specs before: a buffer written with either spec loads and imports into a manager of the
+    other."""
+    from gymnasium import spaces
+
+    from replay_service.specs import arrays as array_specs
+    from replay_service.specs.nests import data_spec_for_spaces
+
+    observation, action = spaces.Box(-10.0, 10.0, (4,), np.float32), spaces.Discrete(2)
+    extras = {"hidden": ((3,), np.float32)}
+    tf_spec = data_spec_for_spaces(observation, action, "tf", extras=extras)
+
+    def make(name: str, kind: str) -> ReplayBufferManager:
+        options: dict[str, Any] = {
+            "capacity": 50,
+            "checkpoint_dir": str(tmp_path / name),
+            "backend": "local",
+        }
+        if kind == "tf_spec":
+            return ReplayBufferManager(tf_spec, **options)
+        return ReplayBufferManager.from_spaces(observation, action, extras=extras, **options)
+
+    reader = "from_spaces" if writer == "tf_spec" else "tf_spec"
+    with make("ckpt", writer) as first:
+        if writer == "from_spaces":
+            assert isinstance(first.data_spec, array_specs.Trajectory), first.data_spec
+        first.create_replay_buffer()
+        transitions = first.transition_writer()
+        for i in range(4):
+            transitions.add(
+                state(0, i), [i % 2], float(i), state(0, i + 1), i == 3, hidden=np.full(3, i)
+            )
+        transitions.flush()
+        first.checkpoint()
+        before = exported(first, tmp_path / "export")
+    with make("ckpt", reader) as restored:
+        restored.load_replay_buffer()
+        after = exported(restored, tmp_path / "restored")
+    with make("imported", reader) as imported:
+        imported.import_buffer(tmp_path / "export")
+        again = exported(imported, tmp_path / "again")
+    assert len(before["priorities"]) == 4
+    for tensors in (after, again):
+        assert item_rows(tensors) == item_rows(before)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_local_from_spaces_get_dataset_gives_tf_agents_trajectories(tmp_path, padded):
+    """`from_spaces` keeps an `array_specs.Trajectory` on the local backend, and `get_dataset`
+    (TF-Agents' door) still hands out TF-Agents `Trajectory` batches, padded or not."""
+    from gymnasium import spaces
+    from tf_agents.trajectories import trajectory
+
+    from replay_service.specs.windows import Masked
+
+    with ReplayBufferManager.from_spaces(
+        spaces.Box(-10.0, 10.0, (4,), np.float32),
+        spaces.Discrete(2),
+        capacity=50,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        backend="local",
+        sequence_length=3,
+        pad_end_of_episode=padded,
+    ) as manager:
+        manager.create_replay_buffer()
+        write_episode(manager.transition_writer(), 0, 4)
+        batch, _ = next(iter(manager.get_dataset(2)))
+    step = batch.step if padded else batch
+    if padded:
+        assert isinstance(batch, Masked), type(batch)
+    assert isinstance(step, trajectory.Trajectory), type(step)
+    assert step.observation.shape == (2, 3, 4) and step.action.shape == (2, 3, 1)

@@ -204,7 +204,7 @@ def test_the_patch_answers_only_for_wrapt_proxies() -> None:
 
 def test_the_local_backend_import_path_imports_no_tensorflow(tmp_path: Path) -> None:
     pytest.importorskip("gymnasium")
-    # ArraySpec leaves (what from_spaces builds where TensorFlow is not installed), so that
+    # ArraySpec leaves (what from_spaces builds on the local backend), so that
     # nothing here imports TensorFlow.
     script = textwrap.dedent(
         f"""
