@@ -104,6 +104,11 @@ class FrameStack:
         split = stacks.reshape(n, *self.stacked[:a], self.k, self.channels, *self.stacked[a + 1 :])
         return np.moveaxis(split, 1 + a, 1)
 
+    def part(self, stack: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """Frames `[start, stop)` of one stack, a view (along its axis, as stacked)."""
+        c = self.channels
+        return stack[(slice(None),) * self.axis + (slice(start * c, stop * c),)]
+
     def newest(self, stacks: np.ndarray) -> np.ndarray:
         """`[n, *stacked]` -> `[n, *frame]`, each stack's newest frame (a copy)."""
         return np.ascontiguousarray(self.frames(stacks)[:, -1])
@@ -154,8 +159,9 @@ class FrameStack:
                     "be zeros, padding_type='zero'); nothing was written"
                 )
             return
-        if not previous.any():  # after an unknown observation: zero padding
-            previous = np.zeros_like(previous)
+        k = self.k
+        if np.array_equal(self.part(stack, 0, k - 1), self.part(previous, 1, k)):
+            return
         now = self.frames(stack[None])[0][:-1]
         before = self.frames(previous[None])[0][1:]
         same = (now == before).reshape(self.k - 1, -1).all(axis=1)

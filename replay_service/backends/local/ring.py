@@ -398,6 +398,12 @@ class StepRing:
         serials = self._preds[self._positions(np.asarray(first, dtype=np.int64))]
         return np.minimum(np.where(serials < 0, first[..., None], serials).min(axis=-1), first)
 
+    def _anchor(self, first: int) -> int:
+        """`_anchors` of one item (the writers' path: no arrays)."""
+        assert self._preds is not None
+        row = self._preds[(first - self._written + self._head) % self._ring_size].tolist()
+        return min([s for s in row if s >= 0], default=first)
+
     def _index(self, positions: np.ndarray) -> torch.Tensor:
         """Ring positions as an index tensor on the table's device."""
         return torch.from_numpy(np.ascontiguousarray(positions)).to(self._device)

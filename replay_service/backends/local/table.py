@@ -475,7 +475,7 @@ class LocalTable(WindowInserts, Shareable):
             self._publish()  # free, before anything is overwritten
             anchor = int(self._first[slot])
             if self._frames is not None:
-                anchor = int(self._anchors(np.array([anchor]))[0])
+                anchor = self._anchor(anchor)
             self._refs[(anchor - self._written + self._head) % self._ring_size] -= 1
             if self._scattered and self._consecutive is not None and not self._consecutive[slot]:
                 self._scattered -= 1

@@ -187,7 +187,7 @@ class WindowInserts(StepRing):
                 if stream is not None:
                     stream.serials = list(range(written, end))
             refs = self._refs
-            anchor = first if frames is None else int(self._anchors(np.array([first]))[0])
+            anchor = first if frames is None else self._anchor(first)
             at = (anchor - written + head) % size
             refs[at] += 1
             if refs[at] >= 255 and refs.dtype == np.uint8:
@@ -236,7 +236,7 @@ class WindowInserts(StepRing):
         assert frames is not None
         length = self._length
         if new < length and stream is not None and stream.frames:
-            anchor = int(self._anchors(np.array([keep]))[0])
+            anchor = self._anchor(keep)
             if self._claim(new, anchor):
                 return new, keep, 0, list(stream.frames)
         starts = stream is not None and stream.frames == [] and fresh == length
@@ -288,7 +288,7 @@ class WindowInserts(StepRing):
                 assert isinstance(chain, list)
                 row = chain
             for index, value in enumerate(step):
-                put(index, frames.frames(stack[None])[0, -1] if index == field else value)
+                put(index, frames.part(stack, k - 1, k) if index == field else value)
             preds[position] = row
             if gap is not None:
                 gap[position] = 1
