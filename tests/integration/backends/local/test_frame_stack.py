@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from replay_service import ConfigError, ReplayBufferManager, SpecMismatchError, Timeouts
 
@@ -335,6 +336,19 @@ def test_nested_observations_are_refused(tmp_path) -> None:
         )
 
 
+def test_the_reverb_backend_refuses_frame_stack(tmp_path) -> None:
+    pytest.importorskip("reverb")
+    with pytest.raises(ConfigError, match=r"frame_stack=4 \(frames stored once\) is the local"):
+        ReplayBufferManager.from_spaces(
+            spaces.Box(0, 255, (4, 84, 84), np.uint8),
+            spaces.Discrete(4),
+            capacity=10,
+            checkpoint_dir=str(tmp_path),
+            backend="reverb",
+            frame_stack=4,
+        )
+
+
 def test_too_large_a_capacity_is_refused_counting_frames_once(make) -> None:
     with pytest.raises(ConfigError, match=r"frames stored once \(frame_stack=4\)") as error:
         make(capacity=10**9).create_replay_buffer()
@@ -389,3 +403,38 @@ def test_filling_grows_the_ring_without_a_second_copy(tmp_path) -> None:
     nbytes, peak, now, steps = (int(v) for v in result.stdout.split())
     assert steps > 1500 + 4  # it grew
     assert peak <= 1.1 * now, (peak, now, nbytes)
+
+
+@pytest.mark.heavy
+def test_memmap_storage_and_tf_datasets_read_the_envs_stacks(make, episodes) -> None:
+    """Files cannot grow: each window is written with its first step's earlier frames, and
+    still every stack reads back (also through `get_dataset`)."""
+    transitions = episodes["reset"][:60]
+    manager = make(storage="memmap", capacity=40)
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    truth = pairs(transitions)
+    observations = items(manager)[1]
+    assert len(observations) == 40
+    assert {(o[0].tobytes(), o[1].tobytes()) for o in observations} <= truth
+    trajectory, _ = next(iter(manager.get_dataset(8)))
+    got = trajectory.observation.numpy()
+    assert got.shape == (8, 2, 4, 84, 84)
+    assert {(o[0].tobytes(), o[1].tobytes()) for o in got} <= truth
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available here")
+def test_a_ring_on_the_gpu_gathers_the_stacks_there(make, episodes) -> None:
+    transitions = episodes["zero"][:40]
+    manager = make(device="cuda")
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    truth = pairs(transitions)
+    batch = next(iter(manager.torch_batches(32, transitions=True, device="cuda")))
+    assert batch.states.device.type == "cuda"
+    got = {
+        (s.cpu().numpy().tobytes(), n.cpu().numpy().tobytes())
+        for s, n in zip(batch.states, batch.next_states, strict=True)
+    }
+    assert got <= truth
+    check_items(manager, transitions)
