@@ -324,27 +324,33 @@ def test_bad_frame_stacks_are_refused(make, options: dict[str, Any], message: st
         make(**options)
 
 
-def test_nested_observations_are_refused(tmp_path) -> None:
-    with pytest.raises(ConfigError, match=r"frame_stack=4 needs an observation that is one"):
-        ReplayBufferManager.from_spaces(
+@pytest.mark.parametrize(
+    ("observation", "backend", "message"),
+    [
+        (
             spaces.Dict({"pixels": spaces.Box(0, 255, (4, 8, 8), np.uint8)}),
+            "local",
+            r"frame_stack=4 needs an observation that is one",
+        ),
+        (
+            spaces.Box(0, 255, (4, 84, 84), np.uint8),
+            "reverb",
+            r"frame_stack=4 \(frames stored once\) is the local backend's",
+        ),
+    ],
+)
+def test_nests_and_the_reverb_backend_are_refused(
+    tmp_path, observation: Any, backend: str, message: str
+) -> None:
+    if backend == "reverb":
+        pytest.importorskip("reverb")
+    with pytest.raises(ConfigError, match=message):
+        ReplayBufferManager.from_spaces(
+            observation,
             spaces.Discrete(2),
             capacity=10,
             checkpoint_dir=str(tmp_path),
-            backend="local",
-            frame_stack=4,
-        )
-
-
-def test_the_reverb_backend_refuses_frame_stack(tmp_path) -> None:
-    pytest.importorskip("reverb")
-    with pytest.raises(ConfigError, match=r"frame_stack=4 \(frames stored once\) is the local"):
-        ReplayBufferManager.from_spaces(
-            spaces.Box(0, 255, (4, 84, 84), np.uint8),
-            spaces.Discrete(4),
-            capacity=10,
-            checkpoint_dir=str(tmp_path),
-            backend="reverb",
+            backend=backend,
             frame_stack=4,
         )
 
