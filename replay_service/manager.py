@@ -93,6 +93,12 @@ class ReplayBufferManager:
       seed: Local backend: seed of the tables' samplers (an integer >= 0); None: fresh entropy.
       device: Local backend: the torch device the tables' storage lives on and batches are
         gathered on ("cpu", "cuda:1"; needs storage="memory"); None: host memory.
+      frame_stack: Local backend: the observation is a stack of this many frames (an integer
+        >= 2) along `frame_axis`, each step a shift of the one before: every step stores only
+        its newest frame and reads rebuild the stacks (`backends.local.frames`; writes that
+        are not such stacks are a `SpecMismatchError`); None: observations stored whole.
+      frame_axis: 0 (gymnasium's `FrameStackObservation`, `(K, *frame)`) or -1 (SB3's
+        `VecFrameStack`, channels last, `(H, W, K*C)`).
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
@@ -125,6 +131,8 @@ class ReplayBufferManager:
         layout: str = AUTO,
         seed: int | None = None,
         device: str | None = None,
+        frame_stack: int | None = None,
+        frame_axis: int = 0,
     ) -> None:
         # Every argument but the summaries' is the backend's (`backends.configure` checks them).
         implementation, options = configure(
@@ -147,6 +155,8 @@ class ReplayBufferManager:
             layout=layout,
             seed=seed,
             device=device,
+            frame_stack=frame_stack,
+            frame_axis=frame_axis,
         )
         self.backend = implementation.kind
         self._backend: Backend = implementation.from_options(options)

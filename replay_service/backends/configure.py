@@ -11,6 +11,7 @@ from typing import Any
 
 from replay_service.backends import backend_class, resolve_auto, resolve_auto_layout
 from replay_service.backends.base import Backend, BackendOptions
+from replay_service.backends.local.frames import check_frame_stack
 from replay_service.config.options import (
     SamplingConfig,
     TableConfig,
@@ -49,6 +50,8 @@ def configure(
     layout: str,
     seed: int | None,
     device: str | None,
+    frame_stack: int | None = None,
+    frame_axis: int = 0,
 ) -> tuple[type[Backend], BackendOptions]:
     """Checks `ReplayBufferManager`'s backend arguments (documented there), in order: the
     backend and layout names, the tables, the integers, the data spec, the directory and
@@ -61,6 +64,9 @@ def configure(
     Raises:
       ConfigError: Naming the first invalid argument and its value.
       SpecMismatchError: If `data_spec` is not a TF-Agents `Trajectory` of tensor specs.
+
+    `frame_stack` (local backend) is checked after the data spec (`frames.check_frame_stack`)
+    and given to every table.
     """
     implementation = backend_class(
         resolve_auto(backend, checkpoint_dir=checkpoint_dir, server_address=server_address),
@@ -85,6 +91,10 @@ def configure(
         port=port, stride_length=stride_length, keep_checkpoints=keep_checkpoints
     )
     specs.check_collect_spec(data_spec, "ReplayBufferManager")
+    if frame_stack is not None or frame_axis != 0:
+        table, extra = _with_frames(
+            implementation, data_spec, frame_stack, frame_axis, pad_end_of_episode, (table, *extra)
+        )
     stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
     specs.describe_spec(data_spec)  # refuses a spec that is not a nest of tensor specs
     # Before anything is allocated (the local backend checks its whole rings on create).
@@ -167,6 +177,41 @@ def _with_layout(extra_tables: Any, layout: str) -> Any:
         else t
         for t in extra_tables
     ]
+
+
+def _with_frames(
+    implementation: type[Backend],
+    data_spec: Any,
+    frame_stack: Any,
+    frame_axis: Any,
+    pad_end_of_episode: bool,
+    tables: Sequence[TableConfig],
+) -> tuple[TableConfig, tuple[TableConfig, ...]]:
+    """The tables with the frame stack (`frames.check_frame_stack`), every table's.
+
+    Raises:
+      ConfigError: Naming the value: an invalid frame stack, a backend other than the local
+        one, or `pad_end_of_episode` (its `Masked` steps are not stacked).
+    """
+    check_frame_stack(data_spec, frame_stack, frame_axis)
+    if frame_stack is None:
+        raise ConfigError(f"frame_axis={frame_axis!r} needs frame_stack (an integer >= 2)")
+    if implementation.kind != "local":
+        raise ConfigError(
+            f"frame_stack={frame_stack!r} (frames stored once) is the local backend's: use "
+            f"backend='local', or store the stacks whole on {implementation.kind!r} (no "
+            "frame_stack)"
+        )
+    if pad_end_of_episode:
+        raise ConfigError(
+            f"frame_stack={frame_stack!r} does not take pad_end_of_episode=True (padded steps "
+            "are not frame stacks); use pad_end_of_episode=False"
+        )
+    framed = [
+        dataclasses.replace(t, frame_stack=int(frame_stack), frame_axis=int(frame_axis))
+        for t in tables
+    ]
+    return framed[0], tuple(framed[1:])
 
 
 def _check_interval(interval: float | None, server_address: str | None) -> None:

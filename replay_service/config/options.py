@@ -347,6 +347,11 @@ class TableConfig:
         the data spec with a time dimension) or "packed" (one `uint8` row per step in long
         chunks: several times less server memory per step, faster inserts; see
         `replay_service.specs.packed`). Every table of a server has the same layout.
+      frame_stack: Local backend: the observation is a stack of this many frames along
+        `frame_axis`, each step storing only its newest frame
+        (`replay_service.backends.local.frames`); None: observations stored whole.
+      frame_axis: The observation's axis the frames are stacked along: 0 (gymnasium's
+        `FrameStackObservation`) or -1 (SB3's `VecFrameStack`, channels last).
     """
 
     name: str = DEFAULT_TABLE_NAME
@@ -355,6 +360,8 @@ class TableConfig:
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
     pad_end_of_episode: bool = False
     layout: str = "nested"
+    frame_stack: int | None = None
+    frame_axis: int = 0
 
     def __post_init__(self) -> None:
         validate_table_name(self.name)
@@ -376,6 +383,16 @@ class TableConfig:
             self.sampling.min_size_to_sample <= self.capacity,
             f"min_size_to_sample ({self.sampling.min_size_to_sample}) must not exceed capacity "
             f"({self.capacity}), or sampling could never start",
+        )
+        if self.frame_stack is not None:
+            require_positive_int("frame_stack", self.frame_stack)
+            _require(
+                self.frame_stack >= 2,
+                f"frame_stack must be an integer >= 2, got {self.frame_stack!r}",
+            )
+        _require(
+            not isinstance(self.frame_axis, bool) and self.frame_axis in (0, -1),
+            f"frame_axis must be 0 or -1, got {self.frame_axis!r}",
         )
 
 

@@ -70,6 +70,8 @@ class StoreMetadata:
         spec. Files written before they were supported have no such field: they hold none.
       layout: The storage layout of every replay table ("nested" or "packed", see
         `config.TableConfig`); files without the field hold nested tables.
+      frame_stack: Frames per stacked observation, each stored once (`config.TableConfig`),
+        and the axis they are stacked along; files without the fields hold none.
     """
 
     table_name: str
@@ -80,6 +82,8 @@ class StoreMetadata:
     pad_end_of_episode: bool = False
     variable_tables: tuple[VariableTableSummary, ...] = ()
     layout: str = "nested"
+    frame_stack: int | None = None
+    frame_axis: int = 0
 
     @classmethod
     def for_tables(
@@ -116,6 +120,8 @@ class StoreMetadata:
                 for v in variable_tables
             ),
             layout=table.layout,
+            frame_stack=table.frame_stack,
+            frame_axis=table.frame_axis,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -123,6 +129,8 @@ class StoreMetadata:
         data = dataclasses.asdict(self)
         data["extra_tables"] = [dataclasses.asdict(t) for t in self.extra_tables]
         data["variable_tables"] = [dataclasses.asdict(t) for t in self.variable_tables]
+        if self.frame_stack is None:  # as files written before frame stacks
+            del data["frame_stack"], data["frame_axis"]
         return {"format": FORMAT, **data}
 
     @classmethod
@@ -157,6 +165,8 @@ class StoreMetadata:
                     for t in data.get("variable_tables", [])
                 ),
                 layout=str(data.get("layout", "nested")),
+                frame_stack=(None if data.get("frame_stack") is None else int(data["frame_stack"])),
+                frame_axis=int(data.get("frame_axis", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source} is malformed: {e!r}") from e
@@ -184,6 +194,13 @@ class StoreMetadata:
                 f"layout: requested {requested.layout!r}, stored {self.layout!r} (the stored "
                 f"items are {self.layout}; use layout={self.layout!r}, or export the buffer and "
                 "import it into one of the other layout)"
+            )
+        if (requested.frame_stack, requested.frame_axis) != (self.frame_stack, self.frame_axis):
+            problems.append(
+                f"frame_stack: requested {requested.frame_stack!r} (frame_axis "
+                f"{requested.frame_axis!r}), stored {self.frame_stack!r} (frame_axis "
+                f"{self.frame_axis!r}) (use the stored frame_stack, or export the buffer and "
+                "import it into one with the other)"
             )
         problems += _extra_table_differences(requested.extra_tables, self.extra_tables)
         problems += [

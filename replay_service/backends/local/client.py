@@ -81,6 +81,7 @@ class LocalWindowWriter:
         self._since = [0] * len(self._windows)
         self._step_index = -1
         self._longest = max(w.sequence_length for w in self._windows)
+        self._frames = self._windows[0].table.frames  # stacked observations: checked
 
     def append(self, step: Any) -> None:
         """Appends one step (a nest, or the flat list of its leaves); inserts due windows.
@@ -110,6 +111,13 @@ class LocalWindowWriter:
                     f"field {path!r}: expected shape {list(shape)}, got {list(array.shape)}"
                 )
             arrays.append(array)
+        if self._frames is not None:
+            self._frames.check_step(
+                arrays[self._frames.field],
+                self._history[-1][self._frames.field] if self._history else None,
+                self._step_index + 1,
+                f"table {self._windows[0].table.name!r}",
+            )
         history = self._history
         history.append(arrays)
         if len(history) > self._longest:

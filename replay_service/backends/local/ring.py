@@ -25,6 +25,7 @@ host steps and gathered there by index.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.frames import FrameStack
 from replay_service.backends.local.scratch import (
     check_free,
     prepare_scratch_dir,
@@ -46,8 +48,11 @@ from replay_service.errors import ConfigError
 from replay_service.specs import sizes
 
 STORAGES = ("memory", "memmap")
-# A growing step ring takes at least this fraction of its size more (a growth copies the ring).
+# A growing step ring takes at least this fraction of its size more.
 _GROWTH = 0.125
+# Linux's MAP_NORESERVE (Python's mmap module does not name it before 3.12): address space
+# reserved for a ring's largest size, its pages committed only as steps are written.
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 
 class StepRing:
@@ -79,6 +84,7 @@ class StepRing:
         storage: str,
         scratch_dir: str | None,
         device: torch.device | None,
+        frames: FrameStack | None = None,
     ) -> None:
         """Sets up an empty ring (its storage is allocated at the first insert, or now by the
         table for "memmap", see `_allocate`).
@@ -91,16 +97,23 @@ class StepRing:
             under `scratch_dir`).
           scratch_dir: Directory of the memory-mapped files; None: a temporary one.
           device: Where the ring lives (checked by the table); None: host memory.
+          frames: The stacked observation (`frames.FrameStack`): its column holds each
+            step's newest frame and `_preds` the serials of its earlier frames; None: none.
 
         """
         length = self._length
         self._device = device
+        self._frames = frames
         self._step_shapes = list(step_shapes)
+        if frames is not None:
+            self._step_shapes[frames.field] = frames.frame
+        # Steps an item needs: its window and, stacked, its first step's earlier frames.
+        span = length if frames is None else length + frames.k - 1
         self._dtypes = list(dtypes)
         self._storage_kind = storage
         self._scratch_dir = scratch_dir
-        self._ring_size = ring_steps(capacity, length, storage)
-        self._max_steps = capacity * length * length
+        self._ring_size = ring_steps(capacity, length, storage, frames and frames.k)
+        self._max_steps = capacity * span * span
         # Files cannot grow: reserved once, for `capacity` windows that share no step.
         self._shares = storage == "memory"
         if storage == "memmap":
@@ -110,10 +123,20 @@ class StepRing:
         self._tensors: list[torch.Tensor] = []
         self._gap: np.ndarray | None = None
         self._refs = np.zeros(0, dtype=np.uint8)
+        # Per step, the serials of its K-1 earlier frames, oldest first (-1: a zero frame).
+        self._preds: np.ndarray | None = None
+        # Host RAM rings: per field the array of the ring's largest size, address space only
+        # until written; the ring grows inside it (`_grow`). None: a ring that is copied.
+        self._reserved: list[np.ndarray] | None = None
         self._head = 0
         self._written = 0
         self._oldest = 0
         self._offsets = np.arange(length, dtype=np.int64)
+
+    @property
+    def frames(self) -> FrameStack | None:
+        """The stacked observation whose frames are stored once; None: none."""
+        return self._frames
 
     @property
     def step_bytes(self) -> int:
@@ -125,8 +148,12 @@ class StepRing:
 
     @property
     def item_bytes(self) -> int:
-        """Bytes of one item's data as sampled (every field, every step)."""
-        return self.step_bytes * self._length
+        """Bytes of one item's data as sampled (every field, every step, whole stacks)."""
+        step = self.step_bytes
+        if self._frames is not None:
+            frame = int(np.prod(self._frames.frame)) * self._dtypes[self._frames.field].itemsize
+            step += frame * (self._frames.k - 1)
+        return step * self._length
 
     @property
     def step_capacity(self) -> int:
@@ -140,7 +167,8 @@ class StepRing:
         if self._columns is None:
             return 0
         gap = 0 if self._gap is None else self._gap.nbytes
-        return self._ring_size * self.step_bytes + gap + self._refs.nbytes
+        preds = 0 if self._preds is None else self._preds.nbytes
+        return self._ring_size * self.step_bytes + gap + self._refs.nbytes + preds
 
     def _positions(self, serials: np.ndarray) -> np.ndarray:
         """Ring positions of steps still in the ring, by serial number."""
@@ -188,11 +216,16 @@ class StepRing:
             return True
 
     def _grow(self, steps: int) -> None:
-        """Moves the ring into a larger one of `steps` steps, oldest step first."""
+        """Makes the ring `steps` steps long: in place inside `_reserved` (the steps written
+        before the head's wrap move up by the growth, a block at a time: no second copy of
+        the ring), or by moving it into a larger one, oldest step first."""
         assert self._columns is not None
+        assert self._shared is None, "a shared ring has its largest size"
+        if self._reserved is not None and steps <= len(self._reserved[0]):
+            self._grow_in_place(steps)
+            return
         held = self._written - self._oldest
         order = self._positions(np.arange(self._oldest, self._written, dtype=np.int64))
-        assert self._shared is None, "a shared ring has its largest size"
         columns, tensors = [], []
         for column in self._columns:
             if self._device is not None:
@@ -214,9 +247,50 @@ class StepRing:
             self._gap = gap
         refs = np.zeros(steps, dtype=self._refs.dtype)
         refs[:held] = self._refs[order]
+        if self._preds is not None:
+            preds = np.full((steps, self._preds.shape[1]), -1, dtype=np.int64)
+            preds[:held] = self._preds[order]
+            self._preds = preds
         self._columns, self._refs = columns, refs
+        self._reserved = None
         self._ring_size = steps
         self._head = held % steps
+
+    def _grow_in_place(self, steps: int) -> None:
+        """`_grow` inside `_reserved`: positions `[head, size)` that hold steps still in the
+        ring (written before the head wrapped) move up by `steps - size`, in blocks that do not
+        overlap, so every step keeps `_positions`' formula with the new size."""
+        assert self._reserved is not None
+        size, head = self._ring_size, self._head
+        shift = steps - size
+        wrapped = self._written - self._oldest - head  # steps in [size - wrapped, size)
+        start = size - wrapped if wrapped > 0 else size
+
+        def move(array: np.ndarray) -> None:
+            end = size
+            while end > start:
+                begin = max(start, end - shift)
+                array[begin + shift : end + shift] = array[begin:end]
+                end = begin
+
+        for reserved in self._reserved:
+            move(reserved)
+        self._columns = [r[:steps] for r in self._reserved]
+        self._tensors = [torch.from_numpy(c) for c in self._columns]
+
+        def extend(array: np.ndarray, fill: int) -> np.ndarray:
+            grown = np.full((steps, *array.shape[1:]), fill, dtype=array.dtype)
+            grown[:size] = array
+            move(grown)
+            return grown
+
+        if self._gap is not None:
+            self._gap = extend(self._gap, 1)
+        self._refs = extend(self._refs, 0)
+        self._refs[start : min(start + shift, size)] = 0  # moved up: free now
+        if self._preds is not None:
+            self._preds = extend(self._preds, -1)
+        self._ring_size = steps
 
     def _gaps(self) -> np.ndarray:
         """`_gap`, made when a writer's steps first interleave with another's."""
@@ -245,10 +319,20 @@ class StepRing:
         """The items of `slots` gathered from the ring, one tensor per field."""
         assert self._columns is not None
         positions = self._window_positions(slots)
+        frames = self._frames
         if self._device is not None:  # gathered on the device: only the positions travel
             index = self._index(positions)
-            return [column[index] for column in self._columns]
-        return [torch.from_numpy(column.take(positions, axis=0)) for column in self._columns]
+            data = [column[index] for column in self._columns]
+        else:
+            data = [
+                None
+                if frames is not None and field == frames.field
+                else torch.from_numpy(column.take(positions, axis=0))
+                for field, column in enumerate(self._columns)
+            ]
+        if frames is not None:
+            data[frames.field] = self._stacks(positions)
+        return data
 
     def _read_steps(
         self, slots: np.ndarray, steps: Sequence[tuple[int, int]]
@@ -257,6 +341,24 @@ class StepRing:
         assert self._columns is not None
         positions = self._window_positions(slots)
         by_step = {step: np.ascontiguousarray(positions[:, step]) for step in {s for _, s in steps}}
+        frames = self._frames
+        if frames is not None and any(field == frames.field for field, _ in steps):
+            stacks = {
+                step: self._stacks(at)
+                for step, at in by_step.items()
+                if (frames.field, step) in steps
+            }
+            plain = self._read_plain(by_step, [p for p in steps if p[0] != frames.field])
+            return [
+                stacks[step] if field == frames.field else plain.pop(0) for field, step in steps
+            ]
+        return self._read_plain(by_step, steps)
+
+    def _read_plain(
+        self, by_step: dict[int, np.ndarray], steps: Sequence[tuple[int, int]]
+    ) -> list[torch.Tensor]:
+        """`_read_steps` of columns read as stored, by step's positions."""
+        assert self._columns is not None
         if self._device is not None:
             index = {step: self._index(at) for step, at in by_step.items()}
             return [self._columns[field][index[step]] for field, step in steps]
@@ -264,6 +366,43 @@ class StepRing:
             torch.from_numpy(self._columns[field].take(by_step[step], axis=0))
             for field, step in steps
         ]
+
+    def _stacks(self, positions: np.ndarray) -> torch.Tensor:
+        """The stacked observations of the steps at ring `positions` (any shape): each step's
+        K-1 earlier frames and its own, one gather, zero frames where a serial is -1."""
+        frames = self._frames
+        assert frames is not None and self._preds is not None and self._columns is not None
+        serials = self._preds[positions]  # [..., K-1]
+        zero = serials < 0
+        at = self._positions(np.where(zero, self._oldest, serials))
+        at = np.concatenate([at, positions[..., None]], axis=-1)  # [..., K]
+        column = self._columns[frames.field]
+        if self._device is not None:
+            gathered = column[self._index(at)]
+            if zero.any():
+                mask = np.concatenate([zero, np.zeros_like(zero[..., :1])], axis=-1)
+                gathered[torch.from_numpy(mask).to(self._device)] = 0
+        else:
+            taken = column.take(at, axis=0)
+            if zero.any():
+                taken[(slice(None),) * positions.ndim + (slice(0, frames.k - 1),)][zero] = 0
+            gathered = torch.from_numpy(taken)
+        return frames.assemble(gathered)
+
+    def _anchors(self, first: np.ndarray) -> np.ndarray:
+        """The oldest serial each item of first step serials `first` needs: its first step's
+        oldest earlier frame (stacked observations) or the step itself. The item's count in
+        `_refs` is there, so `_claim` keeps its frames."""
+        if self._frames is None or self._preds is None:
+            return first
+        serials = self._preds[self._positions(np.asarray(first, dtype=np.int64))]
+        return np.minimum(np.where(serials < 0, first[..., None], serials).min(axis=-1), first)
+
+    def _anchor(self, first: int) -> int:
+        """`_anchors` of one item (the writers' path: no arrays)."""
+        assert self._preds is not None
+        row = self._preds[(first - self._written + self._head) % self._ring_size].tolist()
+        return min([s for s in row if s >= 0], default=first)
 
     def _index(self, positions: np.ndarray) -> torch.Tensor:
         """Ring positions as an index tensor on the table's device."""
@@ -301,9 +440,12 @@ class StepRing:
                 self.fields,
             )
         columns, tensors = [], []
+        reserved = self._reserve() if directory is None and self._device is None else None
         for index, (shape, dtype) in enumerate(zip(self._step_shapes, self._dtypes, strict=True)):
             torch_dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
-            if directory is not None:
+            if reserved is not None:
+                tensor = torch.from_numpy(reserved[index][:steps])
+            elif directory is not None:
                 from tensordict import MemoryMappedTensor
 
                 tensor = MemoryMappedTensor.empty(
@@ -318,17 +460,67 @@ class StepRing:
             tensors.append(tensor)
         self._columns = columns
         self._tensors = tensors
+        self._reserved = reserved
         self._gap = None
         self._refs = np.zeros(steps, dtype=np.uint8)
+        if self._frames is not None:
+            self._preds = np.full((steps, self._frames.k - 1), -1, dtype=np.int64)
+
+    def _reserve(self) -> list[np.ndarray] | None:
+        """Per field an array of the ring's largest size in anonymous memory whose pages are
+        committed only when written (`MAP_NORESERVE`), so the ring grows inside it without a
+        copy (`_grow_in_place`); None where the address space cannot be had (the ring is
+        then allocated at its size, and copied when it grows)."""
+        rows = self._max_steps
+        if rows <= self._ring_size:
+            return None
+        arrays = []
+        for shape, dtype in zip(self._step_shapes, self._dtypes, strict=True):
+            size = rows * int(np.prod(shape)) * dtype.itemsize
+            try:
+                memory = mmap.mmap(
+                    -1,
+                    max(size, 1),
+                    flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
+                )
+            except (OSError, ValueError, OverflowError):
+                return None
+            arrays.append(
+                np.frombuffer(memory, dtype=dtype, count=rows * int(np.prod(shape))).reshape(
+                    rows, *shape
+                )
+            )
+        return arrays
 
 
-def ring_steps(capacity: int, sequence_length: int, storage: str) -> int:
+def ring_steps(
+    capacity: int, sequence_length: int, storage: str, frame_stack: int | None = None
+) -> int:
     """Steps of a table's step ring when it is made: `capacity + sequence_length - 1` in RAM
     (windows of one writer share steps; it grows if writers interleave), `capacity *
-    sequence_length` in files ("memmap": reserved once, for windows that share no step)."""
+    sequence_length` in files ("memmap": reserved once, for windows that share no step).
+    Stacked observations (`frame_stack` K): an item also needs its first step's K-1 earlier
+    frames, K-1 steps more per window."""
+    span = sequence_length + (frame_stack - 1 if frame_stack else 0)
     if storage == "memmap":
-        return capacity * sequence_length
-    return capacity + sequence_length - 1
+        return capacity * span
+    return capacity + span - 1
+
+
+def _step_bytes(config: TableConfig, fields: Sequence[dict[str, Any]]) -> int:
+    """Bytes a table stores per step: every field, a stacked observation's newest frame only
+    and the serials of its earlier frames (`frames.FrameStack`)."""
+    total = sum(_field_bytes(config, f) for f in sizes.field_sizes(fields))
+    if config.frame_stack:
+        total += 8 * (config.frame_stack - 1)
+    return total
+
+
+def _field_bytes(config: TableConfig, field: sizes.FieldSize) -> int:
+    """Bytes a table stores per step of `field`: a stacked observation's newest frame."""
+    if config.frame_stack and field.path == "observation":
+        return field.nbytes // config.frame_stack
+    return field.nbytes
 
 
 def check_tables_fit(
@@ -356,12 +548,17 @@ def check_tables_fit(
       ConfigError: Naming the bytes per step and the largest fields with their shapes, each
         table's steps, the total and the bytes available.
     """
-    per_step = sizes.step_bytes(fields)
-    rings = [(c.name, ring_steps(c.capacity, c.sequence_length, storage), c) for c in configs]
+    rings = [
+        (c.name, ring_steps(c.capacity, c.sequence_length, storage, c.frame_stack), c)
+        for c in configs
+    ]
     if storage == "memmap":
         files = [
-            (os.path.join(scratch_root, name, f"field{index}.memmap"), steps * field.nbytes)
-            for name, steps, _ in rings
+            (
+                os.path.join(scratch_root, name, f"field{index}.memmap"),
+                steps * _field_bytes(config, field),
+            )
+            for name, steps, config in rings
             for index, field in enumerate(sizes.field_sizes(fields))
         ]
         names = ", ".join(repr(name) for name, _, _ in rings)
@@ -371,11 +568,13 @@ def check_tables_fit(
         check_free(files, what, fields, scratch_root, reclaimable)
         return
     available = sizes.available_memory()
-    total = sum(steps for _, steps, _ in rings) * per_step
+    total = sum(steps * _step_bytes(config, fields) for _, steps, config in rings)
     if available is None or total <= available:
         return
+    per_step = _step_bytes(configs[0], fields)
     tables = "; ".join(
         f"table {name!r}: {steps} steps for capacity {config.capacity}"
+        + (f", frames stored once (frame_stack={config.frame_stack})" if config.frame_stack else "")
         for name, steps, config in rings
     )
     raise ConfigError(

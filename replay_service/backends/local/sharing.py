@@ -73,6 +73,12 @@ class Shareable(StepRing):
           ManagerClosedError: If the table was closed.
         """
         sampling = self.config.sampling
+        if self.config.frame_stack is not None:
+            raise ConfigError(
+                f"table {self.name!r} stores each frame once (frame_stack="
+                f"{self.config.frame_stack!r}): DataLoader worker processes cannot rebuild its "
+                "stacks yet; sample it in this process (num_workers=0, torch_batches)"
+            )
         if self._device is not None and self._device.type != "cpu":
             raise ConfigError(
                 f"table {self.name!r} lives on device {str(self._device)!r}: DataLoader worker "

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.frames import FrameStack
 from replay_service.backends.local.ring import STORAGES
 from replay_service.backends.local.shared import (
     CELL_CLOSED,
@@ -186,6 +187,7 @@ class LocalTable(WindowInserts, Shareable):
             storage=storage,
             scratch_dir=scratch_dir,
             device=checked,
+            frames=FrameStack.for_table(config.frame_stack, config.frame_axis, self.fields),
         )
         # Per item slot: its first step's serial and samples; its priority once items differ
         # (before: `_flat_priority`, every item's); whether its steps are consecutive serials
@@ -471,7 +473,10 @@ class LocalTable(WindowInserts, Shareable):
             # A full table's collector evicts one item per insert: no arrays.
             slot = self._slots.remove_oldest_one()
             self._publish()  # free, before anything is overwritten
-            self._refs[(int(self._first[slot]) - self._written + self._head) % self._ring_size] -= 1
+            anchor = int(self._first[slot])
+            if self._frames is not None:
+                anchor = self._anchor(anchor)
+            self._refs[(anchor - self._written + self._head) % self._ring_size] -= 1
             if self._scattered and self._consecutive is not None and not self._consecutive[slot]:
                 self._scattered -= 1
             if self._tree is not None:
@@ -504,7 +509,7 @@ class LocalTable(WindowInserts, Shareable):
         else:
             self._slots.remove(slots)
         self._publish()  # free, before anything is overwritten
-        np.subtract.at(self._refs, self._positions(self._first[slots]), 1)
+        np.subtract.at(self._refs, self._positions(self._anchors(self._first[slots])), 1)
         if self._scattered:
             assert self._consecutive is not None
             self._scattered -= int(np.count_nonzero(~self._consecutive[slots]))

@@ -34,16 +34,20 @@ class WindowStream:
       serials: Serial numbers in the table's step ring, oldest first.
     """
 
-    __slots__ = ("key", "serials")
+    __slots__ = ("frames", "key", "serials")
 
     def __init__(self) -> None:
         self.serials: list[int] = []
         self.key = 0  # the key of the writer's last item, 0: none
+        # Stacked observations: the serials of the earlier frames of the writer's next step
+        # (-1: a zero frame); []: its next step starts an episode; None: unknown.
+        self.frames: list[int] | None = []
 
     def reset(self) -> None:
         """The writer's next window shares no step with its last one (a new episode)."""
         self.serials = []
         self.key = 0
+        self.frames = []
 
 
 class WindowInserts(StepRing):
@@ -136,9 +140,14 @@ class WindowInserts(StepRing):
                 ):
                     new = fresh
                     keep = serials[fresh - length]
-            if not self._claim(new, keep):
-                new, keep = length, -1
-                self._claim(new, -1)
+            frames = self._frames
+            extra, chain = 0, None
+            if frames is None:
+                if not self._claim(new, keep):
+                    new, keep = length, -1
+                    self._claim(new, -1)
+            else:
+                new, keep, extra, chain = self._claim_frames(steps, new, keep, stream, fresh)
             size = self._ring_size
             head = self._head
             written = self._written
@@ -147,7 +156,10 @@ class WindowInserts(StepRing):
             gap = self._gap
             position = head
             on_device = self._device is not None
-            for step in steps[length - new :]:
+            if frames is not None:
+                position = self._write_frames(steps, new, extra, chain, stream)
+                written += extra  # the earlier frames written first are no step of the item
+            for step in () if frames is not None else steps[length - new :]:
                 for column, value in zip(columns, step):  # noqa: B905 (checked by the writer)
                     column[position] = torch.as_tensor(value) if on_device else value
                 if gap is not None:
@@ -155,6 +167,7 @@ class WindowInserts(StepRing):
                 position += 1
                 if position == size:
                     position = 0
+            head = (head + extra) % size
             end = written + new
             self._head = position
             self._written = end
@@ -174,7 +187,8 @@ class WindowInserts(StepRing):
                 if stream is not None:
                     stream.serials = list(range(written, end))
             refs = self._refs
-            at = (first - written + head) % size
+            anchor = first if frames is None else self._anchor(first)
+            at = (anchor - written + head) % size
             refs[at] += 1
             if refs[at] >= 255 and refs.dtype == np.uint8:
                 self._refs = refs.astype(np.int32)
@@ -197,6 +211,93 @@ class WindowInserts(StepRing):
             self.inserts += 1
             self._changed.notify()
         return key
+
+    def _claim_frames(
+        self,
+        steps: Sequence[Sequence[np.ndarray]],
+        new: int,
+        keep: int,
+        stream: WindowStream | None,
+        fresh: int | None,
+    ) -> tuple[int, int, int, list[int] | str | None]:
+        """`_claim` for a window of stacked observations (`frames.FrameStack`).
+
+        A window that shares steps keeps them and its first step's earlier frames (from its
+        anchor on, `_anchors`). A whole window that starts an episode needs no earlier frame
+        (its padding: "reset" or "zero"); any other is preceded by its first stack's K-1
+        earlier frames, written as steps of their own.
+
+        Returns:
+          `(new, keep, extra, chain)`: window steps to write, the first shared serial (-1:
+          none), earlier frames to write first, and the earlier frames of the first step
+          written (serials, "reset", "zero", or None: the `extra` ones).
+        """
+        frames = self._frames
+        assert frames is not None
+        length = self._length
+        if new < length and stream is not None and stream.frames:
+            anchor = self._anchor(keep)
+            if self._claim(new, anchor):
+                return new, keep, 0, list(stream.frames)
+        starts = stream is not None and stream.frames == [] and fresh == length
+        padding = frames.padding(np.asarray(steps[0][frames.field])) if starts else None
+        extra = 0 if padding is not None else frames.k - 1
+        self._claim(length + extra, -1)
+        return length, -1, extra, padding
+
+    def _write_frames(
+        self,
+        steps: Sequence[Sequence[np.ndarray]],
+        new: int,
+        extra: int,
+        chain: list[int] | str | None,
+        stream: WindowStream | None,
+    ) -> int:
+        """Writes the last `new` steps of a window of stacked observations at the head, after
+        `extra` earlier frames of its first step: each step's newest frame and the serials of
+        its earlier ones (`_preds`); returns the ring position after them."""
+        frames = self._frames
+        columns, preds = self._columns, self._preds
+        assert frames is not None and columns is not None and preds is not None
+        field, k, size = frames.field, frames.k, self._ring_size
+        gap = self._gap
+        on_device = self._device is not None
+        position, serial = self._head, self._written
+
+        def put(index: int, value: np.ndarray) -> None:
+            columns[index][position] = torch.as_tensor(value) if on_device else value
+
+        if extra:
+            earlier = frames.frames(np.asarray(steps[0][field])[None])[0]
+            chain = []
+            for j in range(extra):
+                put(field, earlier[j])
+                preds[position] = -1
+                if gap is not None:
+                    gap[position] = 1
+                chain.append(serial)
+                serial += 1
+                position = position + 1 if position + 1 < size else 0
+        for step in steps[self._length - new :]:
+            stack = np.asarray(step[field])
+            if not stack.any() or chain == "zero":
+                row = [-1] * (k - 1)
+            elif chain == "reset":
+                row = [serial] * (k - 1)
+            else:
+                assert isinstance(chain, list)
+                row = chain
+            for index, value in enumerate(step):
+                put(index, frames.part(stack, k - 1, k) if index == field else value)
+            preds[position] = row
+            if gap is not None:
+                gap[position] = 1
+            chain = [*row[1:], serial]
+            serial += 1
+            position = position + 1 if position + 1 < size else 0
+        if stream is not None:
+            stream.frames = chain if isinstance(chain, list) else None
+        return position
 
     def _check_data(self, data: Sequence[np.ndarray], count: int) -> None:
         if len(data) != len(self.fields):
@@ -231,6 +332,9 @@ class WindowInserts(StepRing):
             self.inserts += count - capacity
             count = capacity
         data = [np.ascontiguousarray(a) for a in data]
+        frames = self._frames
+        if frames is not None:
+            frames.check_windows(data[frames.field], self.name)
         # Item i shares its first steps with item i-1 when it is that window shifted by one.
         shared = np.zeros(count, dtype=np.bool_)
         if length > 1 and count > 1:
@@ -238,9 +342,18 @@ class WindowInserts(StepRing):
             for array in data:
                 rows = array.reshape(count, length, -1).view(np.uint8)
                 shared[1:] &= (rows[1:, :-1] == rows[:-1, 1:]).all(axis=(1, 2))
-        new_steps = np.where(shared, 1, length)
+        # Stacked observations: a window that shares nothing is preceded by its first step's
+        # earlier frames, as steps of their own (`_framed_windows`).
+        extra = 0 if frames is None else frames.k - 1
+        if extra:
+            # Per row written: an all-zero stack (zero padding of a zero frame after it).
+            zero = ~data[frames.field].reshape(count, length, -1).any(axis=2)
+            zero = np.concatenate([np.zeros((count, extra), np.bool_), zero], axis=1)
+            data = self._framed_windows(data)
+        width = length + extra
+        new_steps = np.where(shared, 1, width)
         total = int(new_steps.sum())
-        keep = np.ones((count, length), dtype=np.bool_)
+        keep = np.ones((count, width), dtype=np.bool_)
         keep[shared, :-1] = False
         keep = keep.reshape(-1)
         with self._changed:
@@ -255,7 +368,7 @@ class WindowInserts(StepRing):
             written = self._written
             positions = (self._head + np.arange(total, dtype=np.int64)) % size
             for column, array, shape in zip(columns, data, self._step_shapes, strict=True):
-                steps = array.reshape(count * length, *shape)[keep]
+                steps = array.reshape(count * width, *shape)[keep]
                 if self._device is None:
                     column[positions] = steps
                 else:
@@ -266,7 +379,11 @@ class WindowInserts(StepRing):
             self._head = (self._head + total) % size
             self._written = written + total
             self._oldest = max(self._oldest, self._written - size)
-            at = self._positions(firsts)  # distinct: the first serials grow
+            if frames is not None:
+                self._preds[positions] = _earlier_serials(
+                    written, total, zero.reshape(-1)[keep], frames.k
+                )
+            at = self._positions(self._anchors(firsts))  # distinct: the first serials grow
             if self._refs.dtype == np.uint8 and int(self._refs[at].max()) >= 254:
                 self._refs = self._refs.astype(np.int32)
             self._refs[at] += 1
@@ -280,3 +397,43 @@ class WindowInserts(StepRing):
             self.inserts += count
             self._changed.notify_all()
         return keys, slots
+
+    def _framed_windows(self, data: list[np.ndarray]) -> list[np.ndarray]:
+        """Windows `[n, length, ...]` as written with stacked observations: `[n, K-1 + length,
+        ...]`, the first K-1 rows the first step's earlier frames (zeros in the other
+        fields), the observation column each step's newest frame."""
+        frames = self._frames
+        assert frames is not None
+        extra = frames.k - 1
+        out = []
+        for index, array in enumerate(data):
+            count, length = array.shape[:2]
+            if index == frames.field:
+                stacked = frames.frames(array.reshape(count * length, *frames.stacked))
+                stacked = stacked.reshape(count, length, frames.k, *frames.frame)
+                rows = np.concatenate([stacked[:, 0, :extra], stacked[:, :, -1]], axis=1)
+            else:
+                pad = np.zeros((count, extra, *array.shape[2:]), dtype=array.dtype)
+                rows = np.concatenate([pad, array], axis=1)
+            out.append(np.ascontiguousarray(rows))
+        return out
+
+
+def _earlier_serials(written: int, total: int, zero: np.ndarray, k: int) -> np.ndarray:
+    """`_preds` of `total` rows written from serial `written` on by `_insert_windows`: each
+    step's K-1 earlier frames are the K-1 serials before it (windows and their earlier frames
+    are written in order), except at and before the last step whose stack is all zeros (-1):
+    a zero stack (an unknown final observation) is zero padding of a zero frame.
+
+    Args:
+      written: The first row's serial.
+      total: Rows written.
+      zero: `[total]` whether the row is a step whose stack is all zeros.
+      k: Frames per stack.
+    """
+    serials = written + np.arange(total, dtype=np.int64)
+    preds = serials[:, None] + np.arange(-(k - 1), 0, dtype=np.int64)
+    if zero.any():
+        last_zero = np.maximum.accumulate(np.where(zero, serials, -1))
+        preds[preds <= last_zero[:, None]] = -1
+    return preds

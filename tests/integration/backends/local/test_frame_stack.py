@@ -1,0 +1,446 @@
+"""Frames stored once (`frame_stack`): Atari observations of gymnasium's own wrappers on a real
+ALE env, written through the users' doors, read back exactly by every sampling call.
+
+Every step of a frame-stacked buffer stores its newest frame only (`backends.local.frames`);
+these tests check that each sampled stack (states and next states) is the one the env gave,
+both paddings and both stacking axes, that stacks which are not shifts of the previous one
+are refused, and that checkpoints and exports round-trip.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from replay_service import ConfigError, ReplayBufferManager, SpecMismatchError, Timeouts
+
+gym = pytest.importorskip("gymnasium")
+ale_py = pytest.importorskip("ale_py")
+from gymnasium import spaces
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+pytestmark = pytest.mark.local
+
+gym.register_envs(ale_py)
+FAST = Timeouts(connect=5.0, write=10.0, sample=2.0, checkpoint=60.0)
+STEPS = 160  # a few episodes: every lost life terminates one
+FRAME_BYTES = 84 * 84
+
+
+def breakout(padding: str) -> Any:
+    """Breakout as DQN sees it: gymnasium's preprocessing and frame stack of 4."""
+    env = AtariPreprocessing(
+        gym.make("BreakoutNoFrameskip-v4", max_episode_steps=120),
+        frame_skip=4,
+        noop_max=0,
+        terminal_on_life_loss=True,
+    )
+    return FrameStackObservation(env, 4, padding_type=padding)
+
+
+def record(padding: str, steps: int = STEPS) -> list[tuple[Any, ...]]:
+    """`steps` transitions `(state, action, reward, next_state, terminated, truncated)` of a
+    seeded random policy."""
+    env = breakout(padding)
+    rng = np.random.default_rng(0)
+    state, _ = env.reset(seed=0)
+    out = []
+    for _ in range(steps):
+        action = int(rng.integers(env.action_space.n))
+        next_state, reward, terminated, truncated, _ = env.step(action)
+        out.append((state, action, float(reward), next_state, terminated, truncated))
+        state = next_state
+        if terminated or truncated:
+            state, _ = env.reset()
+    env.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def episodes() -> dict[str, list[tuple[Any, ...]]]:
+    """Recorded transitions per padding ("reset": gymnasium's default, "zero": SB3's)."""
+    return {padding: record(padding) for padding in ("reset", "zero")}
+
+
+def channels_last(transitions: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """SB3's `VecFrameStack` layout `(84, 84, 4)`: the frames along the last axis."""
+    return [
+        (np.moveaxis(s, 0, -1).copy(), a, r, np.moveaxis(n, 0, -1).copy(), d, t)
+        for s, a, r, n, d, t in transitions
+    ]
+
+
+@pytest.fixture()
+def make(tmp_path) -> Iterator[Callable[..., ReplayBufferManager]]:
+    """Local frame-stacked managers of Breakout's spaces; closed at teardown."""
+    made: list[ReplayBufferManager] = []
+
+    def factory(name: str = "ckpt", axis: int = 0, **options: Any) -> ReplayBufferManager:
+        shape = (4, 84, 84) if axis == 0 else (84, 84, 4)
+        options.setdefault("capacity", 1000)
+        options.setdefault("frame_stack", 4)
+        options.setdefault("frame_axis", axis)
+        manager = ReplayBufferManager.from_spaces(
+            spaces.Box(0, 255, shape, np.uint8),
+            spaces.Discrete(4),
+            checkpoint_dir=str(tmp_path / name),
+            backend="local",
+            timeouts=FAST,
+            seed=0,
+            **options,
+        )
+        made.append(manager)
+        return manager
+
+    yield factory
+    for manager in made:
+        manager.close()
+
+
+def write(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
+    writer = manager.transition_writer()
+    for transition in transitions:
+        writer.add(*transition)
+
+
+def pairs(transitions: list[tuple[Any, ...]]) -> set[tuple[bytes, bytes]]:
+    """The transitions' `(state, next state)` stacks; the last one's item is not written
+    unless it ended its episode (its item comes with the next step)."""
+    if not (transitions[-1][4] or transitions[-1][5]):
+        transitions = transitions[:-1]
+    return {(s.tobytes(), n.tobytes()) for s, _, _, n, _, _ in transitions}
+
+
+def items(manager: ReplayBufferManager) -> list[np.ndarray]:
+    return manager._backend.read_items(manager.table_config).data
+
+
+def check_items(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
+    """Every item, in order, is one transition: its state and next state the env's (the
+    last transition's item comes with the step after it, unless it ended its episode)."""
+    observations = items(manager)[1]
+    assert len(transitions) - 1 <= len(observations) <= len(transitions)
+    for (state, *_, next_state, _, _), item in zip(transitions, observations, strict=False):
+        np.testing.assert_array_equal(item[0], state)
+        np.testing.assert_array_equal(item[1], next_state)
+
+
+def table(manager: ReplayBufferManager) -> Any:
+    return manager._backend.client.table(manager.table_name)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(("padding", "axis"), [("reset", 0), ("zero", 0), ("zero", -1)])
+def test_every_read_returns_the_envs_stacks(make, episodes, padding: str, axis: int) -> None:
+    transitions = episodes[padding] if axis == 0 else channels_last(episodes[padding])
+    assert sum(t[4] for t in transitions) >= 2 and sum(t[5] for t in transitions) >= 1
+    manager = make(axis=axis)
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    check_items(manager, transitions)
+    truth = pairs(transitions)
+    seen: set[tuple[bytes, bytes]] = set()
+    reads = {
+        "torch_batches": manager.torch_batches(64, transitions=True),
+        "epoch_batches": manager.epoch_batches(64, transitions=True),
+        "recent_batches": manager.recent_batches(64, 3, c_min=10, transitions=True),
+        "mixed": manager.mixed_torch_batches(64, {manager.table_name: 1.0}, transitions=True),
+    }
+    for name, batches in reads.items():
+        for count, batch in enumerate(batches):
+            got = {
+                (s.numpy().tobytes(), n.numpy().tobytes())
+                for s, n in zip(batch.states, batch.next_states, strict=True)
+            }
+            assert got <= truth, name  # 100%: every state and next state the env's
+            seen |= got
+            if count == 5:
+                break
+    assert seen == truth  # every stack was read (the epoch covers them all)
+    windows = next(iter(manager.torch_batches(32)))
+    stacked = windows.observation.numpy()
+    assert stacked.shape == (32, 2, *transitions[0][0].shape)
+    assert {(w[0].tobytes(), w[1].tobytes()) for w in stacked} <= truth
+    dataset = next(iter(manager.torch_dataset(16)))
+    assert {(w[0].tobytes(), w[1].tobytes()) for w in dataset.observation.numpy()} <= truth
+    # A terminal transition keeps its true next stack (the episode's final observation).
+    terminal = [t for t in transitions if t[4]]
+    assert {(s.tobytes(), n.tobytes()) for s, _, _, n, _, _ in terminal} <= seen
+
+
+@pytest.mark.heavy
+def test_a_breakout_step_stores_one_frame(make, episodes) -> None:
+    manager = make()
+    manager.create_replay_buffer()
+    write(manager, episodes["reset"])
+    stored = table(manager)
+    per_step = stored.nbytes / stored.step_capacity
+    assert per_step <= 7400 and per_step <= 1.05 * FRAME_BYTES, per_step
+    whole = make("whole", frame_stack=None)
+    whole.create_replay_buffer()
+    write(whole, episodes["reset"][:10])
+    assert table(whole).nbytes / table(whole).step_capacity > 4 * FRAME_BYTES
+
+
+@pytest.mark.heavy
+def test_warm_up_writes_the_envs_stacks(make) -> None:
+    seen: list[np.ndarray] = []
+
+    class Recorded(gym.Wrapper):
+        def reset(self, **kwargs: Any) -> Any:
+            observation, info = self.env.reset(**kwargs)
+            seen.append(observation)
+            return observation, info
+
+        def step(self, action: Any) -> Any:
+            result = self.env.step(action)
+            seen.append(result[0])
+            return result
+
+    manager = make()
+    manager.create_replay_buffer()
+    assert manager.warm_up(Recorded(breakout("reset")), 120, seed=0, progress=False) == 120
+    observations = items(manager)[1]
+    recorded = [o.tobytes() for o in seen]
+    consecutive = set(itertools.pairwise(recorded))
+    assert len(observations) >= 100
+    for item in observations:
+        assert (item[0].tobytes(), item[1].tobytes()) in consecutive
+
+
+def test_stacks_that_are_no_shift_are_refused(make, episodes) -> None:
+    transitions = episodes["reset"][:6]
+    manager = make()
+    manager.create_replay_buffer()
+    writer = manager.transition_writer(check_continuity=False)
+    for transition in transitions[:3]:
+        writer.add(*transition)
+    before = manager.num_frames()
+    state, action, reward, next_state, done, cut = transitions[3]
+    wrong = state.copy()
+    wrong[1] ^= 1  # frame 1 is not frame 2 of the previous stack
+    with pytest.raises(SpecMismatchError, match=r"step 3 of the episode: frame 1"):
+        writer.add(wrong, action, reward, next_state, done, cut)
+    assert manager.num_frames() == before
+    check_items(manager, transitions[:2])
+
+    fresh = make("fresh")
+    fresh.create_replay_buffer()
+    unpadded = transitions[4][0]  # four different frames: no episode starts with it
+    with pytest.raises(SpecMismatchError, match=r"step 0 starts an episode.*not a padded"):
+        fresh.transition_writer().add(unpadded, 0, 0.0, transitions[4][3], False, False)
+    assert fresh.num_frames() == 0
+    assert table(fresh).nbytes == 0 or table(fresh).size == 0
+
+
+@pytest.mark.heavy
+def test_checkpoint_and_export_round_trip(make, episodes, tmp_path) -> None:
+    transitions = episodes["zero"]
+    manager = make("source")
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    manager.checkpoint()
+    export_dir = tmp_path / "export"
+    manager.export(export_dir)
+    before = items(manager)
+    manager.close()
+
+    loaded = make("source")
+    loaded.load_replay_buffer()
+    for got, want in zip(items(loaded), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert table(loaded).nbytes / table(loaded).step_capacity <= 1.05 * FRAME_BYTES
+    loaded.close()
+
+    imported = make("imported")
+    imported.import_buffer(export_dir)
+    for got, want in zip(items(imported), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    check_items(imported, transitions)
+
+    other = make("source", frame_stack=None)
+    with pytest.raises(SpecMismatchError, match=r"frame_stack: requested None.*stored 4"):
+        other.load_replay_buffer()
+
+
+def test_windows_inserted_whole_are_checked(make, episodes) -> None:
+    transitions = episodes["reset"][:4]
+    manager = make()
+    manager.create_replay_buffer()
+    stacks = np.stack([np.stack([t[0], t[3]]) for t in transitions])
+    stacks[2, 1, 0] ^= 1
+    data = [np.zeros((4, *f.shape[1:]), f.dtype) for f in items(manager)]
+    data[1] = stacks
+    with pytest.raises(SpecMismatchError, match=r"item 2, step 1: frame 0"):
+        table(manager).insert(data, np.ones(4))
+    assert manager.num_frames() == 0
+
+
+@pytest.mark.heavy
+def test_interleaved_writers_and_evictions_keep_every_stack(make, episodes) -> None:
+    """Two writers alternate steps and a small table evicts their items: windows are
+    rewritten with their earlier frames, and every item still reads back the env's."""
+    first, second = episodes["reset"][:80], episodes["zero"][:80]
+    manager = make(capacity=7)
+    manager.create_replay_buffer()
+    writers = [manager.transition_writer(), manager.transition_writer()]
+    for a, b in zip(first, second, strict=True):
+        writers[0].add(*a)
+        writers[1].add(*b)
+    truth = pairs(first) | pairs(second)
+    observations = items(manager)[1]
+    assert len(observations) == 7
+    assert {(o[0].tobytes(), o[1].tobytes()) for o in observations} <= truth
+    for batch in manager.torch_batches(32, transitions=True):
+        got = {
+            (s.numpy().tobytes(), n.numpy().tobytes())
+            for s, n in zip(batch.states, batch.next_states, strict=True)
+        }
+        assert got <= truth
+        break
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"frame_stack": 1}, r"frame_stack must be an integer >= 2 or None, got 1"),
+        ({"frame_stack": 3}, r"frame_stack=3: the observation's shape \[4, 84, 84\]"),
+        ({"frame_stack": 4, "frame_axis": 1}, r"frame_axis must be 0 or -1, got 1"),
+        ({"frame_stack": 4, "pad_end_of_episode": True}, r"pad_end_of_episode"),
+        ({"frame_stack": None, "frame_axis": -1}, r"frame_axis=-1 needs frame_stack"),
+    ],
+)
+def test_bad_frame_stacks_are_refused(make, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make(**options)
+
+
+@pytest.mark.parametrize(
+    ("observation", "backend", "message"),
+    [
+        (
+            spaces.Dict({"pixels": spaces.Box(0, 255, (4, 8, 8), np.uint8)}),
+            "local",
+            r"frame_stack=4 needs an observation that is one",
+        ),
+        (
+            spaces.Box(0, 255, (4, 84, 84), np.uint8),
+            "reverb",
+            r"frame_stack=4 \(frames stored once\) is the local backend's",
+        ),
+    ],
+)
+def test_nests_and_the_reverb_backend_are_refused(
+    tmp_path, observation: Any, backend: str, message: str
+) -> None:
+    if backend == "reverb":
+        pytest.importorskip("reverb")
+    with pytest.raises(ConfigError, match=message):
+        ReplayBufferManager.from_spaces(
+            observation,
+            spaces.Discrete(2),
+            capacity=10,
+            checkpoint_dir=str(tmp_path),
+            backend=backend,
+            frame_stack=4,
+        )
+
+
+def test_too_large_a_capacity_is_refused_counting_frames_once(make) -> None:
+    with pytest.raises(ConfigError, match=r"frames stored once \(frame_stack=4\)") as error:
+        make(capacity=10**9).create_replay_buffer()
+    # Counted once: 7056 bytes of frame plus the other fields, not the 28224 of the stack.
+    assert "7104 bytes per step" in str(error.value)
+
+
+FILL = """
+import os, sys
+import numpy as np
+from replay_service.backends.local.table import LocalTable
+from replay_service.config.options import TableConfig
+
+def rss(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+fields = [{"path": "observation", "dtype": "uint8", "shape": [4, 84, 84]},
+          {"path": "reward", "dtype": "float32", "shape": []}]
+table = LocalTable(TableConfig(capacity=1500, sequence_length=2, frame_stack=4), fields)
+streams = [table.stream(), table.stream()]
+history = [[], []]
+base = rss("VmRSS")
+rng = np.random.default_rng(0)
+for i in range(1500 * 2):
+    w = i % 2
+    frame = rng.integers(1, 255, (1, 84, 84), dtype=np.uint8)
+    last = history[w][-1][0] if history[w] else np.repeat(frame, 4, axis=0)
+    step = [np.concatenate([last[1:], frame]), np.float32(i)]
+    history[w] = (history[w] + [step])[-2:]
+    if len(history[w]) == 2:
+        table.insert_window(history[w], 1.0, streams[w], 1)
+peak, now = rss("VmHWM"), rss("VmRSS")
+print(table.nbytes, peak - base, now - base, table.step_capacity)
+"""
+
+
+@pytest.mark.slow
+def test_filling_grows_the_ring_without_a_second_copy(tmp_path) -> None:
+    """Two writers interleave, so the ring grows while it fills: its peak memory stays
+    within 1.1x of what it holds at the end (a growth that copied the ring would double it)."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FILL)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    nbytes, peak, now, steps = (int(v) for v in result.stdout.split())
+    assert steps > 1500 + 4  # it grew
+    assert peak <= 1.1 * now, (peak, now, nbytes)
+
+
+@pytest.mark.heavy
+def test_memmap_storage_and_tf_datasets_read_the_envs_stacks(make, episodes) -> None:
+    """Files cannot grow: each window is written with its first step's earlier frames, and
+    still every stack reads back (also through `get_dataset`)."""
+    transitions = episodes["reset"][:60]
+    manager = make(storage="memmap", capacity=40)
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    truth = pairs(transitions)
+    observations = items(manager)[1]
+    assert len(observations) == 40
+    assert {(o[0].tobytes(), o[1].tobytes()) for o in observations} <= truth
+    trajectory, _ = next(iter(manager.get_dataset(8)))
+    got = trajectory.observation.numpy()
+    assert got.shape == (8, 2, 4, 84, 84)
+    assert {(o[0].tobytes(), o[1].tobytes()) for o in got} <= truth
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available here")
+def test_a_ring_on_the_gpu_gathers_the_stacks_there(make, episodes) -> None:
+    transitions = episodes["zero"][:40]
+    manager = make(device="cuda")
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    truth = pairs(transitions)
+    batch = next(iter(manager.torch_batches(32, transitions=True, device="cuda")))
+    assert batch.states.device.type == "cuda"
+    got = {
+        (s.cpu().numpy().tobytes(), n.cpu().numpy().tobytes())
+        for s, n in zip(batch.states, batch.next_states, strict=True)
+    }
+    assert got <= truth
+    check_items(manager, transitions)
