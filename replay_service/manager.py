@@ -31,9 +31,7 @@ from replay_service.sample.view import SampleView
 from replay_service.specs.layouts import AUTO
 from replay_service.storage import export_target, importing
 
-# TF-Agents' PolicySaver fails in this environment without it (see inspect_patch): a
-# process that imports the manager can save policies before its first buffer exists. The probe
-# patches only where the failure occurs; no TensorFlow is imported here.
+# TF-Agents' PolicySaver needs it before the first buffer exists (no TensorFlow is imported).
 inspect_patch.patch_inspect()
 
 if TYPE_CHECKING:
@@ -74,31 +72,24 @@ class ReplayBufferManager:
       timeouts: Bounds on every blocking call.
       keep_checkpoints: Complete checkpoints retained in `checkpoint_dir`.
       stride_length: The observer creates an item every `stride_length` steps.
-      extra_tables: More tables of the data spec, each with its name, capacity, sequence length
-        and sampling, fed by every collector; sampling calls take them by `table=`.
+      extra_tables: More tables fed by every collector, sampled by `table=`.
       pad_end_of_episode: Pad each episode's end so no step is left out of an item, storing
         `Masked(step, mask)` items (`replay_service.specs.windows`); extra tables likewise.
-      checkpoint_interval_s: Embedded mode: checkpoint every this many seconds in a background
-        thread (failures logged and retried); None: only on `checkpoint()`.
-      summary_dir: Write `stats()` as TensorBoard scalars there every `summary_interval_s`
-        seconds until `close()` (`replay_service.monitoring.summaries`); None: no summaries.
+      checkpoint_interval_s: Embedded: checkpoint every this many seconds; None: on call.
+      summary_dir: Write `stats()` as TensorBoard scalars there (`monitoring.summaries`).
       summary_interval_s: Seconds between summary writes.
       backend: "reverb", "local" or "auto": the backend of `checkpoint_dir`'s newest
         checkpoint, else Reverb where dm-reverb imports, else local (`backends.resolve_auto`).
-      storage: Local backend: "memory" or "memmap" (files under `<checkpoint_dir>/.memmap`,
-        deleted by `close()`, for buffers larger than RAM).
+      storage: Local backend: "memory" or "memmap" (files in `<checkpoint_dir>/.memmap`).
       layout: How Reverb tables store steps: "packed" (one `uint8` row per step;
         `specs.packed`), "nested" (one column per field, TF-Agents') or "auto": the layout of
         what exists, else "packed" (`backends.resolve_auto_layout`); local refuses "packed".
       seed: Local backend: seed of the tables' samplers (an integer >= 0); None: fresh entropy.
       device: Local backend: the torch device the tables' storage lives on and batches are
         gathered on ("cpu", "cuda:1"; needs storage="memory"); None: host memory.
-      frame_stack: Local backend: the observation is a stack of this many frames (an integer
-        >= 2) along `frame_axis`, each step a shift of the one before: every step stores only
-        its newest frame and reads rebuild the stacks (`backends.local.frames`; writes that
-        are not such stacks are a `SpecMismatchError`); None: observations stored whole.
-      frame_axis: 0 (gymnasium's `FrameStackObservation`, `(K, *frame)`) or -1 (SB3's
-        `VecFrameStack`, channels last, `(H, W, K*C)`).
+      frame_stack: Local backend: observations are stacks of this many frames (>= 2), each
+        step storing its newest frame only (`backends.local.frames`); None: stored whole.
+      frame_axis: 0 (gymnasium's `FrameStackObservation`) or -1 (SB3's `VecFrameStack`).
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
@@ -203,15 +194,15 @@ class ReplayBufferManager:
         (`specs.nests.data_spec_for_spaces`; extra per-step fields go into `policy_info`).
 
         Args:
-          observation_space: A gymnasium space (Box, Discrete, MultiDiscrete, MultiBinary, or
-            Dict/Tuple nests of them), e.g. a vector env's `single_observation_space`.
+          observation_space: A gymnasium space (Box, Discrete, MultiDiscrete, MultiBinary,
+            Dict/Tuple nests), e.g. a vector env's `single_observation_space`.
           action_space: The action space, likewise.
           capacity, checkpoint_dir, sequence_length: As `ReplayBufferManager`'s.
-          backend: "auto": local unless `checkpoint_dir` holds a Reverb checkpoint or an option
-            only Reverb takes is set (`backends.resolve_auto`); or "reverb", "local".
+          backend: "auto" (`backends.resolve_auto`: local unless Reverb's checkpoint or option
+            is there), "reverb" or "local".
           extras: Name -> one step's spec (`(shape, dtype)`, an `ArraySpec`/`tf.TensorSpec` or
             a gymnasium space), e.g. `{"hidden": ((64,), np.float32)}`; None: none.
-          **options: Any other `ReplayBufferManager` argument.
+          **options: Any other `ReplayBufferManager` argument (e.g. `frame_stack=4`).
 
         Raises:
           ConfigError: For an unsupported space, a bad extra (a reserved name, shape or dtype),
@@ -273,9 +264,8 @@ class ReplayBufferManager:
 
     @property
     def py_client(self) -> reverb.Client:
-        """The client of the server in use (local backend: its `LocalClient`); on a packed layout a
-        `PackingClient`, so TF-Agents' own observers given it write this buffer's items
-        (`replay_service.backends.reverb.packing_client`)."""
+        """The client of the server in use (local: a `LocalClient`; packed layout: a
+        `PackingClient`, so TF-Agents' own observers given it write this buffer's items)."""
         return self._state.users_client()
 
     def create_replay_buffer(self, *, overwrite: bool = False) -> tuple[ReplayBuffer, Any]:
