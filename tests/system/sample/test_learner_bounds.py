@@ -146,10 +146,13 @@ def test_every_sampling_path_fails_in_time_when_the_server_dies(
 def test_sharded_dataset_fails_in_time_when_a_shard_dies(
     start_server, data_spec, env, policy, tmp_path
 ) -> None:
-    first, first_address = start_server("--checkpoint_interval_s=0")
+    # Both shards start side by side (each spends seconds importing TensorFlow).
+    first, first_address = start_server("--checkpoint_interval_s=0", wait=False)
     second, second_address = start_server(
-        "--checkpoint_interval_s=0", f"--checkpoint_dir={tmp_path / 'second_shard'}"
+        "--checkpoint_interval_s=0", f"--checkpoint_dir={tmp_path / 'second_shard'}", wait=False
     )
+    first.wait_listening()
+    second.wait_listening()
     shards = ShardedReplayBuffer(
         ShardedConfig((first_address, second_address)),
         data_spec,
