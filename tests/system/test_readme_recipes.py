@@ -51,19 +51,38 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return work
 
 
+def start_command(words: list[str], cwd: Path) -> subprocess.Popen[str]:
+    """Starts a documented command (to finish with `finish_command`)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(
+        words, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish_command(process: subprocess.Popen[str], timeout: float = 180) -> str:
+    """Waits for a started command; fails the test on a non-zero exit.
+
+    Returns:
+      Its stdout and stderr together.
+    """
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = stdout + stderr
+    assert process.returncode == 0, f"{process.args} exited {process.returncode}:\n{output}"
+    return output
+
+
 def run_command(words: list[str], cwd: Path, timeout: float = 180) -> str:
     """Runs a documented command to completion; fails the test on a non-zero exit.
 
     Returns:
       Its stdout and stderr together.
     """
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run(
-        words, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, f"{words} exited {done.returncode}:\n{output}"
-    return output
+    return finish_command(start_command(words, cwd), timeout)
 
 
 class Server(ServerProcess):
@@ -161,25 +180,32 @@ def test_readme_replay_server_commands(user_dir: Path) -> None:
     )[0]
 
     server = Server(new, user_dir)
-    server.wait_listening()
-    assert "checkpoint" in server.stop()  # the final checkpoint of the new buffer
-    first = CheckpointStore(str(user_dir / "replay_checkpoints")).entries()
-    assert len(first) == 1
-
-    server = Server(restore, user_dir)
-    server.wait_listening()
-    server.stop()
-    server = Server(restore_if_exists, user_dir)
-    server.wait_listening()
+    # The fourth command's server (its own port and directory) starts alongside the first
+    # (each spends seconds importing TensorFlow); it is stopped while the third one runs.
+    side = Server(other, user_dir)
     try:
-        report = run_command(status, user_dir, timeout=120)
-        assert "uniform_table" in report and "checkpoint" in report
-        side = Server(other, user_dir)
-        side.wait_listening()
-        side.stop()
-        assert CheckpointStore(str(data_dir)).entries()
-    finally:
+        server.wait_listening()
+        assert "checkpoint" in server.stop()  # the final checkpoint of the new buffer
+        first = CheckpointStore(str(user_dir / "replay_checkpoints")).entries()
+        assert len(first) == 1
+
+        server = Server(restore, user_dir)
+        server.wait_listening()
         server.stop()
+        server = Server(restore_if_exists, user_dir)
+        server.wait_listening()
+        try:
+            report = run_command(status, user_dir, timeout=120)
+            assert "uniform_table" in report and "checkpoint" in report
+            side.wait_listening()
+            side.stop()
+            assert CheckpointStore(str(data_dir)).entries()
+        finally:
+            server.stop()
+    finally:
+        if side.proc.poll() is None:
+            side.proc.kill()
+            side.proc.wait()
 
 
 def test_readme_starter_buffer_commands(user_dir: Path) -> None:
@@ -188,11 +214,12 @@ def test_readme_starter_buffer_commands(user_dir: Path) -> None:
         shell_commands(shrink(" ".join(words), small))[0] if "672" in words else words
         for words in shell_commands(doc_block(STARTER_BUFFERS, "# Starter buffers", "bash"))
     )
+    help_run = start_command(help_, user_dir)  # alongside the first run (writes nothing)
     run_command(populate, user_dir)
     buffer = user_dir / "starter_buffers/my-starter-buffer"
     assert CheckpointStore(str(buffer)).entries()
     run_command(populate_script, user_dir)  # --overwrite
-    assert "--buffer-name" in run_command(help_, user_dir)
+    assert "--buffer-name" in finish_command(help_run)
 
     (copy,) = shell_commands(doc_block(STARTER_BUFFERS, "## Training from a copy", "bash"))
     run_command(copy, user_dir)

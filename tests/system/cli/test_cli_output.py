@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from conftest import CARTPOLE_CONFIG, REPO
@@ -46,6 +47,16 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=RUN_TIMEOUT_S,
     )
+
+
+def _run_side_by_side(
+    *runs: tuple[tuple[str, ...], dict[str, str]],
+) -> list[subprocess.CompletedProcess[str]]:
+    """`_run(*args, **env)` for each (args, env) of `runs`, all at once (each run spends seconds
+    importing TensorFlow); returns their results in order."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = [pool.submit(_run, *args, **env) for args, env in runs]
+        return [future.result() for future in futures]
 
 
 def _assert_quiet(output: str) -> None:
@@ -123,8 +134,9 @@ def test_verbose_switch_brings_the_library_logs_back(tmp_path: Any) -> None:
         "reverb.Server([reverb.Table.queue('q', 10)]).stop()\n"
         "print('done')\n"
     )
-    quiet = _run("-c", script)
-    verbose = _run("-c", script, **{cli_output.VERBOSE_ENV: "1"})
+    quiet, verbose = _run_side_by_side(
+        (("-c", script), {}), (("-c", script), {cli_output.VERBOSE_ENV: "1"})
+    )
     assert quiet.returncode == verbose.returncode == 0, quiet.stderr + verbose.stderr
     assert quiet.stdout == verbose.stdout == "done\n"
     _assert_quiet(quiet.stderr)
@@ -138,8 +150,9 @@ def test_server_help_lists_its_flags_as_console_script_and_module() -> None:
         "from replay_service.cli.serve import run\n"
         "run()\n"
     )
-    for args in (("-c", script, "--help"), ("-m", "replay_service.cli.serve", "--help")):
-        result = _run(*args)
+    commands = (("-c", script, "--help"), ("-m", "replay_service.cli.serve", "--help"))
+    results = _run_side_by_side(*((args, {}) for args in commands))
+    for args, result in zip(commands, results, strict=True):
         assert result.returncode == 0, result.stderr  # the usage on stdout, as every tool
         for flag in ("--checkpoint_dir", "--[no]restore_if_exists", "--port", "--config"):
             assert flag in result.stdout, f"{flag} missing from {args[0]} --help:\n{result.stdout}"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,68 @@ def _run(script: str, *args: str, cwd: Path, timeout: float = TIMEOUT_S) -> Any:
     )
 
 
+def _bad_input_command(script: str, args: list[str], cwd: Path) -> list[str]:
+    """The arguments of a bad-input case, with an output directory (and port) under `cwd`."""
+    out = cwd / "out"
+    where = {
+        "replay-demo": [f"--checkpoint_dir={out}"],
+        "replay-server": [f"--checkpoint_dir={out}", f"--port={pick_free_port()}"],
+        "replay-populate": [f"--output-dir={out}", "--steps-per-run=5"],
+    }[script]
+    if script == "replay-server" and args and args[0] == "--port=-3":
+        where = where[:1]
+    return [script, *args, *where]
+
+
+def _data_spec_command(source: str, cwd: Path) -> list[str]:
+    """A replay-populate run whose --data-spec module (written into `cwd`) is `source`."""
+    (cwd / "exiting_spec.py").write_text(source)
+    return [
+        "replay-populate", "--buffer-name=b", f"--output-dir={cwd / 'out'}",
+        f"--copy-to={cwd / 'run'}", "--data-spec=exiting_spec:spec",
+    ]  # fmt: skip
+
+
+# How each test run by `ran` builds its command (script, arguments) in its working directory.
+_COMMANDS = {
+    "test_help_prints_usage_with_the_tools_flags_and_exits_0": (
+        lambda p, cwd: [p["script"], p["flag"]]
+    ),
+    "test_a_bad_input_is_one_line_exit_2_and_writes_nothing": (
+        lambda p, cwd: _bad_input_command(p["script"], p["args"], cwd)
+    ),
+    "test_a_data_spec_that_exits_is_one_error_line": (
+        lambda p, cwd: _data_spec_command(p["source"], cwd)
+    ),
+}
+SIDE_BY_SIDE = 3
+
+
+@pytest.fixture(scope="module")
+def ran(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Any, Path]]:
+    """Runs the command of every selected help, bad-input and data-spec case of this module,
+    `SIDE_BY_SIDE` at a time (each spends seconds importing TensorFlow), each in an empty
+    working directory of its own.
+
+    Returns:
+      Test node id -> (the finished run, its working directory).
+    """
+    cases = {}
+    for item in request.session.items:
+        name = getattr(item, "originalname", item.name)
+        if item.module is request.module and name in _COMMANDS:
+            cwd = tmp_path_factory.mktemp(name[5:25])
+            cases[item.nodeid] = (_COMMANDS[name](item.callspec.params, cwd), cwd)
+    with ThreadPoolExecutor(SIDE_BY_SIDE) as pool:
+        futures = {
+            nodeid: pool.submit(_run, command[0], *command[1:], cwd=cwd)
+            for nodeid, (command, cwd) in cases.items()
+        }
+        return {nodeid: (futures[nodeid].result(), cases[nodeid][1]) for nodeid in futures}
+
+
 def _no_traceback(result: Any) -> None:
     assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
 
@@ -108,9 +171,9 @@ MAIN_FLAGS = {
 @pytest.mark.parametrize("flag", ["--help", "-h", "--helpfull"])
 @pytest.mark.parametrize("script", sorted(BAD_INPUTS))
 def test_help_prints_usage_with_the_tools_flags_and_exits_0(
-    script: str, flag: str, tmp_path: Path
+    script: str, flag: str, ran: dict[str, tuple[Any, Path]], request: pytest.FixtureRequest
 ) -> None:
-    result = _run(script, flag, cwd=tmp_path)
+    result, tmp_path = ran[request.node.nodeid]
     _no_traceback(result)
     # Every command alike: the usage on stdout, exit status 0 (absl's own --help exits 1).
     assert result.returncode == 0, (result.returncode, result.stderr)
@@ -130,17 +193,14 @@ def test_help_prints_usage_with_the_tools_flags_and_exits_0(
     ],
 )
 def test_a_bad_input_is_one_line_exit_2_and_writes_nothing(
-    script: str, args: list[str], named: str, tmp_path: Path
+    script: str,
+    args: list[str],
+    named: str,
+    ran: dict[str, tuple[Any, Path]],
+    request: pytest.FixtureRequest,
 ) -> None:
+    result, tmp_path = ran[request.node.nodeid]
     out = tmp_path / "out"
-    where = {
-        "replay-demo": [f"--checkpoint_dir={out}"],
-        "replay-server": [f"--checkpoint_dir={out}", f"--port={pick_free_port()}"],
-        "replay-populate": [f"--output-dir={out}", "--steps-per-run=5"],
-    }[script]
-    if script == "replay-server" and args and args[0] == "--port=-3":
-        where = where[:1]
-    result = _run(script, *args, *where, cwd=tmp_path)
     _no_traceback(result)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
@@ -158,12 +218,10 @@ def test_a_bad_input_is_one_line_exit_2_and_writes_nothing(
         ("import sys\nsys.exit('bye')\n", "called sys.exit('bye')"),
     ],
 )
-def test_a_data_spec_that_exits_is_one_error_line(source: str, named: str, tmp_path: Path) -> None:
-    (tmp_path / "exiting_spec.py").write_text(source)
-    result = _run(
-        "replay-populate", "--buffer-name=b", f"--output-dir={tmp_path / 'out'}",
-        f"--copy-to={tmp_path / 'run'}", "--data-spec=exiting_spec:spec", cwd=tmp_path,
-    )  # fmt: skip
+def test_a_data_spec_that_exits_is_one_error_line(
+    source: str, named: str, ran: dict[str, tuple[Any, Path]], request: pytest.FixtureRequest
+) -> None:
+    result, tmp_path = ran[request.node.nodeid]
     _no_traceback(result)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()

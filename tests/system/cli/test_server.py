@@ -220,15 +220,17 @@ def test_a_bad_exporter_flag_with_overwrite_keeps_the_checkpoints(start_server, 
         ([f"--tensorboard_dir={tmp_path / 'tb'}", "--summary_interval_s=0"], "summary_interval"),
         ([f"--tensorboard_dir={tmp_path / 'a_file' / 'tb'}"], "a_file"),
     ]
-    for flags, named in cases:
-        refused, _ = start_server("--overwrite", *flags, wait=False)
-        code, output = refused.finish(sig=None, timeout=120)
-        assert code == 2, output
+    # The refusals run side by side (each spends seconds importing TensorFlow): every flag is
+    # checked before the directory is touched, so none of them takes its lock.
+    refused = [start_server("--overwrite", *flags, wait=False)[0] for flags, _ in cases]
+    for (flags, named), server in zip(cases, refused, strict=True):
+        code, output = server.finish(sig=None, timeout=120)
+        assert code == 2, (flags, output)
         # TF_CPP_MIN_LOG_LEVEL=2 (ServerProcess) lets TensorFlow's import lines through.
         own = [line for line in output.splitlines() if "replay-server" in line]
         assert len(own) == 1 and own[0].startswith("replay-server: error:"), output
         assert named in own[0], output
-        assert tree_digest(root) == before, flags
+    assert tree_digest(root) == before, cases
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "server_ckpt"]
 
 

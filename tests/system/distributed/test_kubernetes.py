@@ -140,9 +140,14 @@ def test_probe_command_fails_without_a_server_and_passes_with_one(start_server):
     probe = [sys.executable, "-m", "replay_service.cli.serve", "status", "--timeout=2"]
     run = {"capture_output": True, "text": True, "timeout": 60, "cwd": REPO}
     env = dict(os.environ, PYTHONPATH=REPO)
-    down = subprocess.run([*probe, f"--address=localhost:{pick_free_port()}"], env=env, **run)
+    # The server starts while the first probe runs (each spends seconds importing TensorFlow).
+    server, address = start_server("--checkpoint_interval_s=0", wait=False)
+    nobody = f"localhost:{pick_free_port()}"
+    while nobody == address:  # not the port the starting server is about to take
+        nobody = f"localhost:{pick_free_port()}"
+    down = subprocess.run([*probe, f"--address={nobody}"], env=env, **run)
     assert down.returncode != 0
     assert "no Reverb server answered" in down.stderr
-    _, address = start_server("--checkpoint_interval_s=0")
+    server.wait_listening()
     up = subprocess.run([*probe, f"--address={address}"], env=env, **run)
     assert up.returncode == 0, up.stderr[-2000:]

@@ -146,7 +146,16 @@ def test_policy_saver_saves_right_after_the_import_before_any_buffer() -> None:
     assert report == {"patched": True, "saved": True}, report
 
 
-@pytest.mark.parametrize("setting", ["0", "off", "False"])
+# Each setting is a process importing TensorFlow: `make test` runs "0", and
+# test_a_bad_switch_value_is_a_config_error_naming_it reads "off" and "False" as off too.
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "0",
+        pytest.param("off", marks=pytest.mark.slow),
+        pytest.param("False", marks=pytest.mark.slow),
+    ],
+)
 def test_the_switch_leaves_inspect_alone_and_policy_saver_fails_as_before(setting: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "WRAPT_DISABLE_EXTENSIONS"}
     env[inspect_patch.PATCH_ENV] = setting
@@ -160,6 +169,8 @@ def test_a_bad_switch_value_is_a_config_error_naming_it() -> None:
     assert inspect_patch.patch_enabled({}) is True
     assert inspect_patch.patch_enabled({inspect_patch.PATCH_ENV: " ON "}) is True
     assert inspect_patch.patch_enabled({inspect_patch.PATCH_ENV: "no"}) is False
+    for setting in ("0", "off", "False"):
+        assert inspect_patch.patch_enabled({inspect_patch.PATCH_ENV: setting}) is False, setting
 
 
 def test_patching_is_idempotent_and_unpatch_restores_the_original() -> None:

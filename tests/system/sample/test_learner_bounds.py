@@ -118,26 +118,41 @@ def check_fails_in_time(
     return times
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_every_sampling_path_fails_in_time_when_the_server_dies(
-    start_server, make_manager, env, policy, sig
+    start_server, make_manager, env, policy, tmp_path
 ) -> None:
-    server, address = start_server("--checkpoint_interval_s=0")
-    manager = remote_manager(make_manager, address)
-    replay_buffer, observer = manager.create_replay_buffer()
-    collect(env, policy, observer, 40)
-    paths = sampling_paths(manager, replay_buffer)
-    server.finish(sig)
-    check_fails_in_time(paths, address, BOUND)
+    # One server is killed with SIGKILL, the other stopped with SIGTERM; both start side by
+    # side (each spends seconds importing TensorFlow).
+    signals = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
+    servers = {
+        name: start_server(
+            "--checkpoint_interval_s=0", f"--checkpoint_dir={tmp_path / name}", wait=False
+        )
+        for name in signals
+    }
+    running = {}
+    for name, (server, address) in servers.items():
+        server.wait_listening()
+        manager = remote_manager(make_manager, address)
+        replay_buffer, observer = manager.create_replay_buffer()
+        collect(env, policy, observer, 40)
+        running[name] = (server, address, sampling_paths(manager, replay_buffer))
+    for name, (server, address, paths) in running.items():
+        server.finish(signals[name])
+        print(name)
+        check_fails_in_time(paths, address, BOUND)
 
 
 def test_sharded_dataset_fails_in_time_when_a_shard_dies(
     start_server, data_spec, env, policy, tmp_path
 ) -> None:
-    first, first_address = start_server("--checkpoint_interval_s=0")
+    # Both shards start side by side (each spends seconds importing TensorFlow).
+    first, first_address = start_server("--checkpoint_interval_s=0", wait=False)
     second, second_address = start_server(
-        "--checkpoint_interval_s=0", f"--checkpoint_dir={tmp_path / 'second_shard'}"
+        "--checkpoint_interval_s=0", f"--checkpoint_dir={tmp_path / 'second_shard'}", wait=False
     )
+    first.wait_listening()
+    second.wait_listening()
     shards = ShardedReplayBuffer(
         ShardedConfig((first_address, second_address)),
         data_spec,

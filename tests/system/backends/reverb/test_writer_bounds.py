@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from tf_agents.replay_buffers.reverb_utils import (
     ReverbAddTrajectoryObserver,
     ReverbTrajectorySequenceObserver,
@@ -79,11 +78,27 @@ def _manager(data_spec: Any, address: str, timeouts: Timeouts = TIMEOUTS) -> Rep
     )
 
 
-@pytest.mark.parametrize("layout", ["packed", "nested"])
 def test_tf_agents_observers_on_py_client_raise_after_the_server_is_killed(
-    start_server, tmp_path, data_spec, layout
+    start_server, tmp_path, data_spec
 ):
-    server, address = start_server(config=_config(tmp_path, layout))
+    # A server per table layout; both start side by side (each spends seconds importing
+    # TensorFlow), then each layout is checked in turn.
+    layouts = ["packed", "nested"]
+    servers = [
+        start_server(
+            f"--checkpoint_dir={tmp_path / layout}", config=_config(tmp_path, layout), wait=False
+        )
+        for layout in layouts
+    ]
+    for server, _ in servers:
+        server.wait_listening()
+    for server, address in servers:
+        _check_observers_raise_after_a_kill(server, address, data_spec)
+
+
+def _check_observers_raise_after_a_kill(server: Any, address: str, data_spec: Any) -> None:
+    """TF-Agents' observers on the manager's `py_client`, and the client's other calls, raise
+    within their timeouts once `server` is killed."""
     manager = _manager(data_spec, address)
     manager.load_replay_buffer()
     client = manager.py_client
@@ -143,20 +158,31 @@ def _run_collector(address: str, writer: str, steps: int, *wait: str) -> subproc
     )
 
 
-@pytest.mark.parametrize("writer", ["observer", "tf_agents"])
-def test_packed_collector_that_exits_without_close_loses_nothing(
-    start_server, tmp_path, data_spec, writer
-):
+def test_packed_collector_that_exits_without_close_loses_nothing(start_server, tmp_path, data_spec):
     steps = 41  # 40 items of 2 steps: fewer than a packed chunk, none sent when the last came
-    _, address = start_server(config=_config(tmp_path, "packed"))
-    collector = _run_collector(address, writer, steps)
-    out, err = collector.communicate(timeout=120)
-    assert collector.returncode == 0, out + err
-    assert "not confirmed" not in err, err
-    manager = _manager(data_spec, address)
-    manager.load_replay_buffer()
-    assert manager.num_frames() == steps - 1, err
-    manager.close()
+    # Each writer ("observer": the manager's; "tf_agents": TF-Agents' own observer) writes to a
+    # server of its own; the servers and then the collectors run side by side (each process
+    # spends seconds importing TensorFlow).
+    writers = ["observer", "tf_agents"]
+    config = _config(tmp_path, "packed")
+    servers = [
+        start_server(f"--checkpoint_dir={tmp_path / writer}", config=config, wait=False)
+        for writer in writers
+    ]
+    for server, _ in servers:
+        server.wait_listening()
+    collectors = [
+        _run_collector(address, writer, steps)
+        for writer, (_, address) in zip(writers, servers, strict=True)
+    ]
+    for writer, collector, (_, address) in zip(writers, collectors, servers, strict=True):
+        out, err = collector.communicate(timeout=120)
+        assert collector.returncode == 0, (writer, out + err)
+        assert "not confirmed" not in err, (writer, err)
+        manager = _manager(data_spec, address)
+        manager.load_replay_buffer()
+        assert manager.num_frames() == steps - 1, (writer, err)
+        manager.close()
 
 
 def test_packed_collector_exit_warns_of_unconfirmed_items_when_the_server_is_gone(
