@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import inspect
+import itertools
 import json
 import os
 import shutil
@@ -338,7 +339,7 @@ def ours_variants() -> dict[str, dict[str, Any]]:
 
 
 def make_buffer(name: str, capacity: int, n_actions: int) -> Buffer:
-    if name == SB3_OPT or name == SB3_FULL:
+    if name in (SB3_OPT, SB3_FULL):
         return Sb3(capacity, n_actions, optimize=name == SB3_OPT)
     if name == RING:
         return FrameRing(capacity)
@@ -396,7 +397,7 @@ def measure(name: str, path: str, capacity: int, batches: int) -> dict[str, Any]
     readings = []
     insert_s = 0.0
     bounds = np.linspace(0, steps, CHUNKS + 1).astype(int)
-    for lo, hi in chunk_bounds(bounds):
+    for lo, hi in itertools.pairwise(bounds.tolist()):
         start = time.perf_counter()
         for t in range(lo, hi):
             buffer.add(
@@ -433,10 +434,6 @@ def measure(name: str, path: str, capacity: int, batches: int) -> dict[str, Any]
         "correct": good / total,
         "peak_from_hwm": peak_reset,
     }
-
-
-def chunk_bounds(bounds: Any) -> list[tuple[int, int]]:
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def measure_in_child(name: str, path: str, capacity: int, batches: int) -> dict[str, Any] | None:
