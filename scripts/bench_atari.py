@@ -500,7 +500,10 @@ def atari_rows(
         if floor is not None:
             rows.append((workload, "memory", "zstd-1 bytes per frame (floor)", floor, "B", None))
         names = [SB3_OPT, SB3_FULL, RING, TORCHRL, *ours_variants()]
-        results = {name: run(name, path, capacity, batches) for name in names}
+        results = {}
+        for name in names:
+            results[name] = run(name, path, capacity, batches)
+            print(f"{workload} {name}: {json.dumps(results[name])}", flush=True)
         got = {name: r for name, r in results.items() if r is not None}
         for metric, key, unit, anchor in (
             ("memory", "steady_b", "B", RING),
@@ -509,7 +512,7 @@ def atari_rows(
             ("sample", "sample", "b/s", SB3_OPT),
             ("correct", "correct", "%", None),
         ):
-            suffix = {"steady_b": " steady", "peak_b": " peak"}.get(key, "")
+            suffix = " " + {"steady_b": "steady", "peak_b": "peak"}.get(key, key)
             for name, result in got.items():
                 value = result[key] * (100 if key == "correct" else 1)
                 is_ours = name.startswith("ours")

@@ -54,7 +54,9 @@ def test_every_atari_buffer_fills_samples_and_reads_back_real_pairs(tmp_path):
     )
     names = [bench_atari.SB3_OPT, bench_atari.SB3_FULL, bench_atari.RING]
     names += list(bench_atari.ours_variants())
-    values = {(metric, path): value for _, metric, path, value, _, _ in rows}
+    paths = [path for _, _, path, *_ in rows]
+    assert len(set(paths)) == len(paths)  # the table, its medians and ratios key rows by path
+    values = {(metric, path.rsplit(" ", 1)[0]): value for _, metric, path, value, _, _ in rows}
     for name in names:
         assert values[("insert", name)] > 0, name
         assert values[("sample", name)] > 0, name
@@ -76,6 +78,7 @@ def test_a_buffer_measured_in_its_own_process_reports_its_memory(tmp_path):
 def test_the_sizes_workload_samples_full_buffers_of_each_size():
     rows = bench_sizes.sizes_rows([300, 1000], batches=8)
     paths = {path: (value, anchor) for _, _, path, value, _, anchor in rows}
+    assert len(paths) == len(rows)  # the table, its medians and ratios key rows by path
     for size in ("300", "1k"):
         value, anchor = paths[f"{bench_sizes.OURS} {size}"]
         assert value > 0 and anchor == f"{bench_sizes.CPPRB_TORCH} {size}"
