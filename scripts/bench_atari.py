@@ -8,8 +8,9 @@ The cache holds every distinct frame once, each step's state and next state as 4
 (the true terminal stack included) and a hash of every stack.
 
 Every buffer is measured in a fresh process of its own (`python scripts/bench_atari.py --child
-JSON`): the RSS (VmRSS) before the buffer is made, after every chunk of adds and its peak (VmHWM,
-reset after the baseline where the kernel lets it), then inserts (steps/s, the whole fill),
+JSON`): the RSS (VmRSS) before the buffer is made (after a small buffer of the same kind was
+made and dropped, so that imports are not counted), after every chunk of adds and its peak
+(VmHWM, reset after the baseline where the kernel lets it), then inserts (steps/s, the whole fill),
 sampling (batches/s of 32 transitions as torch tensors: states, actions, rewards, next states,
 dones) and correctness: the fraction of sampled (state, next state) pairs that are a real
 consecutive pair of the env run, hashed as stacks (a terminal transition's next state is the
@@ -390,6 +391,15 @@ def measure(name: str, path: str, capacity: int, batches: int) -> dict[str, Any]
     pairs = set(zip(data["state_hash"].tolist(), data["next_hash"].tolist(), strict=True))
     steps = len(acts)
     n_actions = int(data["n_actions"])
+    # A small buffer of the same kind first: the imports and one-time set-up it brings (torch,
+    # TensorFlow, a Reverb server's libraries) are not the buffer's memory.
+    warm = make_buffer(name, 8, n_actions)
+    for t in range(16):
+        warm.add(frames[sidx[t]], int(acts[t]), float(rews[t]), frames[nidx[t]], False, False)
+    warm.flush()
+    next(warm.batches())
+    warm.close()
+    del warm
     gc.collect()
     baseline = proc_status("VmRSS")
     peak_reset = reset_peak()
