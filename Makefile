@@ -52,9 +52,11 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,ray]'
 	$(BIN)/python -m pytest -q -m slow
 
+# make benchmark BENCH_ARGS="--workloads=atari,sizes --repeats=1"
+BENCH_ARGS ?=
 benchmark: $(STAMP)
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,bench]'
-	$(BIN)/python scripts/benchmark.py
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,bench,atari]'
+	$(BIN)/python scripts/benchmark.py $(BENCH_ARGS)
 
 load-test: $(STAMP)
 	$(BIN)/python scripts/load_test.py --duration_s=60

@@ -1,6 +1,7 @@
 """Speed and memory of replay_service against its anchors, measured side by side in one run.
 
     .venv/bin/python scripts/benchmark.py [--workloads=cartpole,image] [--json=out.json]
+    .venv/bin/python scripts/benchmark.py --workloads=atari,sizes --repeats=1
     make benchmark        # installs the optional TorchRL and cpprb anchors, then runs this
 
 For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it measures:
@@ -22,6 +23,14 @@ For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it me
            sampling (against TorchRL's and cpprb's ReplayBuffer used directly; `add` against
            cpprb's too), checkpoint save/restore
            (against the plain write), resident memory per stored item (against its raw bytes)
+  atari    (workload "atari", scripts/bench_atari.py) real ALE frame stacks (Breakout, Pong),
+           each buffer in a fresh process: RSS per stored transition steady and peak, inserts,
+           batches/s of 32 torch transitions and the fraction of sampled (state, next state)
+           pairs that are real consecutive pairs; ours (from_spaces, memmap, reverb, and
+           frame_stack/compression where the manager takes them) against SB3's ReplayBuffer,
+           a numpy frame ring, TorchRL's and zstd's bytes per frame
+  sizes    (workload "sizes", scripts/bench_sizes.py) CartPole transitions sampled from full
+           buffers of 10k to 1M, ours as torch transitions against cpprb's
 and prints every figure with its ratio ours/anchor: the median of `--repeats` runs of every
 row, each run measuring ours and its anchors side by side. Timings are wall-clock on this
 machine now: compare ratios, not absolute numbers, across machines.
@@ -63,9 +72,24 @@ from replay_service.storage.store import CheckpointStore
 _WORKLOADS = flags.DEFINE_list(
     "workloads",
     ["cartpole", "image", "loop"],
-    "cartpole, image (inserts, sampling, checkpoints, memory), loop (the training loop) and/or "
-    "sharded (only the sharded sampling row, on CartPole steps).",
+    "cartpole, image (inserts, sampling, checkpoints, memory), loop (the training loop), "
+    "sharded (only the sharded sampling row, on CartPole steps), atari (real ALE frame stacks) "
+    "and/or sizes (sampling full CartPole buffers of every size).",
 )
+_ATARI_ENVS = flags.DEFINE_list(
+    "atari_envs", ["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"], "ALE envs (atari)."
+)
+_ATARI_STEPS = flags.DEFINE_integer("atari_steps", 40_000, "Steps of each env run (atari).")
+_ATARI_CAPACITY = flags.DEFINE_integer("atari_capacity", 30_000, "Transitions held (atari).")
+_ATARI_BATCHES = flags.DEFINE_integer("atari_batches", 1_000, "Batches of 32 timed (atari).")
+_ATARI_SEED = flags.DEFINE_integer("atari_seed", 0, "Seed of the env runs (atari).")
+_ATARI_CACHE = flags.DEFINE_string(
+    "atari_cache_dir",
+    os.path.join(os.path.expanduser("~"), ".cache", "replay_service_bench"),
+    "Where the env runs are cached (npz keyed by env, steps and seed).",
+)
+_SIZES = flags.DEFINE_list("sizes", ["10000", "100000", "1000000"], "Buffer sizes (sizes).")
+_SIZES_BATCHES = flags.DEFINE_integer("sizes_batches", 2_000, "Batches of 256 timed (sizes).")
 _STEPS = flags.DEFINE_integer("steps", 20_000, "Steps inserted per writer (cartpole).")
 _IMAGE_STEPS = flags.DEFINE_integer("image_steps", 2_000, "Steps inserted per writer (image).")
 _BATCHES = flags.DEFINE_integer("batches", 60, "Batches of 256 timed per sampler.")
@@ -1094,15 +1118,42 @@ def median_rows(runs: list[list[Row]]) -> list[Row]:
 
 def print_table(rows: list[Row]) -> None:
     values = {(r.workload, r.path): r.value for r in rows}
-    print(f"{'workload':9} {'metric':7} {'path':32} {'value':>14}  {'ratio':>7}  vs")
+    print(f"{'workload':9} {'metric':7} {'path':38} {'value':>14}  {'ratio':>7}  vs")
     for r in rows:
         ratio = ""
         if r.anchor and values.get((r.workload, r.anchor)):
             ratio = f"{r.value / values[(r.workload, r.anchor)]:.2f}x"
+        value = f"{r.value:>10,.2f}" if r.unit == "%" else f"{r.value:>10,.0f}"
         print(
-            f"{r.workload:9} {r.metric:7} {r.path:32} {r.value:>10,.0f} {r.unit:>5}  {ratio:>7}"
+            f"{r.workload:9} {r.metric:7} {r.path:38} {value} {r.unit:>5}  {ratio:>7}"
             f"  {r.anchor or ''}"
         )
+
+
+def extra_rows(names: list[str]) -> list[Row]:
+    """The rows of the atari and sizes workloads (scripts/bench_atari.py, bench_sizes.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    rows: list[Row] = []
+    if "atari" in names:
+        import bench_atari
+
+        rows += [
+            Row(*r)
+            for r in bench_atari.atari_rows(
+                _ATARI_ENVS.value,
+                _ATARI_STEPS.value,
+                _ATARI_CAPACITY.value,
+                _ATARI_BATCHES.value,
+                _ATARI_SEED.value,
+                _ATARI_CACHE.value,
+            )
+        ]
+    if "sizes" in names:
+        import bench_sizes
+
+        sizes = [int(size) for size in _SIZES.value]
+        rows += [Row(*r) for r in bench_sizes.sizes_rows(sizes, _SIZES_BATCHES.value)]
+    return rows
 
 
 def main(argv: list[str]) -> None:
@@ -1112,7 +1163,7 @@ def main(argv: list[str]) -> None:
         "cartpole": Workload("cartpole", (4,), "float32", _STEPS.value),
         "image": Workload("image", (84, 84, 4), "uint8", _IMAGE_STEPS.value),
     }
-    unknown = sorted(set(_WORKLOADS.value) - set(workloads) - {"loop", "sharded"})
+    unknown = sorted(set(_WORKLOADS.value) - set(workloads) - {"loop", "sharded", "atari", "sizes"})
     if unknown:
         raise app.UsageError(f"unknown workloads {unknown}; choose from {sorted(workloads)}")
     print(
@@ -1145,6 +1196,7 @@ def main(argv: list[str]) -> None:
             root = tempfile.mkdtemp(prefix="replay_bench_loop_")
             run += loop_rows(root)
             shutil.rmtree(root, ignore_errors=True)
+        run += extra_rows(_WORKLOADS.value)
         runs.append(run)
     rows = median_rows(runs)
     print(f"median of {_REPEATS.value} runs")
