@@ -38,7 +38,7 @@ def _table(name: str) -> reverb.Table:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A checkpoint of table `t` (items 0..4, priority i + 1, sampled `SAMPLED` times) and `other`."""
+    """A checkpoint of `t` (items 0..4, priority i + 1, sampled `SAMPLED` times) and `other`."""
     root = tmp_path_factory.mktemp("draining")
     server = reverb.Server(
         [_table("t"), _table("other")],
