@@ -24,7 +24,6 @@ from replay_service.backends.reverb.platform.bare_roots import (
 )
 from replay_service.errors import CheckpointError
 
-
 SIGNATURE = {"obs": tf.TensorSpec([None, 3], tf.float32), "act": tf.TensorSpec([None], tf.int64)}
 
 
