@@ -82,7 +82,8 @@ def test_num_steps_splits_stored_sequences(address: str, layout: str) -> None:
 def test_an_empty_table_fails_within_the_timeout_naming_it(address: str) -> None:
     buffer = _buffer(address, "empty", sample_timeout=0.3)
     start = time.monotonic()
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"from table .{1,2}empty.{1,2} within 0.3 s"):
+    empty = r"from table .{1,2}empty.{1,2} within 0.3 s"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=empty):
         next(iter(buffer.as_dataset(sample_batch_size=2)))
     assert time.monotonic() - start < 10
 
