@@ -1,7 +1,7 @@
 """`sample.mixing.MixedSampleSource`: every item of a mixed batch comes from the table its
 seeded draw picked, with that table's own info, in the order the table's source sampled it;
 chunks left over carry to the next batch and are dropped after a `clear()`. The sources are
-counting sources of this file (the manager-level mix is tested in test_warm_up_mixing.py)."""
+counting sources of this file (the manager-level mix is tested in test_warm_up.py)."""
 
 from __future__ import annotations
 
