@@ -21,19 +21,19 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replay_service.backends.local.codecs import (  # noqa: E402
+from replay_service.backends.local.codecs import (
     CODECS,
     Codec,
     CompressedColumn,
     codec,
 )
-from replay_service.errors import ConfigError  # noqa: E402
+from replay_service.errors import ConfigError
 
 BATCH = 32 * 5
 
@@ -211,11 +211,20 @@ def measure(label: str, make: Callable[[], Codec], frames: np.ndarray, args: arg
     for threads in (1, args.threads):
         turn = iter(range(1 << 62))
 
-        def read(threads: int = threads) -> None:
+        def read(threads: int = threads, turn: Iterator[int] = turn) -> None:
             column.read(batches[next(turn) % 64], out, threads=threads)
 
         reads[threads] = rate(read, args.seconds)
     return column.payload_bytes / len(frames), encode, reads[1], reads[args.threads]
+
+
+def numpy_take(frames: np.ndarray) -> Callable[[], None]:
+    """One batch of the uncompressed ring's read (a numpy take into one array), per call."""
+    rng = np.random.default_rng(1)
+    batches = [rng.integers(0, len(frames), BATCH) for _ in range(64)]
+    out = np.empty((BATCH, *frames.shape[1:]), frames.dtype)
+    turn = iter(range(1 << 62))
+    return lambda: np.take(frames, batches[next(turn) % 64], 0, out) and None
 
 
 def rss_row(name: str, game: str, args: argparse.Namespace) -> tuple[float, float]:
@@ -276,11 +285,7 @@ def main() -> None:
             f"{args.threads} threads |"
         )
         print("|---|---|---|---|---|---|")
-        rng = np.random.default_rng(1)
-        batches = [rng.integers(0, len(frames), BATCH) for _ in range(64)]
-        out = np.empty((BATCH, *frames.shape[1:]), frames.dtype)
-        turn = iter(range(1 << 62))
-        take = rate(lambda: np.take(frames, batches[next(turn) % 64], 0, out), args.seconds)
+        take = rate(numpy_take(frames), args.seconds)
         print(f"| uncompressed ring (numpy take) | {frames[0].nbytes:,} | 1.0x | | {take:,.0f} | |")
         for label, make in candidates(frames):
             size, encode, one, many = measure(label, make, frames, args)

@@ -14,10 +14,11 @@ its slots does not fragment (`nbytes` counts each object's header and the slot's
 docs/benchmarks.md "Codecs for frames" has the resident memory per stored frame). A checkpoint
 stores the compressed bytes (`to_arrays`, `from_arrays`).
 
-`CODECS` names the codecs: "zstd" (level 1, the default of `compression=`: about 300 B per
-Breakout frame of 7,056 B), "lz4" (faster to encode, about twice the bytes) and "none" (the raw
-bytes, for tests and comparisons). `codec(name)` builds one, refusing an unknown name or a
-codec whose library is not installed with a `ConfigError`.
+`CODECS` names the codecs: "lz4" (`DEFAULT_CODEC`: about 410 B per Breakout frame of 7,056 B,
+decoded about as fast as an uncompressed ring is gathered), "zstd" (level 1: about 300 B, decoded
+about 3x slower) and "none" (the raw bytes, for tests and comparisons); docs/benchmarks.md
+"Codecs for frames" has the measurements. `codec(name)` builds one, refusing an unknown name or
+a codec whose library is not installed with a `ConfigError`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 import importlib
+import itertools
 import os
 import sys
 import threading
@@ -120,7 +122,7 @@ class Codec(abc.ABC):
             _executor().submit(
                 self.decode_into, payloads[start:stop], flat[start * size : stop * size], size
             )
-            for start, stop in zip(bounds[:-1], bounds[1:], strict=True)
+            for start, stop in itertools.pairwise(bounds)
         ]
         for future in futures:
             future.result()
@@ -148,7 +150,7 @@ class ZstdCodec(Codec):
     package = "zstandard"
 
     def __init__(self, level: int = 1) -> None:
-        """Compresses at `level` (1: about 300 B per Breakout frame, docs/benchmarks.md)."""
+        """Compresses at `level` (1: about 300 B per Breakout frame)."""
         import zstandard
 
         self._zstd = zstandard
@@ -210,8 +212,12 @@ class Lz4Codec(Codec):
                 ) from error
 
 
-CODECS: dict[str, type[Codec]] = {c.name: c for c in (ZstdCodec, Lz4Codec, RawCodec)}
+CODECS: dict[str, type[Codec]] = {c.name: c for c in (Lz4Codec, ZstdCodec, RawCodec)}
 """The codecs by the name `compression=` takes."""
+
+DEFAULT_CODEC = "lz4"
+"""The codec recommended for frames: the smallest payloads among those decoded at the speed of
+an uncompressed ring (docs/benchmarks.md, "Codecs for frames")."""
 
 
 def codec(name: str) -> Codec:
@@ -462,7 +468,7 @@ class CompressedColumn:
         bounds = offsets.tolist()
         self._payloads = [
             data[start:stop] if stop > start or empty_is_value else None
-            for start, stop in zip(bounds[:-1], bounds[1:], strict=True)
+            for start, stop in itertools.pairwise(bounds)
         ]
         self._filled = sum(p is not None for p in self._payloads)
         self._payload_bytes = len(data)
