@@ -93,6 +93,10 @@ class ReplayBufferManager:
       seed: Local backend: seed of the tables' samplers (an integer >= 0); None: fresh entropy.
       device: Local backend: the torch device the tables' storage lives on and batches are
         gathered on ("cpu", "cuda:1"; needs storage="memory"); None: host memory.
+      compression: Local backend: codec of the stored frames, "lz4" (recommended: about 17x
+        smaller Atari frames, decoded about as fast as they are gathered), "zstd" (about 24x,
+        decoded about 3x slower) or None (docs/benchmarks.md, "Codecs for frames"); needs
+        storage="memory" and no device. Reverb compresses its chunks itself and refuses it.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
@@ -125,6 +129,7 @@ class ReplayBufferManager:
         layout: str = AUTO,
         seed: int | None = None,
         device: str | None = None,
+        compression: str | None = None,
     ) -> None:
         # Every argument but the summaries' is the backend's (`backends.configure` checks them).
         implementation, options = configure(
@@ -147,6 +152,7 @@ class ReplayBufferManager:
             layout=layout,
             seed=seed,
             device=device,
+            compression=compression,
         )
         self.backend = implementation.kind
         self._backend: Backend = implementation.from_options(options)

@@ -237,3 +237,30 @@ def test_a_breakout_frame_takes_under_800_bytes(name: str, breakout: np.ndarray)
     column.write(np.arange(len(values)), values)
     assert column.nbytes / len(values) < 800  # payload and slot: 7,056 B raw
     np.testing.assert_array_equal(column.read(np.arange(len(values))), values)
+
+
+def test_a_manager_takes_compression_on_the_local_backend(tmp_path) -> None:
+    from gymnasium import spaces
+
+    from replay_service import ReplayBufferManager
+
+    manager = ReplayBufferManager.from_spaces(
+        spaces.Box(0, 255, SHAPE, np.uint8),
+        spaces.Discrete(4),
+        capacity=10,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        compression="zstd",
+    )
+    try:
+        assert manager.backend == "local"
+        assert manager._backend.compression == "zstd"
+    finally:
+        manager.close()
+    with pytest.raises(ConfigError, match=r"got 'zstd-9'"):
+        ReplayBufferManager.from_spaces(
+            spaces.Discrete(3),
+            spaces.Discrete(4),
+            capacity=10,
+            checkpoint_dir=str(tmp_path / "other"),
+            compression="zstd-9",
+        )
