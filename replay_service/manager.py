@@ -94,9 +94,9 @@ class ReplayBufferManager:
       device: Local backend: the torch device the tables' storage lives on and batches are
         gathered on ("cpu", "cuda:1"; needs storage="memory"); None: host memory.
       compression: Local backend: codec of the stored frames, "lz4" (recommended: about 17x
-        smaller Atari frames, decoded about as fast as they are gathered), "zstd" (about 24x,
-        decoded about 3x slower) or None (docs/benchmarks.md, "Codecs for frames"); needs
-        storage="memory" and no device. Reverb compresses its chunks itself and refuses it.
+        smaller Atari frames), "zstd" (about 24x, decoded about 3x slower) or None
+        (docs/benchmarks.md, "Codecs for frames"); needs storage="memory" and no device.
+        Reverb compresses its chunks itself and refuses it.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
