@@ -378,6 +378,7 @@ class LocalBackend(Backend):
             device=self._device,
             key_stride=len(self._configs),
             key_offset=index,
+            compression=self._compression,
         )
 
     def _start(self) -> None:

@@ -334,6 +334,16 @@ class CompressedColumn:
             self._payload_bytes += len(payload)
             held[slot] = payload
 
+    def put(self, slot: int, payload: bytes) -> None:
+        """Puts `payload` into slot `slot`, an index in range (a writer's one step)."""
+        old = self._payloads[slot]
+        if old is None:
+            self._filled += 1
+        else:
+            self._payload_bytes -= len(old)
+        self._payload_bytes += len(payload)
+        self._payloads[slot] = payload
+
     def write(self, slots: np.ndarray, values: np.ndarray) -> None:
         """`store(slots, encode(values))`.
 
