@@ -328,7 +328,9 @@ class LocalBackend(Backend):
             with contextlib.ExitStack() as frozen:
                 for table in self._tables.values():
                     frozen.enter_context(table.frozen())
-                return path, local_checkpoint.write(path, self._snapshot(copy=False))
+                return path, local_checkpoint.write(
+                    path, self._snapshot(copy=False), self._compression
+                )
 
         return self._checkpoints.checkpoint(write).path
 
@@ -427,6 +429,15 @@ class LocalBackend(Backend):
     def _restore(self, checkpoint: Checkpoint) -> None:
         checkpoint.metadata.check_matches(self.metadata, checkpoint.path)
         local_checkpoint.check_restorable(checkpoint, [c.name for c in self._configs])
+        recorded = local_checkpoint.read_compression(checkpoint.path)
+        if recorded != self._compression:  # items are stored decoded: encoded anew
+            _log.info(
+                "Restoring %s (compression=%r) with compression=%r: its frames are encoded "
+                "again as they are restored",
+                checkpoint.path,
+                recorded,
+                self._compression,
+            )
         self._start()
         tables = [self._tables[config.name] for config in self._configs]
         local_checkpoint.restore_tables(checkpoint, self._stored_spec, tables)

@@ -10,11 +10,13 @@ are refused, and that checkpoints and exports round-trip.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -498,6 +500,14 @@ def test_compressed_frames_read_back_exactly(make, episodes, tmp_path, compressi
     for got, want in zip(items(loaded), before, strict=True):
         np.testing.assert_array_equal(got, want)
     assert table(loaded).nbytes <= 1.05 * stored.nbytes
+    index = Path(loaded._backend.restored_from.path) / "local_checkpoint.json"
+    assert json.loads(index.read_text())["compression"] == compression
+    loaded.close()
+    # Another codec, or none: the checkpoint's items are encoded anew as they are restored.
+    other = make("packed", capacity=150, compression=None if compression == "lz4" else "lz4")
+    other.load_replay_buffer()
+    for got, want in zip(items(other), before, strict=True):
+        np.testing.assert_array_equal(got, want)
     imported = make("imported", capacity=150, compression=compression)
     imported.import_buffer(tmp_path / "export")
     for got, want in zip(items(imported), before, strict=True):
