@@ -531,4 +531,5 @@ def test_compression_without_a_frame_stack_stores_the_images_compressed(make, ep
         np.testing.assert_array_equal(got[1], want[1])
     check_items(packed, transitions)
     with pytest.raises(ConfigError, match=r"compressed \(compression='lz4'\).*num_workers=0"):
-        stored.share_memory()
+        packed.torch_dataset(16).data_loader(num_workers=2)
+    check_items(packed, transitions)  # refused: the table as it was
