@@ -90,6 +90,19 @@ def test_an_overwritten_slot_reads_its_new_value(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_put_fills_one_slot_and_counts_its_bytes(name: str) -> None:
+    values = frames(3, seed=6)
+    column = CompressedColumn(4, SHAPE, np.uint8, name)
+    payloads = column.encode(values)
+    column.put(1, payloads[0])
+    column.put(1, payloads[1])  # an overwrite replaces the payload's bytes
+    column.put(3, payloads[2])
+    assert column.payload_bytes == len(payloads[1]) + len(payloads[2])
+    assert column.nbytes == column.payload_bytes + 2 * codecs.SLOT_OVERHEAD + 2 * 8
+    np.testing.assert_array_equal(column.read(np.array([1, 3])), values[1:])
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_nbytes_counts_payloads_and_slots(name: str) -> None:
     column = CompressedColumn(10, SHAPE, np.uint8, name)
     assert column.nbytes == 10 * 8 and column.payload_bytes == 0
@@ -254,6 +267,21 @@ def test_a_manager_takes_compression_on_the_local_backend(tmp_path) -> None:
     try:
         assert manager.backend == "local"
         assert manager._backend.compression == "zstd"
+        manager.create_replay_buffer()
+        values = frames(6, seed=7)
+        writer = manager.transition_writer()
+        for index in range(5):
+            writer.add(values[index], 1, 0.0, values[index + 1], index == 4, False)
+        table = manager._backend.client.table(manager.table_name)
+        paths = [f["path"] for f in table.fields]
+        columns = dict(zip(paths, map(type, table._columns), strict=True))
+        assert columns["observation"] is CompressedColumn  # 7,056 B per step
+        assert columns["action"] is np.ndarray  # small fields stay plain
+        observations = manager._backend.read_items(manager.table_config).data[
+            paths.index("observation")
+        ]
+        np.testing.assert_array_equal(observations[:, 0], values[:5])
+        np.testing.assert_array_equal(observations[:, 1], values[1:6])
     finally:
         manager.close()
     with pytest.raises(ConfigError, match=r"got 'zstd-9'"):
