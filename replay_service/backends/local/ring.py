@@ -20,7 +20,11 @@ there, never a SIGBUS at a later write); its writers do not share steps between 
 window is written whole into a ring of `capacity` windows, so `capacity` items fit there too).
 Should a ring at its largest size still be short, it evicts the oldest items until none holds a
 step it overwrites. With a `device` the ring is torch tensors on that device, written from
-host steps and gathered there by index.
+host steps and gathered there by index. With `compression=` the frame column of a stacked
+observation and every field of at least `COMPRESS_MIN_BYTES` per step are
+`codecs.CompressedColumn`s (a payload per step, grown by `remap`): reads gather their
+payloads under the table's lock and return `Deferred`s, which the table decodes (`decoded`)
+after releasing it.
 """
 
 from __future__ import annotations

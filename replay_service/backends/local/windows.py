@@ -8,6 +8,8 @@ by one step, compared byte for byte). A writer shares steps only with its last i
 item is held, so no item holds steps older than every held item's. An item is the serial number
 of its first step plus, where the writers of a table interleave their steps, the distance from
 each step to its writer's next one (the ring's `_gap`, made when writers first interleave).
+Compressed fields (`compression=`) are encoded before the table's lock is taken and their
+payloads stored under it.
 """
 
 from __future__ import annotations
