@@ -90,6 +90,7 @@ class ReplayBufferManager:
       frame_stack: Local backend: observations are stacks of this many frames (>= 2), each
         step storing its newest frame only (`backends.local.frames`); None: stored whole.
       frame_axis: 0 (gymnasium's `FrameStackObservation`) or -1 (SB3's `VecFrameStack`).
+      compression: Local backend: codec of stored frames, "lz4" (recommended), "zstd" or None.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
@@ -124,6 +125,7 @@ class ReplayBufferManager:
         device: str | None = None,
         frame_stack: int | None = None,
         frame_axis: int = 0,
+        compression: str | None = None,
     ) -> None:
         # Every argument but the summaries' is the backend's (`backends.configure` checks them).
         implementation, options = configure(
@@ -148,6 +150,7 @@ class ReplayBufferManager:
             device=device,
             frame_stack=frame_stack,
             frame_axis=frame_axis,
+            compression=compression,
         )
         self.backend = implementation.kind
         self._backend: Backend = implementation.from_options(options)

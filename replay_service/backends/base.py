@@ -75,6 +75,7 @@ class Capability(enum.Enum):
     )
     SEEDED_SAMPLING = "seed= (reproducible sampling; a Reverb server's samplers cannot be seeded)"
     DEVICE_STORAGE = "device= (a table's storage on a torch device, sampled there)"
+    COMPRESSION = "compression= (a local table's steps stored compressed)"
 
 
 STORAGES = ("memory", "memmap")
@@ -88,6 +89,7 @@ _CAPABILITY_OPTIONS: tuple[tuple[str, Capability, Callable[[Any], bool]], ...] =
     ("port", Capability.PORT, lambda value: value is not None),
     ("seed", Capability.SEEDED_SAMPLING, lambda value: value is not None),
     ("device", Capability.DEVICE_STORAGE, lambda value: value is not None),
+    ("compression", Capability.COMPRESSION, lambda value: value is not None),
 )
 
 
@@ -109,6 +111,8 @@ class BackendOptions:
       seed: Seed of the samplers (`Capability.SEEDED_SAMPLING`); None: fresh entropy.
       device: Torch device of the tables' storage (`Capability.DEVICE_STORAGE`); None: host
         memory.
+      compression: Codec of the local tables' stored steps (`backends.local.codecs.CODECS`);
+        None: uncompressed.
       layout_from_server: Remote mode: take the layout of the server's tables on connecting
         (the manager's `layout="auto"`), replacing `layout` and the tables' `layout`.
     """
@@ -125,6 +129,7 @@ class BackendOptions:
     storage: str = "memory"
     seed: int | None = None
     device: str | None = None
+    compression: str | None = None
     layout_from_server: bool = False
 
     def checkpoint_store(self) -> CheckpointStore:
@@ -204,7 +209,8 @@ class Backend(abc.ABC):
         """Refuses a manager's backend options before anything is built.
 
         Args:
-          options: `storage`, `layout` (a resolved name), `port`, `seed` and `device`, by name.
+          options: `storage`, `layout` (a resolved name), `port`, `seed`, `device` and
+            `compression`, by name.
 
         Raises:
           ConfigError: If `storage` is not one of `STORAGES`, `seed` not an integer >= 0, or an

@@ -52,6 +52,7 @@ def configure(
     device: str | None,
     frame_stack: int | None = None,
     frame_axis: int = 0,
+    compression: str | None = None,
 ) -> tuple[type[Backend], BackendOptions]:
     """Checks `ReplayBufferManager`'s backend arguments (documented there), in order: the
     backend and layout names, the tables, the integers, the data spec, the directory and
@@ -120,11 +121,19 @@ def configure(
         storage=storage,
         seed=seed,
         device=device,
+        compression=compression,
         # "auto" on a remote server: its tables' layout, taken on connecting.
         layout_from_server=layout == AUTO and server_address is not None,
     )
     implementation.check_options(
-        {"storage": storage, "layout": name, "port": port, "seed": seed, "device": device}
+        {
+            "storage": storage,
+            "layout": name,
+            "port": port,
+            "seed": seed,
+            "device": device,
+            "compression": compression,
+        }
     )
     return implementation, options
 

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from replay_service.backends.base import (
     Lifeline,
 )
 from replay_service.backends.local import checkpoint as local_checkpoint
+from replay_service.backends.local import codecs
 from replay_service.backends.local import sampling as local_sampling
 from replay_service.backends.local.client import LocalClient
 from replay_service.backends.local.ring import check_tables_fit
@@ -50,6 +51,34 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
+def check_compression(compression: str | None, storage: str, device: str | None) -> None:
+    """Refuses a `compression=` the local tables cannot take.
+
+    Args:
+      compression: A name of `codecs.CODECS`, or None (uncompressed).
+      storage: The manager's `storage=`.
+      device: The manager's `device=`.
+
+    Raises:
+      ConfigError: If `compression` is not a codec's name or its library is not installed
+        (naming the pip package), or it is asked with `storage="memmap"` or a `device`.
+    """
+    if compression is None:
+        return
+    codecs.codec(compression)
+    if storage != "memory":
+        raise ConfigError(
+            f"compression={compression!r} needs storage='memory', got storage={storage!r}: "
+            "compressed steps have variable sizes and do not fit the memory-mapped files' "
+            "fixed-size rows (compression alone makes Atari frames about 17x smaller)"
+        )
+    if device is not None:
+        raise ConfigError(
+            f"compression={compression!r} needs device=None, got device={device!r}: "
+            "compressed steps are kept and decoded in host memory"
+        )
+
+
 class LocalBackend(Backend):
     """A buffer in this process whose checkpoints go to `store` (see module docstring).
 
@@ -65,9 +94,12 @@ class LocalBackend(Backend):
       device: Torch device of the tables' step rings (`table.check_device`); None: host memory.
       layout: What the collectors are given (`Backend.layout`); None: the nested layout of
         `stored_spec` (local tables have their own storage: no other is taken).
+      compression: Codec of the stored steps' frames (`codecs.CODECS`: "lz4", "zstd",
+        "none"); None: uncompressed (`check_compression`).
 
     Raises:
-      ConfigError: If a table's options are Reverb-only, or `device` is not usable.
+      ConfigError: If a table's options are Reverb-only, `device` is not usable, or
+        `compression` is refused (`check_compression`).
     """
 
     kind = "local"
@@ -77,6 +109,7 @@ class LocalBackend(Backend):
             Capability.RECENT_SAMPLING,
             Capability.SEEDED_SAMPLING,
             Capability.DEVICE_STORAGE,
+            Capability.COMPRESSION,
         }
     )
     description = "the local backend (tables in this process)"
@@ -93,7 +126,10 @@ class LocalBackend(Backend):
         seed: int | None = None,
         device: str | None = None,
         layout: Layout | None = None,
+        compression: str | None = None,
     ) -> None:
+        check_compression(compression, storage, device)
+        self._compression = compression
         self._device = None if device is None else check_device(device)
         if self._device is not None and storage != "memory":
             raise ConfigError(
@@ -125,6 +161,23 @@ class LocalBackend(Backend):
             check_local_table(config)
 
     @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """`Backend.check_options`, then `check_compression`.
+
+        Raises:
+          ConfigError: See `Backend.check_options` and `check_compression`.
+        """
+        super().check_options(options)
+        check_compression(
+            options.get("compression"), options.get("storage", "memory"), options.get("device")
+        )
+
+    @property
+    def compression(self) -> str | None:
+        """The codec of the stored steps' frames (`codecs.CODECS`); None: uncompressed."""
+        return self._compression
+
+    @classmethod
     def from_options(cls, options: BackendOptions) -> LocalBackend:
         """Local tables for `options` (nothing is created before `create` or `load`)."""
         return cls(
@@ -137,6 +190,7 @@ class LocalBackend(Backend):
             options.storage,
             options.seed,
             options.device,
+            compression=options.compression,
         )
 
     @classmethod
@@ -274,7 +328,9 @@ class LocalBackend(Backend):
             with contextlib.ExitStack() as frozen:
                 for table in self._tables.values():
                     frozen.enter_context(table.frozen())
-                return path, local_checkpoint.write(path, self._snapshot(copy=False))
+                return path, local_checkpoint.write(
+                    path, self._snapshot(copy=False), self._compression
+                )
 
         return self._checkpoints.checkpoint(write).path
 
@@ -324,6 +380,7 @@ class LocalBackend(Backend):
             device=self._device,
             key_stride=len(self._configs),
             key_offset=index,
+            compression=self._compression,
         )
 
     def _start(self) -> None:
@@ -372,6 +429,15 @@ class LocalBackend(Backend):
     def _restore(self, checkpoint: Checkpoint) -> None:
         checkpoint.metadata.check_matches(self.metadata, checkpoint.path)
         local_checkpoint.check_restorable(checkpoint, [c.name for c in self._configs])
+        recorded = local_checkpoint.read_compression(checkpoint.path)
+        if recorded != self._compression:  # items are stored decoded: encoded anew
+            _log.info(
+                "Restoring %s (compression=%r) with compression=%r: its frames are encoded "
+                "again as they are restored",
+                checkpoint.path,
+                recorded,
+                self._compression,
+            )
         self._start()
         tables = [self._tables[config.name] for config in self._configs]
         local_checkpoint.restore_tables(checkpoint, self._stored_spec, tables)

@@ -4,13 +4,17 @@ A local checkpoint is a directory written into the store's staging root and adop
 `checkpoints/` exactly like a Reverb checkpoint (`CheckpointStore.adopt`: verified, digests
 recorded, renamed into place, retention applied):
 
-    local_checkpoint.json           format tag and the tables, in order
+    local_checkpoint.json           format tag, the tables in order and, where the tables
+                                    store large fields compressed, the codec ("compression")
     table<i>.state.safetensors      table i's items in the export format (`storage.export`)
     table<i>.metadata.json          its export metadata (data spec, counts, sha256 of the state)
     DONE                            written last: the directory is complete
 
 Because each table is an export, the same files import into a Reverb-backed buffer
-(`import_buffer`) and back, item for item.
+(`import_buffer`) and back, item for item. The items are written decoded, whatever the
+tables' `compression=`: a checkpoint loads into a buffer of any compression (its frames are
+encoded again as they are restored), and one without the "compression" key (every checkpoint
+of an uncompressed buffer, and those written before the option) is read as it always was.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ def table_prefix(index: int) -> str:
 def write(
     path: str,
     tables: Sequence[tuple[TableConfig, Any, export_lib.ExportedItems]],
+    compression: str | None = None,
 ) -> tuple[int, dict[str, dict[str, Any]]]:
     """Writes a complete local checkpoint into the new directory `path`.
 
@@ -86,6 +91,8 @@ def write(
     Args:
       path: Directory to create (must not exist).
       tables: `(config, stored_spec, items)` per table, the primary table first.
+      compression: The tables' codec (`codecs.CODECS`), recorded in the index; None: none
+        (the index is then as it was before the option).
 
     Returns:
       `(num_items, files)` as `verify` gives them, for `CheckpointStore.adopt`.
@@ -114,7 +121,12 @@ def write(
         }
         files[os.path.basename(metadata_path)] = file_digest(metadata_path)
         num_items += items.num_items
-    index_data = {"format": FORMAT, "tables": [config.name for config, _, _ in tables]}
+    index_data: dict[str, Any] = {
+        "format": FORMAT,
+        "tables": [config.name for config, _, _ in tables],
+    }
+    if compression is not None:
+        index_data["compression"] = compression
     try:
         write_synced(os.path.join(path, INDEX_FILE), json.dumps(index_data, indent=2) + "\n")
         write_synced(os.path.join(path, DONE_FILE), "")
@@ -133,6 +145,22 @@ def read_index(path: str) -> list[str]:
       NotRegularFileError: If it is not a regular file (it is not opened).
     """
     index_path = os.path.join(path, INDEX_FILE)
+    data = _read_index_data(path)
+    tables = data.get("tables")
+    if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
+        raise CheckpointError(f"{index_path!r} is not a {FORMAT} index: {data!r}")
+    return tables
+
+
+def _read_index_data(path: str) -> dict[str, Any]:
+    """The parsed index of the local checkpoint at `path`, its format tag checked.
+
+    Raises:
+      UnknownFormatError: If its format tag is unknown or of a newer version.
+      CheckpointError: If the index is missing, unreadable or not a JSON object.
+      NotRegularFileError: If it is not a regular file.
+    """
+    index_path = os.path.join(path, INDEX_FILE)
     try:
         with open_regular(index_path, "r", encoding="utf-8") as f:
             data = json.load(f)
@@ -141,10 +169,21 @@ def read_index(path: str) -> list[str]:
     if not isinstance(data, dict):
         raise CheckpointError(f"{index_path!r} is not a {FORMAT} index: {data!r}")
     formats.LOCAL_CHECKPOINT.check(data.get("format"), repr(index_path))
-    tables = data.get("tables")
-    if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
-        raise CheckpointError(f"{index_path!r} is not a {FORMAT} index: {data!r}")
-    return tables
+    return data
+
+
+def read_compression(path: str) -> str | None:
+    """The codec the tables of the local checkpoint at `path` used (None: none recorded).
+
+    Raises:
+      CheckpointError: If the index cannot be read, or records a codec that is not a string.
+    """
+    index_path = os.path.join(path, INDEX_FILE)
+    read_index(path)
+    value = _read_index_data(path).get("compression")
+    if value is not None and not isinstance(value, str):
+        raise CheckpointError(f"{index_path!r} records compression={value!r}, not a codec name")
+    return value
 
 
 def verify(path: str) -> tuple[int, dict[str, dict[str, Any]]]:

@@ -20,7 +20,11 @@ there, never a SIGBUS at a later write); its writers do not share steps between 
 window is written whole into a ring of `capacity` windows, so `capacity` items fit there too).
 Should a ring at its largest size still be short, it evicts the oldest items until none holds a
 step it overwrites. With a `device` the ring is torch tensors on that device, written from
-host steps and gathered there by index.
+host steps and gathered there by index. With `compression=` the frame column of a stacked
+observation and every field of at least `COMPRESS_MIN_BYTES` per step are
+`codecs.CompressedColumn`s (a payload per step, grown by `remap`): reads gather their
+payloads under the table's lock and return `Deferred`s, which the table decodes (`decoded`)
+after releasing it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.codecs import Codec, CompressedColumn, codec
 from replay_service.backends.local.frames import FrameStack
 from replay_service.backends.local.scratch import (
     check_free,
@@ -50,6 +55,9 @@ from replay_service.specs import sizes
 STORAGES = ("memory", "memmap")
 # A growing step ring takes at least this fraction of its size more.
 _GROWTH = 0.125
+# With `compression=`, a field of at least this many bytes per step is stored compressed (a
+# stacked observation's frame column always is); smaller ones stay plain arrays.
+COMPRESS_MIN_BYTES = 1024
 # Linux's MAP_NORESERVE (Python's mmap module does not name it before 3.12): address space
 # reserved for a ring's largest size, its pages committed only as steps are written.
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
@@ -85,6 +93,7 @@ class StepRing:
         scratch_dir: str | None,
         device: torch.device | None,
         frames: FrameStack | None = None,
+        compression: str | None = None,
     ) -> None:
         """Sets up an empty ring (its storage is allocated at the first insert, or now by the
         table for "memmap", see `_allocate`).
@@ -99,7 +108,9 @@ class StepRing:
           device: Where the ring lives (checked by the table); None: host memory.
           frames: The stacked observation (`frames.FrameStack`): its column holds each
             step's newest frame and `_preds` the serials of its earlier frames; None: none.
-
+          compression: Codec of the large fields (`codecs.CODECS`; "memory" storage on the
+            host only, checked by the backend): the frame column and every field of at
+            least `COMPRESS_MIN_BYTES` per step become `CompressedColumn`s; None: none.
         """
         length = self._length
         self._device = device
@@ -110,6 +121,20 @@ class StepRing:
         # Steps an item needs: its window and, stacked, its first step's earlier frames.
         span = length if frames is None else length + frames.k - 1
         self._dtypes = list(dtypes)
+        self._compression = compression
+        self._codec: Codec | None = None if compression is None else codec(compression)
+        # The fields stored compressed (indexes).
+        self._compressed: frozenset[int] = frozenset(
+            index
+            for index, (shape, dtype) in enumerate(
+                zip(self._step_shapes, self._dtypes, strict=True)
+            )
+            if compression is not None
+            and (
+                (frames is not None and index == frames.field)
+                or int(np.prod(shape)) * dtype.itemsize >= COMPRESS_MIN_BYTES
+            )
+        )
         self._storage_kind = storage
         self._scratch_dir = scratch_dir
         self._ring_size = ring_steps(capacity, length, storage, frames and frames.k)
@@ -156,19 +181,33 @@ class StepRing:
         return step * self._length
 
     @property
+    def compression(self) -> str | None:
+        """The codec of the large fields (`codecs.CODECS`); None: stored as they are."""
+        return self._compression
+
+    @property
     def step_capacity(self) -> int:
         """Steps the ring holds now (it grows as needed, see the module docstring)."""
         return self._ring_size
 
     @property
     def nbytes(self) -> int:
-        """Bytes the storage holds: the step ring's data and its per-step metadata (0 before
-        the first insert in RAM)."""
+        """Bytes the storage holds: the step ring's data (compressed fields: their payloads and
+        slots, `CompressedColumn.nbytes`) and its per-step metadata (0 before the first insert
+        in RAM)."""
         if self._columns is None:
             return 0
         gap = 0 if self._gap is None else self._gap.nbytes
         preds = 0 if self._preds is None else self._preds.nbytes
-        return self._ring_size * self.step_bytes + gap + self._refs.nbytes + preds
+        data = sum(
+            column.nbytes
+            if isinstance(column, CompressedColumn)
+            else self._ring_size * int(np.prod(shape)) * dtype.itemsize
+            for column, shape, dtype in zip(
+                self._columns, self._step_shapes, self._dtypes, strict=True
+            )
+        )
+        return data + gap + self._refs.nbytes + preds
 
     def _positions(self, serials: np.ndarray) -> np.ndarray:
         """Ring positions of steps still in the ring, by serial number."""
@@ -227,7 +266,12 @@ class StepRing:
         held = self._written - self._oldest
         order = self._positions(np.arange(self._oldest, self._written, dtype=np.int64))
         columns, tensors = [], []
-        for column in self._columns:
+        for column, old in zip(self._columns, self._tensors, strict=True):
+            if isinstance(column, CompressedColumn):
+                column.remap(order, steps)
+                columns.append(column)
+                tensors.append(old)
+                continue
             if self._device is not None:
                 tensor = column.new_empty((steps, *column.shape[1:]))
                 tensor[:held] = column[self._index(order)]
@@ -315,8 +359,9 @@ class StepRing:
             serials[scattered, index] = serial
         return self._positions(serials)
 
-    def _read_slots(self, slots: np.ndarray) -> list[torch.Tensor]:
-        """The items of `slots` gathered from the ring, one tensor per field."""
+    def _read_slots(self, slots: np.ndarray) -> list[Any]:
+        """The items of `slots` gathered from the ring, one tensor per field (a compressed
+        field: a `Deferred` decoding it, see `decoded`)."""
         assert self._columns is not None
         positions = self._window_positions(slots)
         frames = self._frames
@@ -327,21 +372,36 @@ class StepRing:
             data = [
                 None
                 if frames is not None and field == frames.field
-                else torch.from_numpy(column.take(positions, axis=0))
+                else self._take(field, positions)
                 for field, column in enumerate(self._columns)
             ]
         if frames is not None:
             data[frames.field] = self._stacks(positions)
         return data
 
-    def _read_steps(
-        self, slots: np.ndarray, steps: Sequence[tuple[int, int]]
-    ) -> list[torch.Tensor]:
-        """Step `step` of field `field` of the items of `slots`, per `(field, step)` pair."""
+    def _read_steps(self, slots: np.ndarray, steps: Sequence[tuple[int, int]]) -> list[Any]:
+        """Step `step` of field `field` of the items of `slots`, per `(field, step)` pair (a
+        compressed field: a `Deferred`, see `decoded`)."""
         assert self._columns is not None
         positions = self._window_positions(slots)
         by_step = {step: np.ascontiguousarray(positions[:, step]) for step in {s for _, s in steps}}
         frames = self._frames
+        if (
+            frames is not None
+            and frames.field in self._compressed
+            and any(field == frames.field for field, _ in steps)
+        ):
+            # Every requested step's stacks in one gather and one decode (their shared
+            # frames decoded once).
+            stacked = sorted({step for field, step in steps if field == frames.field})
+            both = self._stacks(np.stack([by_step[step] for step in stacked], axis=1))
+            plain = self._read_plain(by_step, [p for p in steps if p[0] != frames.field])
+            split = _Split(both, len(stacked))
+            at = {step: index for index, step in enumerate(stacked)}
+            return [
+                split.part(at[step]) if field == frames.field else plain.pop(0)
+                for field, step in steps
+            ]
         if frames is not None and any(field == frames.field for field, _ in steps):
             stacks = {
                 step: self._stacks(at)
@@ -362,12 +422,31 @@ class StepRing:
         if self._device is not None:
             index = {step: self._index(at) for step, at in by_step.items()}
             return [self._columns[field][index[step]] for field, step in steps]
-        return [
-            torch.from_numpy(self._columns[field].take(by_step[step], axis=0))
-            for field, step in steps
-        ]
+        return [self._take(field, by_step[step]) for field, step in steps]
 
-    def _stacks(self, positions: np.ndarray) -> torch.Tensor:
+    def _take(self, field: int, positions: np.ndarray) -> Any:
+        """Field `field` of the steps at ring `positions` (any shape), from the host ring: a
+        tensor, or for a compressed field a `Deferred` holding the gathered payloads."""
+        assert self._columns is not None
+        column = self._columns[field]
+        if not isinstance(column, CompressedColumn):
+            return torch.from_numpy(column.take(positions, axis=0))
+        payloads = column.gather(positions.reshape(-1))
+
+        def decode() -> torch.Tensor:
+            out = np.empty((*positions.shape, *column.shape), column.dtype)
+            column.decode(payloads, out.reshape(-1, *column.shape))
+            return torch.from_numpy(out)
+
+        return Deferred(decode)
+
+    @staticmethod
+    def decoded(data: list[Any]) -> list[torch.Tensor]:
+        """`data` of `_read_slots` or `_read_steps` with every `Deferred` decoded: call it
+        after releasing the table's lock (the payloads were gathered under it)."""
+        return [d() if isinstance(d, Deferred) else d for d in data]
+
+    def _stacks(self, positions: np.ndarray) -> Any:
         """The stacked observations of the steps at ring `positions` (any shape): each step's
         K-1 earlier frames and its own, one gather, zero frames where a serial is -1."""
         frames = self._frames
@@ -377,6 +456,19 @@ class StepRing:
         at = self._positions(np.where(zero, self._oldest, serials))
         at = np.concatenate([at, positions[..., None]], axis=-1)  # [..., K]
         column = self._columns[frames.field]
+        if isinstance(column, CompressedColumn):
+            unique, inverse = np.unique(at, return_inverse=True)
+            payloads = column.gather(unique)
+            k = frames.k
+
+            def decode() -> torch.Tensor:
+                decoded = column.decode(payloads)
+                taken = decoded[inverse.reshape(at.shape)]
+                if zero.any():
+                    taken[(slice(None),) * positions.ndim + (slice(0, k - 1),)][zero] = 0
+                return frames.assemble(torch.from_numpy(taken))
+
+            return Deferred(decode)
         if self._device is not None:
             gathered = column[self._index(at)]
             if zero.any():
@@ -440,9 +532,16 @@ class StepRing:
                 self.fields,
             )
         columns, tensors = [], []
-        reserved = self._reserve() if directory is None and self._device is None else None
+        reserved = None
+        if directory is None and self._device is None and not self._compressed:
+            reserved = self._reserve()
         for index, (shape, dtype) in enumerate(zip(self._step_shapes, self._dtypes, strict=True)):
             torch_dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
+            if index in self._compressed:
+                assert self._codec is not None
+                columns.append(CompressedColumn(steps, shape, dtype, self._codec))
+                tensors.append(torch.empty((0, *shape), dtype=torch_dtype))  # nothing shared
+                continue
             if reserved is not None:
                 tensor = torch.from_numpy(reserved[index][:steps])
             elif directory is not None:
@@ -491,6 +590,39 @@ class StepRing:
                 )
             )
         return arrays
+
+
+class Deferred:
+    """A compressed field's gathered payloads and how to decode them: called (after the
+    table's lock is released), returns the tensor."""
+
+    __slots__ = ("_decode",)
+
+    def __init__(self, decode: Callable[[], torch.Tensor]) -> None:
+        self._decode = decode
+
+    def __call__(self) -> torch.Tensor:
+        """The decoded tensor."""
+        return self._decode()
+
+
+class _Split:
+    """One decode of `[batch, parts, ...]` stacks shared by the parts' `Deferred`s."""
+
+    def __init__(self, whole: Deferred, parts: int) -> None:
+        self._whole = whole
+        self._parts = parts
+        self._value: torch.Tensor | None = None
+
+    def part(self, index: int) -> Deferred:
+        """The `Deferred` of `whole[:, index]`."""
+
+        def decode() -> torch.Tensor:
+            if self._value is None:
+                self._value = self._whole()
+            return self._value[:, index]
+
+        return Deferred(decode)
 
 
 def ring_steps(

@@ -79,6 +79,12 @@ class Shareable(StepRing):
                 f"{self.config.frame_stack!r}): DataLoader worker processes cannot rebuild its "
                 "stacks yet; sample it in this process (num_workers=0, torch_batches)"
             )
+        if self._compression is not None:
+            raise ConfigError(
+                f"table {self.name!r} stores its large fields compressed (compression="
+                f"{self._compression!r}): DataLoader worker processes cannot decode them from "
+                "shared memory yet; sample it in this process (num_workers=0, torch_batches)"
+            )
         if self._device is not None and self._device.type != "cpu":
             raise ConfigError(
                 f"table {self.name!r} lives on device {str(self._device)!r}: DataLoader worker "

@@ -146,6 +146,7 @@ class LocalTable(WindowInserts, Shareable):
       key_stride: Tables of the buffer; with `key_offset`, the table's index among them, its
         keys are never another table's (`slots.item_keys`).
       key_offset: The table's index among the buffer's tables.
+      compression: Codec of the large fields (`ring.StepRing`, `codecs.CODECS`); None: none.
 
     Raises:
       ConfigError: If the sampling is Reverb-only (`check_local_table`), `storage` unknown,
@@ -163,6 +164,7 @@ class LocalTable(WindowInserts, Shareable):
         device: str | torch.device | None = None,
         key_stride: int = 1,
         key_offset: int = 0,
+        compression: str | None = None,
     ) -> None:
         check_local_table(config)
         if storage not in STORAGES:
@@ -172,6 +174,11 @@ class LocalTable(WindowInserts, Shareable):
             raise ConfigError(
                 f"device={device!r} needs storage='memory': storage={storage!r} keeps the "
                 "table in host files"
+            )
+        if compression is not None and (storage != "memory" or checked is not None):
+            raise ConfigError(
+                f"compression={compression!r} needs storage='memory' on the host, got "
+                f"storage={storage!r}, device={device!r}"
             )
         self.config = config
         self.fields = [dict(f) for f in fields]
@@ -188,6 +195,7 @@ class LocalTable(WindowInserts, Shareable):
             scratch_dir=scratch_dir,
             device=checked,
             frames=FrameStack.for_table(config.frame_stack, config.frame_axis, self.fields),
+            compression=compression,
         )
         # Per item slot: its first step's serial and samples; its priority once items differ
         # (before: `_flat_priority`, every item's); whether its steps are consecutive serials
@@ -304,13 +312,18 @@ class LocalTable(WindowInserts, Shareable):
         with self._changed:
             if not limit:
                 self._wait_for_items(deadline, timeout)
-                return self._sample_slots(batch_size, with_info, steps)
-            # As Reverb: an item reaching `max_times_sampled` is removed before the next item
-            # of the batch is selected (a FIFO queue gives the oldest items, each once).
-            parts = []
-            for _ in range(batch_size):
-                self._wait_for_items(deadline, timeout)
-                parts.append(self._sample_slots(1, with_info, steps))
+                data, info = self._sample_slots(batch_size, with_info, steps)
+            else:
+                # As Reverb: an item reaching `max_times_sampled` is removed before the next
+                # item of the batch is selected (a FIFO queue gives the oldest items, each once).
+                parts = []
+                for _ in range(batch_size):
+                    self._wait_for_items(deadline, timeout)
+                    parts.append(self._sample_slots(1, with_info, steps))
+        # Compressed fields are decoded here, the lock released (their payloads were gathered).
+        if not limit:
+            return self.decoded(data), info
+        parts = [(self.decoded(p[0]), p[1]) for p in parts]
         data = [torch.cat([p[0][j] for p in parts]) for j in range(len(parts[0][0]))]
         info = {name: np.concatenate([p[1][name] for p in parts]) for name in parts[0][1]}
         return data, info
@@ -401,7 +414,8 @@ class LocalTable(WindowInserts, Shareable):
             if count <= 0:
                 raise BufferStateError(f"table {self.name!r} holds no items to read")
             held = self._slots.newest(count)
-            return self._read_slots(held[rng.integers(0, count, batch_size)])
+            data = self._read_slots(held[rng.integers(0, count, batch_size)])
+        return self.decoded(data)
 
     # ------------------------------------------------------------------------ checkpoints
 
@@ -422,8 +436,11 @@ class LocalTable(WindowInserts, Shareable):
                     np.zeros((0, *s), d) for s, d in zip(self._shapes, self._dtypes, strict=True)
                 ]
             else:
-                data = [t.numpy(force=True) for t in self._read_slots(slots)]  # host copies
-            return data, self._priorities(slots), self._times_sampled[slots].copy()
+                data = self._read_slots(slots)
+            priorities, times = self._priorities(slots), self._times_sampled[slots].copy()
+        # Host copies (compressed fields decoded, the lock released unless a checkpoint holds it).
+        data = [d.numpy(force=True) if torch.is_tensor(d) else d for d in self.decoded(data)]
+        return data, priorities, times
 
     def frozen(self) -> Any:
         """A context manager holding the table's lock: no insert, sample or removal meanwhile

@@ -8,6 +8,8 @@ by one step, compared byte for byte). A writer shares steps only with its last i
 item is held, so no item holds steps older than every held item's. An item is the serial number
 of its first step plus, where the writers of a table interleave their steps, the distance from
 each step to its writer's next one (the ring's `_gap`, made when writers first interleave).
+Compressed fields (`compression=`) are encoded before the table's lock is taken and their
+payloads stored under it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.codecs import CompressedColumn
 from replay_service.backends.local.ring import StepRing
 from replay_service.backends.local.slots import Slots
 from replay_service.backends.local.sum_tree import SumTree
@@ -119,6 +122,9 @@ class WindowInserts(StepRing):
           The new item's key.
         """
         length = self._length
+        # Compressed fields: the payloads of the steps the writer appended, encoded before the
+        # lock is taken (a window that cannot share its steps encodes the others under it).
+        encoded = self._encode_steps(steps, length if fresh is None else fresh)
         with self._changed:
             if self._closed:
                 self._require_open()
@@ -157,11 +163,14 @@ class WindowInserts(StepRing):
             position = head
             on_device = self._device is not None
             if frames is not None:
-                position = self._write_frames(steps, new, extra, chain, stream)
+                position = self._write_frames(steps, new, extra, chain, stream, encoded)
                 written += extra  # the earlier frames written first are no step of the item
-            for step in () if frames is not None else steps[length - new :]:
-                for column, value in zip(columns, step):  # noqa: B905 (checked by the writer)
-                    column[position] = torch.as_tensor(value) if on_device else value
+            for at in () if frames is not None else range(length - new, length):
+                for index, (column, value) in enumerate(zip(columns, steps[at])):  # noqa: B905
+                    if isinstance(column, CompressedColumn):
+                        column.put(position, self._payload(encoded, at, index, value))
+                    else:
+                        column[position] = torch.as_tensor(value) if on_device else value
                 if gap is not None:
                     gap[position] = 1
                 position += 1
@@ -252,10 +261,12 @@ class WindowInserts(StepRing):
         extra: int,
         chain: list[int] | str | None,
         stream: WindowStream | None,
+        encoded: dict[tuple[int, int], bytes] | None = None,
     ) -> int:
         """Writes the last `new` steps of a window of stacked observations at the head, after
         `extra` earlier frames of its first step: each step's newest frame and the serials of
-        its earlier ones (`_preds`); returns the ring position after them."""
+        its earlier ones (`_preds`); returns the ring position after them. `encoded`: the
+        payloads of compressed fields by `(step in the window, field)` (`_encode_steps`)."""
         frames = self._frames
         columns, preds = self._columns, self._preds
         assert frames is not None and columns is not None and preds is not None
@@ -264,8 +275,12 @@ class WindowInserts(StepRing):
         on_device = self._device is not None
         position, serial = self._head, self._written
 
-        def put(index: int, value: np.ndarray) -> None:
-            columns[index][position] = torch.as_tensor(value) if on_device else value
+        def put(index: int, value: np.ndarray, at: int = -1) -> None:
+            column = columns[index]
+            if isinstance(column, CompressedColumn):
+                column.put(position, self._payload(encoded, at, index, value))
+            else:
+                column[position] = torch.as_tensor(value) if on_device else value
 
         if extra:
             earlier = frames.frames(np.asarray(steps[0][field])[None])[0]
@@ -278,7 +293,8 @@ class WindowInserts(StepRing):
                 chain.append(serial)
                 serial += 1
                 position = position + 1 if position + 1 < size else 0
-        for step in steps[self._length - new :]:
+        for at in range(self._length - new, self._length):
+            step = steps[at]
             stack = np.asarray(step[field])
             if not stack.any() or chain == "zero":
                 row = [-1] * (k - 1)
@@ -288,7 +304,7 @@ class WindowInserts(StepRing):
                 assert isinstance(chain, list)
                 row = chain
             for index, value in enumerate(step):
-                put(index, frames.part(stack, k - 1, k) if index == field else value)
+                put(index, frames.part(stack, k - 1, k) if index == field else value, at)
             preds[position] = row
             if gap is not None:
                 gap[position] = 1
@@ -298,6 +314,42 @@ class WindowInserts(StepRing):
         if stream is not None:
             stream.frames = chain if isinstance(chain, list) else None
         return position
+
+    def _encode_steps(
+        self, steps: Sequence[Sequence[np.ndarray]], fresh: int
+    ) -> dict[tuple[int, int], bytes]:
+        """The payloads of the compressed fields of the last `fresh` steps of a window, by
+        `(step in the window, field)` (a stacked observation: its newest frame); {} without
+        compressed fields. Touches no storage: called before the table's lock is taken."""
+        if not self._compressed:
+            return {}
+        assert self._codec is not None
+        encode = self._codec.encode
+        frames = self._frames
+        encoded = {}
+        for at in range(len(steps) - fresh, len(steps)):
+            for index in self._compressed:
+                value = np.asarray(steps[at][index])
+                if frames is not None and index == frames.field:
+                    value = frames.part(value, frames.k - 1, frames.k)
+                encoded[at, index] = encode(np.ascontiguousarray(value))
+        return encoded
+
+    def _payload(
+        self,
+        encoded: dict[tuple[int, int], bytes] | None,
+        at: int,
+        index: int,
+        value: np.ndarray,
+    ) -> bytes:
+        """The payload of `value`, step `at` of the window's field `index`: encoded before the
+        lock, or now (an earlier frame, a step the writer's last window held but this one
+        cannot share)."""
+        payload = None if encoded is None else encoded.get((at, index))
+        if payload is None:
+            assert self._codec is not None
+            payload = self._codec.encode(np.ascontiguousarray(value))
+        return payload
 
     def _check_data(self, data: Sequence[np.ndarray], count: int) -> None:
         if len(data) != len(self.fields):
@@ -356,6 +408,15 @@ class WindowInserts(StepRing):
         keep = np.ones((count, width), dtype=np.bool_)
         keep[shared, :-1] = False
         keep = keep.reshape(-1)
+        # Compressed fields: every step's payload, encoded before the lock is taken.
+        encoded = {
+            index: [
+                self._codec.encode(row)
+                for row in data[index].reshape(count * width, *self._step_shapes[index])[keep]
+            ]
+            for index in sorted(self._compressed)
+            if self._codec is not None
+        }
         with self._changed:
             self._require_open()
             if self._columns is None:
@@ -367,7 +428,12 @@ class WindowInserts(StepRing):
             size = self._ring_size
             written = self._written
             positions = (self._head + np.arange(total, dtype=np.int64)) % size
-            for column, array, shape in zip(columns, data, self._step_shapes, strict=True):
+            for index, (column, array, shape) in enumerate(
+                zip(columns, data, self._step_shapes, strict=True)
+            ):
+                if isinstance(column, CompressedColumn):
+                    column.store(positions, encoded[index])
+                    continue
                 steps = array.reshape(count * width, *shape)[keep]
                 if self._device is None:
                     column[positions] = steps

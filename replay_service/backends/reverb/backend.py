@@ -86,6 +86,11 @@ class ReverbBackend(Backend):
             Capability.DEVICE_STORAGE,
         ):
             return "it applies only to backend='local'"
+        if capability is Capability.COMPRESSION:
+            return (
+                "Reverb compresses its chunks itself (zstd); leave compression=None, or use "
+                "backend='local'"
+            )
         if capability is Capability.RECENT_SAMPLING:
             return (
                 "use backend='local', or approximate it on Reverb with an extra table of a "

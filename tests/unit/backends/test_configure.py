@@ -115,3 +115,38 @@ def test_a_spec_that_is_not_a_trajectory_is_refused(tmp_path: Path) -> None:
 def test_nothing_is_created_or_written(tmp_path: Path) -> None:
     configure(**arguments(tmp_path, storage="memmap"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_compression_reaches_the_local_backend(tmp_path: Path) -> None:
+    implementation, options = configure(**arguments(tmp_path), compression="lz4")
+    assert options.compression == "lz4"
+    assert implementation.from_options(options).compression == "lz4"
+    _, options = configure(**arguments(tmp_path))
+    assert options.compression is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"compression": "brotli"}, r"one of \['lz4', 'none', 'zstd'\] or None, got 'brotli'"),
+        (
+            {"compression": "zstd", "storage": "memmap"},
+            r"compression='zstd' needs storage='memory', got storage='memmap': compressed "
+            "steps have variable sizes",
+        ),
+        (
+            {"compression": "lz4", "device": "cpu"},
+            r"compression='lz4' needs device=None, got device='cpu'",
+        ),
+        (
+            {"compression": "zstd", "backend": "reverb"},
+            r"compression='zstd'.*not available with .*Reverb.*Reverb compresses its chunks "
+            "itself",
+        ),
+    ],
+)
+def test_a_compression_the_backend_cannot_take_is_refused(
+    tmp_path: Path, changes: dict, match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        configure(**arguments(tmp_path, **changes))

@@ -10,11 +10,13 @@ are refused, and that checkpoints and exports round-trip.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -444,3 +446,90 @@ def test_a_ring_on_the_gpu_gathers_the_stacks_there(make, episodes) -> None:
     }
     assert got <= truth
     check_items(manager, transitions)
+
+
+# ------------------------------------------------------------------------- compression
+
+
+def batches(manager: ReplayBufferManager, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The first `count` batches of 32 transitions `(states, next states)` of torch_batches."""
+    out = []
+    for batch in itertools.islice(manager.torch_batches(32, transitions=True), count):
+        out.append((batch.states.numpy().copy(), batch.next_states.numpy().copy()))
+    return out
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_compressed_frames_read_back_exactly(make, episodes, tmp_path, compression: str) -> None:
+    transitions = episodes["reset"]
+    plain = make("plain", capacity=150)
+    packed = make("packed", capacity=150, compression=compression)
+    for manager in (plain, packed):
+        manager.create_replay_buffer()
+        write(manager, transitions)
+    stored = table(packed)
+    per_step = stored.nbytes / stored.step_capacity
+    assert per_step <= (800 if compression == "lz4" else 700), per_step
+    assert table(plain).nbytes / table(plain).step_capacity > FRAME_BYTES
+    for got, want in zip(batches(packed, 3), batches(plain, 3), strict=True):
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    epochs = [
+        [
+            (b.states.numpy().copy(), b.next_states.numpy().copy())
+            for b in m.epoch_batches(64, seed=1, transitions=True)
+        ]
+        for m in (packed, plain)
+    ]
+    assert len(epochs[0]) == len(epochs[1]) >= 2
+    for got, want in zip(*epochs, strict=True):
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    windows = next(iter(packed.torch_batches(16)))
+    assert windows.observation.shape == (16, 2, 4, 84, 84)
+    before = items(plain)
+    for got, want in zip(items(packed), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    packed.export(tmp_path / "export")
+    packed.checkpoint()
+    packed.close()
+
+    loaded = make("packed", capacity=150, compression=compression)
+    loaded.load_replay_buffer()
+    for got, want in zip(items(loaded), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert table(loaded).nbytes <= 1.05 * stored.nbytes
+    index = Path(loaded._backend.restored_from.path) / "local_checkpoint.json"
+    assert json.loads(index.read_text())["compression"] == compression
+    loaded.close()
+    # Another codec, or none: the checkpoint's items are encoded anew as they are restored.
+    other = make("packed", capacity=150, compression=None if compression == "lz4" else "lz4")
+    other.load_replay_buffer()
+    for got, want in zip(items(other), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    imported = make("imported", capacity=150, compression=compression)
+    imported.import_buffer(tmp_path / "export")
+    for got, want in zip(items(imported), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.heavy
+def test_compression_without_a_frame_stack_stores_the_images_compressed(make, episodes) -> None:
+    transitions = episodes["zero"][:60]
+    plain = make("plain", frame_stack=None)
+    packed = make("packed", frame_stack=None, compression="lz4")
+    for manager in (plain, packed):
+        manager.create_replay_buffer()
+        write(manager, transitions)
+    stored = table(packed)
+    assert stored.nbytes < table(plain).nbytes / 10
+    for got, want in zip(items(packed), items(plain), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(batches(packed, 2), batches(plain, 2), strict=True):
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    check_items(packed, transitions)
+    with pytest.raises(ConfigError, match=r"compressed \(compression='lz4'\).*num_workers=0"):
+        packed.torch_dataset(16).data_loader(num_workers=2)
+    check_items(packed, transitions)  # refused: the table as it was

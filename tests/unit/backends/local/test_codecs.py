@@ -1,0 +1,294 @@
+"""`codecs.CompressedColumn` and the codecs: values come back bit for bit, whole batches into
+one array, on one thread or several; `nbytes`, the checkpoint state and the errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from replay_service.backends.local import codecs
+from replay_service.backends.local.codecs import CODECS, CompressedColumn, codec
+from replay_service.errors import CheckpointError, ConfigError
+
+pytestmark = pytest.mark.local
+
+SHAPE = (84, 84)
+
+
+def installed(name: str) -> bool:
+    """Whether codec `name`'s library imports here."""
+    module = CODECS[name].module
+    return module is None or importlib.util.find_spec(module.split(".")[0]) is not None
+
+
+NAMES = [
+    pytest.param(
+        name, marks=pytest.mark.skipif(not installed(name), reason=f"{name} not installed")
+    )
+    for name in CODECS
+]
+
+
+def frames(count: int, seed: int = 0) -> np.ndarray:
+    """Frame-like uint8 values: blocks of constant colour with a little noise, so that they
+    compress, but each one different."""
+    rng = np.random.default_rng(seed)
+    values = np.repeat(np.repeat(rng.integers(0, 4, (count, 12, 12)), 7, 1), 7, 2) * 60
+    noise = rng.random((count, *SHAPE)) < 0.02
+    return np.where(noise, rng.integers(0, 256, (count, *SHAPE)), values).astype(np.uint8)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("kind", ["random", "zeros", "frames"])
+def test_values_come_back_bit_for_bit(name: str, kind: str) -> None:
+    rng = np.random.default_rng(1)
+    values = {
+        "random": rng.integers(0, 256, (20, *SHAPE), dtype=np.uint8),
+        "zeros": np.zeros((20, *SHAPE), np.uint8),
+        "frames": frames(20),
+    }[kind]
+    column = CompressedColumn(20, SHAPE, np.uint8, name)
+    column.write(np.arange(20), values)
+    order = rng.permutation(20)
+    np.testing.assert_array_equal(column.read(order), values[order])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_other_dtypes_and_shapes_come_back_bit_for_bit(name: str) -> None:
+    values = np.random.default_rng(2).standard_normal((6, 3, 5)).astype(np.float32)
+    values[0, 0, 0] = np.nan
+    column = CompressedColumn(6, (3, 5), np.float32, name)
+    column.write(np.arange(6), values)
+    assert column.read(np.arange(6)).tobytes() == values.tobytes()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_batch_is_read_into_out_on_any_number_of_threads(name: str, threads: int) -> None:
+    values = frames(50)
+    column = CompressedColumn(50, SHAPE, np.uint8, name)
+    column.write(np.arange(50), values)
+    slots = np.random.default_rng(3).integers(0, 50, 160)  # over PARALLEL_MIN, repeats
+    assert len(slots) >= codecs.PARALLEL_MIN
+    out = np.full((160, *SHAPE), 7, np.uint8)
+    assert column.read(slots, out, threads=threads) is out
+    np.testing.assert_array_equal(out, values[slots])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_overwritten_slot_reads_its_new_value(name: str) -> None:
+    first, second = frames(8, seed=4), frames(8, seed=5)
+    column = CompressedColumn(8, SHAPE, np.uint8, name)
+    column.write(np.arange(8), first)
+    column.write(np.array([2, 5, 5]), second[[0, 1, 2]])  # a repeated slot keeps the last
+    expected = first.copy()
+    expected[2], expected[5] = second[0], second[2]
+    np.testing.assert_array_equal(column.read(np.arange(8)), expected)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_put_fills_one_slot_and_counts_its_bytes(name: str) -> None:
+    values = frames(3, seed=6)
+    column = CompressedColumn(4, SHAPE, np.uint8, name)
+    payloads = column.encode(values)
+    column.put(1, payloads[0])
+    column.put(1, payloads[1])  # an overwrite replaces the payload's bytes
+    column.put(3, payloads[2])
+    assert column.payload_bytes == len(payloads[1]) + len(payloads[2])
+    assert column.nbytes == column.payload_bytes + 2 * codecs.SLOT_OVERHEAD + 2 * 8
+    np.testing.assert_array_equal(column.read(np.array([1, 3])), values[1:])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_nbytes_counts_payloads_and_slots(name: str) -> None:
+    column = CompressedColumn(10, SHAPE, np.uint8, name)
+    assert column.nbytes == 10 * 8 and column.payload_bytes == 0
+    payloads = column.encode(frames(4))
+    column.store(np.arange(4), payloads)
+    held = sum(len(p) for p in payloads)
+    assert column.payload_bytes == held
+    assert column.nbytes == held + 4 * codecs.SLOT_OVERHEAD + 6 * 8
+    column.store(np.array([0]), payloads[1:2])  # an overwrite replaces the payload's bytes
+    assert column.payload_bytes == held - len(payloads[0]) + len(payloads[1])
+    column.clear()
+    assert column.nbytes == 10 * 8 and column.payload_bytes == 0
+    with pytest.raises(ValueError, match="never written"):
+        column.read(np.array([0]))
+
+
+def test_compressed_frames_are_smaller_than_their_values() -> None:
+    values = frames(10)
+    for name in ("zstd", "lz4"):
+        if installed(name):
+            column = CompressedColumn(10, SHAPE, np.uint8, name)
+            column.write(np.arange(10), values)
+            assert column.payload_bytes < values.nbytes / 2, name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_state_round_trips_through_flat_arrays(name: str) -> None:
+    values = frames(6)
+    column = CompressedColumn(9, SHAPE, np.uint8, name)
+    column.write(np.array([0, 1, 2, 4, 7, 8]), values)
+    payload, offsets = column.to_arrays()
+    assert payload.dtype == np.uint8 and payload.ndim == 1 and len(payload) == column.payload_bytes
+    assert offsets.shape == (10,) and offsets[3] == offsets[4]  # slot 3 is empty
+    restored = CompressedColumn(9, SHAPE, np.uint8, name)
+    restored.from_arrays(payload.copy(), offsets.copy())
+    assert restored.nbytes == column.nbytes
+    slots = np.array([0, 1, 2, 4, 7, 8])
+    np.testing.assert_array_equal(restored.read(slots), values)
+    with pytest.raises(ValueError, match=r"slots \[3\]"):
+        restored.read(np.array([3]))
+
+
+def test_a_state_that_does_not_fit_is_refused_and_changes_nothing() -> None:
+    column = CompressedColumn(3, SHAPE, np.uint8, "none")
+    column.write(np.arange(3), frames(3))
+    payload, offsets = column.to_arrays()
+    for bad_payload, bad_offsets, match in [
+        (payload, offsets[:-1], "3 slots needs"),
+        (payload.astype(np.int16), offsets, "uint8 payload"),
+        (payload[:-1], offsets, "do not divide"),
+        (payload, offsets[[0, 2, 1, 3]], "decreasing: True"),
+    ]:
+        with pytest.raises(CheckpointError, match=match):
+            column.from_arrays(bad_payload, bad_offsets)
+    np.testing.assert_array_equal(column.read(np.arange(3)), frames(3))
+
+
+def test_a_growing_ring_remaps_its_slots() -> None:
+    values = frames(4)
+    column = CompressedColumn(4, SHAPE, np.uint8, "none")
+    column.write(np.arange(4), values)
+    column.remap(np.array([2, 3, 0]), 6)
+    assert len(column) == 6
+    np.testing.assert_array_equal(column.read(np.arange(3)), values[[2, 3, 0]])
+    assert column.payload_bytes == 3 * values[0].nbytes
+    with pytest.raises(ValueError, match="never written"):
+        column.read(np.array([3]))
+
+
+def test_an_unknown_codec_is_a_config_error_naming_it_and_the_choices() -> None:
+    with pytest.raises(
+        ConfigError, match=r"one of \['lz4', 'none', 'zstd'\] or None, got 'brotli'"
+    ):
+        codec("brotli")
+    with pytest.raises(ConfigError, match="got 3"):
+        CompressedColumn(4, SHAPE, np.uint8, 3)  # type: ignore[arg-type]
+
+
+def test_a_missing_library_is_a_config_error_naming_the_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(codecs.Lz4Codec, "module", "lz4_not_installed_here")
+    with pytest.raises(ConfigError, match=r"compression='lz4' needs the 'lz4' package.*pip"):
+        codec("lz4")
+
+
+def test_bad_arguments_are_refused() -> None:
+    column = CompressedColumn(4, SHAPE, np.uint8, "none")
+    with pytest.raises(ValueError, match=r"slots \[4, -1\] are out of range"):
+        column.write(np.array([4, -1]), frames(2))
+    with pytest.raises(ValueError, match="do not fit"):
+        column.write(np.arange(2), frames(2).astype(np.int16))
+    with pytest.raises(ValueError, match="2 slots for 1 payloads"):
+        column.store(np.arange(2), [b"x" * column.value_bytes])
+    column.write(np.arange(2), frames(2))
+    with pytest.raises(ValueError, match=r"out must be a C-contiguous uint8 array of shape"):
+        column.read(np.arange(2), np.empty((3, *SHAPE), np.uint8))
+    with pytest.raises(ConfigError, match="slots >= 0, got -1"):
+        CompressedColumn(-1, SHAPE, np.uint8, "none")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.values[0] != "none"])
+def test_a_corrupt_payload_is_a_value_error(name: str) -> None:
+    column = CompressedColumn(1, SHAPE, np.uint8, name)
+    column.store(np.array([0]), [b"\x00garbage" * 3])
+    with pytest.raises(ValueError, match="does not decode"):
+        column.read(np.array([0]))
+
+
+def test_decode_threads_are_bounded() -> None:
+    assert 1 <= codecs.decode_threads() <= min(codecs.MAX_THREADS, os.cpu_count() or 1)
+
+
+@pytest.fixture(scope="module")
+def breakout() -> np.ndarray:
+    """300 preprocessed Breakout frames (skips without ale-py)."""
+    return breakout_frames(300)
+
+
+def breakout_frames(steps: int) -> np.ndarray:
+    """`steps` preprocessed Breakout frames under a seeded random policy (84x84 uint8), as
+    scripts/codec_benchmark.py makes them."""
+    ale_py = pytest.importorskip("ale_py")
+    gym = pytest.importorskip("gymnasium")
+    from gymnasium.wrappers import AtariPreprocessing
+
+    gym.register_envs(ale_py)
+    env = AtariPreprocessing(gym.make("BreakoutNoFrameskip-v4"), frame_skip=4, noop_max=0)
+    rng = np.random.default_rng(0)
+    observation, _ = env.reset(seed=0)
+    observations = [observation]
+    while len(observations) < steps:
+        observation, _, terminated, truncated, _ = env.step(int(rng.integers(4)))
+        observations.append(observation)
+        if terminated or truncated:
+            observations.append(env.reset()[0])
+    env.close()
+    return np.stack(observations[:steps])
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.values[0] != "none"])
+def test_a_breakout_frame_takes_under_800_bytes(name: str, breakout: np.ndarray) -> None:
+    values = breakout
+    column = CompressedColumn(len(values), values.shape[1:], values.dtype, name)
+    column.write(np.arange(len(values)), values)
+    assert column.nbytes / len(values) < 800  # payload and slot: 7,056 B raw
+    np.testing.assert_array_equal(column.read(np.arange(len(values))), values)
+
+
+def test_a_manager_takes_compression_on_the_local_backend(tmp_path) -> None:
+    from gymnasium import spaces
+
+    from replay_service import ReplayBufferManager
+
+    manager = ReplayBufferManager.from_spaces(
+        spaces.Box(0, 255, SHAPE, np.uint8),
+        spaces.Discrete(4),
+        capacity=10,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        compression="zstd",
+    )
+    try:
+        assert manager.backend == "local"
+        assert manager._backend.compression == "zstd"
+        manager.create_replay_buffer()
+        values = frames(6, seed=7)
+        writer = manager.transition_writer()
+        for index in range(5):
+            writer.add(values[index], 1, 0.0, values[index + 1], index == 4, False)
+        table = manager._backend.client.table(manager.table_name)
+        paths = [f["path"] for f in table.fields]
+        columns = dict(zip(paths, map(type, table._columns), strict=True))
+        assert columns["observation"] is CompressedColumn  # 7,056 B per step
+        assert columns["action"] is np.ndarray  # small fields stay plain
+        observations = manager._backend.read_items(manager.table_config).data[
+            paths.index("observation")
+        ]
+        np.testing.assert_array_equal(observations[:, 0], values[:5])
+        np.testing.assert_array_equal(observations[:, 1], values[1:6])
+    finally:
+        manager.close()
+    with pytest.raises(ConfigError, match=r"got 'zstd-9'"):
+        ReplayBufferManager.from_spaces(
+            spaces.Discrete(3),
+            spaces.Discrete(4),
+            capacity=10,
+            checkpoint_dir=str(tmp_path / "other"),
+            compression="zstd-9",
+        )
