@@ -1,8 +1,7 @@
 """`ReplayBufferManager`: owns the lifecycle of one replay buffer.
 
-A facade: each method validates, checks the backend's capabilities, and delegates to the backend
-(`replay_service.backends`), to `replay_service.collect` (given a `CollectView` of the buffer) or
-to `replay_service.sample` (given a `SampleView`).
+A facade: each method validates, checks the backend's capabilities, and delegates to the backend,
+to `replay_service.collect` (given a `CollectView`) or `replay_service.sample` (a `SampleView`).
 """
 
 from __future__ import annotations
@@ -73,8 +72,7 @@ class ReplayBufferManager:
       keep_checkpoints: Complete checkpoints retained in `checkpoint_dir`.
       stride_length: The observer creates an item every `stride_length` steps.
       extra_tables: More tables fed by every collector, sampled by `table=`.
-      pad_end_of_episode: Pad each episode's end so no step is left out of an item, storing
-        `Masked(step, mask)` items (`replay_service.specs.windows`); extra tables likewise.
+      pad_end_of_episode: Pad episodes' ends so every step is in an item (`specs.windows`).
       checkpoint_interval_s: Embedded: checkpoint every this many seconds; None: on call.
       summary_dir: Write `stats()` as TensorBoard scalars there (`monitoring.summaries`).
       summary_interval_s: Seconds between summary writes.
@@ -87,10 +85,9 @@ class ReplayBufferManager:
       seed: Local backend: seed of the tables' samplers (an integer >= 0); None: fresh entropy.
       device: Local backend: the torch device the tables' storage lives on and batches are
         gathered on ("cpu", "cuda:1"; needs storage="memory"); None: host memory.
-      frame_stack: Local backend: observations are stacks of this many frames (>= 2), each
-        step storing its newest frame only (`backends.local.frames`); None: stored whole.
-      frame_axis: 0 (gymnasium's `FrameStackObservation`) or -1 (SB3's `VecFrameStack`).
-      compression: Local backend: codec of stored frames, "lz4" (recommended), "zstd" or None.
+      frame_stack, frame_axis: Local backend: observations are stacks of `frame_stack` frames on
+        axis 0 (gymnasium) or -1 (SB3), each step storing one frame (`backends.local.frames`).
+      compression: Local backend: codec of large fields, "lz4" (recommended), "zstd" or None.
 
     Raises:
       ConfigError: If a value is invalid (capacity <= 0, no checkpoint_dir in embedded mode, a
