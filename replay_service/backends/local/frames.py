@@ -28,6 +28,14 @@ OBSERVATION = "observation"
 AXES = (0, -1)
 
 
+def _bits(array: np.ndarray) -> np.ndarray:
+    """`array` as unsigned integers of its itemsize when it holds floats: frames compared bit
+    for bit, so that a NaN equals itself (it is stored and read back as it came)."""
+    if array.dtype.kind == "f":
+        return array.view(np.dtype(f"u{array.dtype.itemsize}"))
+    return array
+
+
 def check_frame_stack(data_spec: Any, frame_stack: Any, frame_axis: Any) -> None:
     """Refuses a frame stack the data spec's observation cannot be.
 
@@ -125,7 +133,7 @@ class FrameStack:
     def padding(self, stack: np.ndarray) -> str | None:
         """How an episode's first stack is padded: "reset" (its newest frame repeated),
         "zero" (zeros before it), None: neither."""
-        frames = self.frames(stack[None])[0]
+        frames = _bits(self.frames(stack[None])[0])
         if (frames[:-1] == frames[-1]).all():
             return "reset"
         if not frames[:-1].any():
@@ -160,6 +168,7 @@ class FrameStack:
                 )
             return
         k = self.k
+        stack, previous = _bits(stack), _bits(previous)
         if np.array_equal(self.part(stack, 0, k - 1), self.part(previous, 1, k)):
             return
         now = self.frames(stack[None])[0][:-1]
@@ -183,7 +192,7 @@ class FrameStack:
         n, length = stacks.shape[:2]
         if length < 2 or n == 0:
             return
-        frames = self.frames(stacks.reshape(n * length, *self.stacked))
+        frames = _bits(self.frames(stacks.reshape(n * length, *self.stacked)))
         frames = frames.reshape(n, length, self.k, -1)
         now, before = frames[:, 1:, :-1], frames[:, :-1, 1:]
         zero = ~stacks.reshape(n, length, -1).any(axis=2)
