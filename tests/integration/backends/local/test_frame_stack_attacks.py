@@ -74,3 +74,20 @@ def test_float_frames_holding_nan_are_stored_and_read_back_bit_for_bit(make) -> 
     for (state, *_, next_state, _, _), item in zip(transitions, items, strict=True):
         assert item[0].tobytes() == state.tobytes()
         assert item[1].tobytes() == next_state.tobytes()
+
+
+def test_float_frames_of_negative_zeros_are_read_back_bit_for_bit(make) -> None:
+    rng = np.random.default_rng(1)
+    frames = [rng.random((3, 3)).astype(np.float32) for _ in range(3)]
+    frames += [np.full((3, 3), -0.0, np.float32) for _ in range(K)]  # e.g. a negated black screen
+    frames += [rng.random((3, 3)).astype(np.float32) for _ in range(3)]
+    transitions = episode(frames)
+    manager = make(np.float32)
+    writer = manager.transition_writer()
+    for transition in transitions:
+        writer.add(*transition)
+    items = stored(manager)
+    assert len(items) == len(transitions)
+    for (state, *_, next_state, _, _), item in zip(transitions, items, strict=True):
+        assert item[0].tobytes() == state.tobytes()
+        assert item[1].tobytes() == next_state.tobytes()
