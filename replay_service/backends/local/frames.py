@@ -28,6 +28,22 @@ OBSERVATION = "observation"
 AXES = (0, -1)
 
 
+def bits(array: np.ndarray) -> np.ndarray:
+    """`array` as unsigned integers of its itemsize when it holds floats: frames compared and
+    found zero bit for bit, so that a NaN equals itself and -0.0 is no zero frame (each is
+    stored and read back as it came).
+
+    Args:
+      array: Frames or stacks.
+
+    Returns:
+      A view of `array` (itself unless it holds floats).
+    """
+    if array.dtype.kind == "f":
+        return array.view(np.dtype(f"u{array.dtype.itemsize}"))
+    return array
+
+
 def check_frame_stack(data_spec: Any, frame_stack: Any, frame_axis: Any) -> None:
     """Refuses a frame stack the data spec's observation cannot be.
 
@@ -125,7 +141,7 @@ class FrameStack:
     def padding(self, stack: np.ndarray) -> str | None:
         """How an episode's first stack is padded: "reset" (its newest frame repeated),
         "zero" (zeros before it), None: neither."""
-        frames = self.frames(stack[None])[0]
+        frames = bits(self.frames(stack[None])[0])
         if (frames[:-1] == frames[-1]).all():
             return "reset"
         if not frames[:-1].any():
@@ -148,7 +164,7 @@ class FrameStack:
         Raises:
           SpecMismatchError: Naming the step and the first frame that differs.
         """
-        if not stack.any():
+        if not bits(stack).any():
             return
         if previous is None:
             if self.padding(stack) is None:
@@ -160,6 +176,7 @@ class FrameStack:
                 )
             return
         k = self.k
+        stack, previous = bits(stack), bits(previous)
         if np.array_equal(self.part(stack, 0, k - 1), self.part(previous, 1, k)):
             return
         now = self.frames(stack[None])[0][:-1]
@@ -183,10 +200,10 @@ class FrameStack:
         n, length = stacks.shape[:2]
         if length < 2 or n == 0:
             return
-        frames = self.frames(stacks.reshape(n * length, *self.stacked))
+        frames = bits(self.frames(stacks.reshape(n * length, *self.stacked)))
         frames = frames.reshape(n, length, self.k, -1)
         now, before = frames[:, 1:, :-1], frames[:, :-1, 1:]
-        zero = ~stacks.reshape(n, length, -1).any(axis=2)
+        zero = ~bits(stacks).reshape(n, length, -1).any(axis=2)
         same = (now == before).all(axis=3) | zero[:, 1:, None]  # zeros: an unknown final
         if not same.all():
             item, step, frame = (int(i[0]) for i in np.nonzero(~same))

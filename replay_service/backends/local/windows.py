@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from replay_service.backends.local.codecs import CompressedColumn
+from replay_service.backends.local.frames import bits
 from replay_service.backends.local.ring import StepRing
 from replay_service.backends.local.slots import Slots
 from replay_service.backends.local.sum_tree import SumTree
@@ -296,7 +297,7 @@ class WindowInserts(StepRing):
         for at in range(self._length - new, self._length):
             step = steps[at]
             stack = np.asarray(step[field])
-            if not stack.any() or chain == "zero":
+            if not bits(stack).any() or chain == "zero":
                 row = [-1] * (k - 1)
             elif chain == "reset":
                 row = [serial] * (k - 1)
@@ -399,7 +400,7 @@ class WindowInserts(StepRing):
         extra = 0 if frames is None else frames.k - 1
         if extra:
             # Per row written: an all-zero stack (zero padding of a zero frame after it).
-            zero = ~data[frames.field].reshape(count, length, -1).any(axis=2)
+            zero = ~bits(data[frames.field]).reshape(count, length, -1).any(axis=2)
             zero = np.concatenate([np.zeros((count, extra), np.bool_), zero], axis=1)
             data = self._framed_windows(data)
         width = length + extra

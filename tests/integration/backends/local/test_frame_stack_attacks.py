@@ -1,0 +1,93 @@
+"""Frame-stacked buffers (`frame_stack`) under unusual but valid data: each test writes
+through a user's door and reads back the stacks exactly as they were given."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from replay_service import ReplayBufferManager, Timeouts
+
+spaces = pytest.importorskip("gymnasium").spaces
+
+pytestmark = pytest.mark.local
+
+FAST = Timeouts(connect=5.0, write=10.0, sample=2.0, checkpoint=60.0)
+K = 4
+
+
+@pytest.fixture()
+def make(tmp_path) -> Iterator[Callable[..., ReplayBufferManager]]:
+    """Local managers of `(K, 3, 3)` stacks; closed at teardown."""
+    made: list[ReplayBufferManager] = []
+
+    def factory(dtype: Any = np.uint8, **options: Any) -> ReplayBufferManager:
+        options.setdefault("capacity", 50)
+        manager = ReplayBufferManager.from_spaces(
+            spaces.Box(0, 255, (K, 3, 3), dtype),
+            spaces.Discrete(4),
+            checkpoint_dir=str(tmp_path / f"ckpt{len(made)}"),
+            backend="local",
+            timeouts=FAST,
+            seed=0,
+            frame_stack=K,
+            **options,
+        )
+        manager.create_replay_buffer()
+        made.append(manager)
+        return manager
+
+    yield factory
+    for manager in made:
+        manager.close()
+
+
+def episode(frames: list[np.ndarray]) -> list[tuple[Any, ...]]:
+    """Transitions of one episode of `frames`, stacked as `FrameStackObservation` does
+    (padding_type="reset"); the last one terminates."""
+    stacks = [
+        np.stack([frames[max(0, i - j)] for j in range(K - 1, -1, -1)]) for i in range(len(frames))
+    ]
+    last = len(stacks) - 2
+    return [(stacks[i], 0, 1.0, stacks[i + 1], i == last, False) for i in range(len(stacks) - 1)]
+
+
+def stored(manager: ReplayBufferManager) -> list[np.ndarray]:
+    return list(manager._backend.read_items(manager.table_config).data[1])
+
+
+def test_float_frames_holding_nan_are_stored_and_read_back_bit_for_bit(make) -> None:
+    rng = np.random.default_rng(0)
+    frames = [rng.random((3, 3)).astype(np.float32) for _ in range(6)]
+    for frame in frames:
+        frame[0, 0] = np.nan  # e.g. a masked pixel
+    transitions = episode(frames)
+    manager = make(np.float32)
+    writer = manager.transition_writer()
+    for transition in transitions:
+        writer.add(*transition)
+    items = stored(manager)
+    assert len(items) == len(transitions)
+    for (state, *_, next_state, _, _), item in zip(transitions, items, strict=True):
+        assert item[0].tobytes() == state.tobytes()
+        assert item[1].tobytes() == next_state.tobytes()
+
+
+def test_float_frames_of_negative_zeros_are_read_back_bit_for_bit(make) -> None:
+    rng = np.random.default_rng(1)
+    frames = [rng.random((3, 3)).astype(np.float32) for _ in range(3)]
+    frames += [np.full((3, 3), -0.0, np.float32) for _ in range(K)]  # e.g. a negated black screen
+    frames += [rng.random((3, 3)).astype(np.float32) for _ in range(3)]
+    transitions = episode(frames)
+    manager = make(np.float32)
+    writer = manager.transition_writer()
+    for transition in transitions:
+        writer.add(*transition)
+    items = stored(manager)
+    assert len(items) == len(transitions)
+    for (state, *_, next_state, _, _), item in zip(transitions, items, strict=True):
+        assert item[0].tobytes() == state.tobytes()
+        assert item[1].tobytes() == next_state.tobytes()
