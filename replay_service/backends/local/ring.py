@@ -241,6 +241,28 @@ class StepRing:
             serials[scattered, index] = serial
         return self._positions(serials)
 
+    def _step_positions(self, slots: np.ndarray, last: int) -> list[np.ndarray]:
+        """Ring positions of steps `0..last` of the items of `slots`, one array `[len(slots)]`
+        per step: as the columns of `_window_positions`, without its whole windows (a
+        transition reads two steps of each item)."""
+        position = self._first.take(slots)
+        position += self._head - self._written
+        np.add(position, self._ring_size, out=position, where=position < 0)
+        positions = [position]
+        if last:
+            # Interleaved writers: a scattered item's next step is its writer's next one.
+            consecutive = None if not self._scattered else self._consecutive.take(slots)
+            for _ in range(last):
+                if consecutive is None:
+                    position = position + 1
+                else:
+                    position = position + np.where(consecutive, 1, self._gap.take(position))
+                np.subtract(
+                    position, self._ring_size, out=position, where=position >= self._ring_size
+                )
+                positions.append(position)
+        return positions
+
     def _read_slots(self, slots: np.ndarray) -> list[torch.Tensor]:
         """The items of `slots` gathered from the ring, one tensor per field."""
         assert self._columns is not None
@@ -255,10 +277,9 @@ class StepRing:
     ) -> list[torch.Tensor]:
         """Step `step` of field `field` of the items of `slots`, per `(field, step)` pair."""
         assert self._columns is not None
-        positions = self._window_positions(slots)
-        by_step = {step: np.ascontiguousarray(positions[:, step]) for step in {s for _, s in steps}}
+        by_step = self._step_positions(slots, max(step for _, step in steps))
         if self._device is not None:
-            index = {step: self._index(at) for step, at in by_step.items()}
+            index = [self._index(at) for at in by_step]
             return [self._columns[field][index[step]] for field, step in steps]
         return [
             torch.from_numpy(self._columns[field].take(by_step[step], axis=0))

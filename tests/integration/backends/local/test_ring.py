@@ -231,6 +231,23 @@ def test_interleaved_writers_windows_read_back_exactly(make, tmp_path, length, s
     assert set(batches) <= set(want)
 
 
+def test_transitions_of_interleaved_writers_read_each_items_own_next_state(make):
+    manager = make(capacity=60)
+    manager.create_replay_buffer()
+    # 70 transitions into 60 slots: the oldest are evicted, the ring wraps.
+    interleave(manager, {0: [7, 3, 12], 1: [1, 9, 4], 2: [15, 19]})
+    stream = manager.torch_batches(512, transitions=True)
+    assert stream._source.table._scattered, "the writers' steps interleave"
+    for _ in range(3):
+        batch = next(stream)
+        states, next_states = batch.states.numpy(), batch.next_states.numpy()
+        # Each transition's next state is its own step's, whoever wrote in between.
+        np.testing.assert_array_equal(next_states, states + NEXT)
+        np.testing.assert_array_equal(batch.rewards.numpy(), states[:, 1])
+        np.testing.assert_array_equal(batch.actions.numpy()[:, 0], states[:, 1] % 2)
+    stream.close()
+
+
 def test_padded_windows_of_interleaved_writers_read_back_exactly(make, tmp_path):
     length, stride = 4, 2
     manager = make(sequence_length=length, stride_length=stride, pad_end_of_episode=True)
