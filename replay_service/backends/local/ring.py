@@ -250,11 +250,17 @@ class StepRing:
         np.add(position, self._ring_size, out=position, where=position < 0)
         positions = [position]
         if last:
-            # Interleaved writers: a scattered item's next step is its writer's next one.
-            consecutive = None if not self._scattered else self._consecutive.take(slots)
+            # Interleaved writers: a scattered item's next step is its writer's next one (where
+            # every held item is scattered, as a vector env's, no item needs telling apart).
+            scattered = self._scattered
+            consecutive = None
+            if scattered and scattered != self.size:
+                consecutive = self._consecutive.take(slots)
             for _ in range(last):
-                if consecutive is None:
+                if not scattered:
                     position = position + 1
+                elif consecutive is None:
+                    position = position + self._gap.take(position)
                 else:
                     position = position + np.where(consecutive, 1, self._gap.take(position))
                 np.subtract(
