@@ -70,8 +70,8 @@ class ReverbReplayBuffer(ReplayBuffer):
       checkpoint_dir: The buffer's checkpoint directory; None: a new temporary directory.
       timeouts: replay_service timeouts; `sample` bounds the wait for a first item.
       backend: The buffer's backend (`ReplayBufferManager`'s `backend=`): "auto" (Reverb
-        where it imports), "reverb", or "local" (the table in this process: no server, and
-        about as fast as SB3's own buffer).
+        where it imports), "reverb", or "local" (the table in this process, no server: less
+        work per `add` and `sample`).
 
     Raises:
       ConfigError: If a space is unsupported, `optimize_memory_usage` is set, or `backend`
