@@ -69,9 +69,13 @@ class ReverbReplayBuffer(ReplayBuffer):
       handle_timeout_termination: Sampled `dones` exclude time-limit ends (SB3's meaning).
       checkpoint_dir: The buffer's checkpoint directory; None: a new temporary directory.
       timeouts: replay_service timeouts; `sample` bounds the wait for a first item.
+      backend: The buffer's backend (`ReplayBufferManager`'s `backend=`): "auto" (Reverb
+        where it imports), "reverb", or "local" (the table in this process, no server: less
+        work per `add` and `sample`).
 
     Raises:
-      ConfigError: If a space is unsupported or `optimize_memory_usage` is set.
+      ConfigError: If a space is unsupported, `optimize_memory_usage` is set, or `backend`
+        is unknown.
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class ReverbReplayBuffer(ReplayBuffer):
         handle_timeout_termination: bool = True,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         timeouts: Timeouts | None = None,
+        backend: str = "auto",
     ) -> None:
         if optimize_memory_usage:
             raise ConfigError("ReverbReplayBuffer does not take optimize_memory_usage=True")
@@ -95,6 +100,7 @@ class ReverbReplayBuffer(ReplayBuffer):
         self.optimize_memory_usage = False
         self.handle_timeout_termination = handle_timeout_termination
         self._timeouts = timeouts
+        self._backend = backend
         self._open(checkpoint_dir)
 
     def _open(self, checkpoint_dir: str | os.PathLike[str] | None) -> None:
@@ -109,7 +115,12 @@ class ReverbReplayBuffer(ReplayBuffer):
                 )
         self.data_spec = data_spec_for_spaces(self.observation_space, self.action_space)
         self.manager = ReplayBufferManager(
-            self.data_spec, self.buffer_size, self.checkpoint_dir, 2, timeouts=self._timeouts
+            self.data_spec,
+            self.buffer_size,
+            self.checkpoint_dir,
+            2,
+            timeouts=self._timeouts,
+            backend=self._backend,
         )
         # SB3's `load_replay_buffer` replaces the model's buffer without closing it: the
         # replaced buffer's server and directory lock go when it is garbage collected.
@@ -217,6 +228,7 @@ class ReverbReplayBuffer(ReplayBuffer):
             "n_envs": self.n_envs,
             "handle_timeout_termination": self.handle_timeout_termination,
             "timeouts": self._timeouts,
+            "backend": self._backend,
             "export": files,
         }
 
@@ -231,6 +243,7 @@ class ReverbReplayBuffer(ReplayBuffer):
             n_envs=state["n_envs"],
             handle_timeout_termination=state["handle_timeout_termination"],
             timeouts=state["timeouts"],
+            backend=state.get("backend", "auto"),
         )
         if state["export"]:
             with tempfile.TemporaryDirectory(prefix="replay_service_sb3_import_") as tmp:

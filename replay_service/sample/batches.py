@@ -50,7 +50,11 @@ def split_batches(
     """Per tensor, its `draws` consecutive batches of `batch_size` items (views)."""
     if draws == 1:
         return [(t,) for t in tensors]
-    return [t.split(batch_size) for t in tensors]
+    rows = batch_size * draws  # `unbind` of a `[draws, batch_size]` view: cheaper than `split`
+    return [
+        t.unflatten(0, (draws, batch_size)).unbind(0) if len(t) == rows else t.split(batch_size)
+        for t in tensors
+    ]
 
 
 @dataclasses.dataclass(frozen=True)

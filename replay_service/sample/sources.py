@@ -122,6 +122,10 @@ def hand_out(
     Raises:
       ManagerClosedError: If the manager was closed while batches were still held.
     """
+    build = pack.build
+    # Per batch, its slice of every tensor (one pass, not a list per batch).
+    batches = list(zip(*parts, strict=False))
+    infos = None if info_parts is None else list(zip(*info_parts, strict=False))
     for k in range(draws):
         if k:
             closed = source.closed_error()
@@ -129,7 +133,4 @@ def hand_out(
                 raise closed
             if source.clears() != clears:
                 break
-        yield (
-            pack.build([part[k] for part in parts]),
-            None if info_parts is None else tuple(part[k] for part in info_parts),
-        )
+        yield build(batches[k]), None if infos is None else infos[k]

@@ -359,6 +359,34 @@ class StepRing:
             serials[scattered, index] = serial
         return self._positions(serials)
 
+    def _step_positions(self, slots: np.ndarray, last: int) -> list[np.ndarray]:
+        """Ring positions of steps `0..last` of the items of `slots`, one array `[len(slots)]`
+        per step: as the columns of `_window_positions`, without its whole windows (a
+        transition reads two steps of each item)."""
+        position = self._first.take(slots)
+        position += self._head - self._written
+        np.add(position, self._ring_size, out=position, where=position < 0)
+        positions = [position]
+        if last:
+            # Interleaved writers: a scattered item's next step is its writer's next one (where
+            # every held item is scattered, as a vector env's, no item needs telling apart).
+            scattered = self._scattered
+            consecutive = None
+            if scattered and scattered != self.size:
+                consecutive = self._consecutive.take(slots)
+            for _ in range(last):
+                if not scattered:
+                    position = position + 1
+                elif consecutive is None:
+                    position = position + self._gap.take(position)
+                else:
+                    position = position + np.where(consecutive, 1, self._gap.take(position))
+                np.subtract(
+                    position, self._ring_size, out=position, where=position >= self._ring_size
+                )
+                positions.append(position)
+        return positions
+
     def _read_slots(self, slots: np.ndarray) -> list[Any]:
         """The items of `slots` gathered from the ring, one tensor per field (a compressed
         field: a `Deferred` decoding it, see `decoded`)."""
@@ -383,8 +411,8 @@ class StepRing:
         """Step `step` of field `field` of the items of `slots`, per `(field, step)` pair (a
         compressed field: a `Deferred`, see `decoded`)."""
         assert self._columns is not None
-        positions = self._window_positions(slots)
-        by_step = {step: np.ascontiguousarray(positions[:, step]) for step in {s for _, s in steps}}
+        step_positions = self._step_positions(slots, max(step for _, step in steps))
+        by_step = {step: step_positions[step] for step in {s for _, s in steps}}
         frames = self._frames
         if (
             frames is not None

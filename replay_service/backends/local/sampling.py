@@ -180,14 +180,24 @@ class LocalSampleSource(PackingSource):
         steps = pack.steps if self.sequence_length == TRANSITION_SEQUENCE_LENGTH else None
         prepare = pack.prepare if steps is None else pack.prepare_steps
         assert prepare is not None
+        table, timeout, with_info = self.table, self.sample_timeout, request.with_info
+        total = batch_size * draws
+        checked = False
         while True:
             clears = self.clears()
-            data, info = self.sample(batch_size * draws, with_info=request.with_info, steps=steps)
+            if not checked:  # `sample`, the batch size checked the first time only
+                data, info = self.sample(total, with_info=with_info, steps=steps)
+                checked = True
+            else:
+                closed = self.closed_error()
+                if closed is not None:
+                    raise closed
+                data, info = table.sample(total, timeout, with_info=with_info, steps=steps)
             if convert is not None:
                 data = [convert(t) for t in data]
             infos = (
                 tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
-                if request.with_info
+                if with_info
                 else None
             )
             # Prepared once for all the drawn batches, built per batch from views.

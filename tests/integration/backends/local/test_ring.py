@@ -231,6 +231,38 @@ def test_interleaved_writers_windows_read_back_exactly(make, tmp_path, length, s
     assert set(batches) <= set(want)
 
 
+@pytest.mark.parametrize("vector", [False, True], ids=["writers", "vector_env"])
+def test_transitions_of_interleaved_writers_read_each_items_own_next_state(make, vector):
+    manager = make(capacity=60)
+    manager.create_replay_buffer()
+    # 70 transitions into 60 slots: the oldest are evicted, the ring wraps.
+    if vector:  # every item scattered: 5 envs' steps take turns
+        writer = manager.transition_writer()
+        for index in range(14):
+            states = np.array([[env, index, 0, 0] for env in range(5)], np.float32)
+            writer.add_multi(
+                states,
+                np.full(5, index % 2),
+                np.full(5, float(index)),
+                states + NEXT,
+                np.zeros(5, bool),
+            )
+        writer.flush()
+    else:  # some items scattered: writers take uneven turns
+        interleave(manager, {0: [7, 3, 12], 1: [1, 9, 4], 2: [15, 19]})
+    stream = manager.torch_batches(512, transitions=True)
+    table = stream._source.table
+    assert 0 < table._scattered and (table._scattered == table.size) == vector
+    for _ in range(3):
+        batch = next(stream)
+        states, next_states = batch.states.numpy(), batch.next_states.numpy()
+        # Each transition's next state is its own step's, whoever wrote in between.
+        np.testing.assert_array_equal(next_states, states + NEXT)
+        np.testing.assert_array_equal(batch.rewards.numpy(), states[:, 1])
+        np.testing.assert_array_equal(batch.actions.numpy()[:, 0], states[:, 1] % 2)
+    stream.close()
+
+
 def test_padded_windows_of_interleaved_writers_read_back_exactly(make, tmp_path):
     length, stride = 4, 2
     manager = make(sequence_length=length, stride_length=stride, pad_end_of_episode=True)
