@@ -9,7 +9,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from replay_service.backends import backend_class, resolve_auto, resolve_auto_layout
+from replay_service.backends import (
+    backend_class,
+    choose_backend,
+    resolve_auto,
+    resolve_auto_layout,
+)
 from replay_service.backends.base import Backend, BackendOptions
 from replay_service.backends.local.frames import check_frame_stack
 from replay_service.config.options import (
@@ -165,6 +170,9 @@ def configure_spaces(
         single_process=True,
         options=options,
     )
+    if chosen == "reverb" or options.get("server_address") is not None:
+        # Refused here, naming why, before its TF spec needs TensorFlow.
+        choose_backend(chosen, options.get("server_address"))
     # The local backend's door imports no TensorFlow: its spec is an `array_specs.Trajectory`
     # (a checkpoint's description is the same for either kind of spec). Reverb gets TF specs;
     # an unresolved "auto" gets them where TF-Agents imports (Reverb, where it imports too).
