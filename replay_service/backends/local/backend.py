@@ -29,7 +29,7 @@ from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import codecs
 from replay_service.backends.local import sampling as local_sampling
 from replay_service.backends.local.client import LocalClient
-from replay_service.backends.local.ring import check_tables_fit
+from replay_service.backends.local.ring_fit import check_tables_fit
 from replay_service.backends.local.scratch import check_scratch_dir
 from replay_service.backends.local.table import LocalTable, check_device, check_local_table
 from replay_service.config.options import TableConfig, Timeouts

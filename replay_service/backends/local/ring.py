@@ -22,7 +22,7 @@ Should a ring at its largest size still be short, it evicts the oldest items unt
 step it overwrites. With a `device` the ring is torch tensors on that device, written from
 host steps and gathered there by index. With `compression=` the frame column of a stacked
 observation and every field of at least `COMPRESS_MIN_BYTES` per step are
-`codecs.CompressedColumn`s (a payload per step, grown by `remap`): reads gather their
+`codecs.CompressedColumn`s (a payload per step, grown by `remap`): reads (`ring_reads`) gather their
 payloads under the table's lock and return `Deferred`s, which the table decodes (`decoded`)
 after releasing it.
 """
@@ -30,7 +30,6 @@ after releasing it.
 from __future__ import annotations
 
 import mmap
-import os
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,17 +39,14 @@ import torch
 
 from replay_service.backends.local.codecs import Codec, CompressedColumn, codec
 from replay_service.backends.local.frames import FrameStack
+from replay_service.backends.local.ring_fit import ring_steps
+from replay_service.backends.local.ring_reads import RingReads
 from replay_service.backends.local.scratch import (
-    check_free,
     prepare_scratch_dir,
     reserve_files,
     scratch_file,
-    scratch_file_bytes,
 )
 from replay_service.backends.local.shared import SharedTable
-from replay_service.config.options import TableConfig
-from replay_service.errors import ConfigError
-from replay_service.specs import sizes
 
 STORAGES = ("memory", "memmap")
 # A growing step ring takes at least this fraction of its size more.
@@ -63,7 +59,7 @@ COMPRESS_MIN_BYTES = 1024
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 
-class StepRing:
+class StepRing(RingReads):
     """The step ring of a `LocalTable`, a base class of it (see the module docstring).
 
     It owns the storage (`_columns`, `_tensors`), the per-step metadata (`_refs`, `_gap`) and
@@ -209,12 +205,6 @@ class StepRing:
         )
         return data + gap + self._refs.nbytes + preds
 
-    def _positions(self, serials: np.ndarray) -> np.ndarray:
-        """Ring positions of steps still in the ring, by serial number."""
-        positions = serials + (self._head - self._written)  # in [head - ring size, head)
-        np.add(positions, self._ring_size, out=positions, where=positions < 0)
-        return positions
-
     def _claim(self, count: int, keep: int) -> bool:
         """Makes room for `count` new steps at the head of the ring: grows it while the
         oldest steps they would overwrite are an item's (or at serial `keep` >= 0 or later).
@@ -342,173 +332,6 @@ class StepRing:
             self._gap = np.ones(self._ring_size, dtype=np.int32)
         return self._gap
 
-    def _window_positions(self, slots: np.ndarray) -> np.ndarray:
-        """Ring positions `[len(slots), sequence_length]` of the steps of the items of `slots`."""
-        first = self._first.take(slots)
-        consecutive = None if not self._scattered else self._consecutive.take(slots)
-        if consecutive is None or consecutive.all():  # every item: its consecutive positions
-            positions = first[:, None] + (self._offsets + (self._head - self._written))
-            np.add(positions, self._ring_size, out=positions, where=positions < 0)
-            return positions
-        # Interleaved writers: follow each step to its writer's next one.
-        serials = first[:, None] + self._offsets
-        scattered = np.flatnonzero(~consecutive)
-        serial = first[scattered]
-        for index in range(1, self._length):
-            serial = serial + self._gap[self._positions(serial)]
-            serials[scattered, index] = serial
-        return self._positions(serials)
-
-    def _step_positions(self, slots: np.ndarray, last: int) -> list[np.ndarray]:
-        """Ring positions of steps `0..last` of the items of `slots`, one array `[len(slots)]`
-        per step: as the columns of `_window_positions`, without its whole windows (a
-        transition reads two steps of each item)."""
-        position = self._first.take(slots)
-        position += self._head - self._written
-        np.add(position, self._ring_size, out=position, where=position < 0)
-        positions = [position]
-        if last:
-            # Interleaved writers: a scattered item's next step is its writer's next one (where
-            # every held item is scattered, as a vector env's, no item needs telling apart).
-            scattered = self._scattered
-            consecutive = None
-            if scattered and scattered != self.size:
-                consecutive = self._consecutive.take(slots)
-            for _ in range(last):
-                if not scattered:
-                    position = position + 1
-                elif consecutive is None:
-                    position = position + self._gap.take(position)
-                else:
-                    position = position + np.where(consecutive, 1, self._gap.take(position))
-                np.subtract(
-                    position, self._ring_size, out=position, where=position >= self._ring_size
-                )
-                positions.append(position)
-        return positions
-
-    def _read_slots(self, slots: np.ndarray) -> list[Any]:
-        """The items of `slots` gathered from the ring, one tensor per field (a compressed
-        field: a `Deferred` decoding it, see `decoded`)."""
-        assert self._columns is not None
-        positions = self._window_positions(slots)
-        frames = self._frames
-        if self._device is not None:  # gathered on the device: only the positions travel
-            index = self._index(positions)
-            data = [column[index] for column in self._columns]
-        else:
-            data = [
-                None
-                if frames is not None and field == frames.field
-                else self._take(field, positions)
-                for field, column in enumerate(self._columns)
-            ]
-        if frames is not None:
-            data[frames.field] = self._stacks(positions)
-        return data
-
-    def _read_steps(self, slots: np.ndarray, steps: Sequence[tuple[int, int]]) -> list[Any]:
-        """Step `step` of field `field` of the items of `slots`, per `(field, step)` pair (a
-        compressed field: a `Deferred`, see `decoded`)."""
-        assert self._columns is not None
-        step_positions = self._step_positions(slots, max(step for _, step in steps))
-        by_step = {step: step_positions[step] for step in {s for _, s in steps}}
-        frames = self._frames
-        if (
-            frames is not None
-            and frames.field in self._compressed
-            and any(field == frames.field for field, _ in steps)
-        ):
-            # Every requested step's stacks in one gather and one decode (their shared
-            # frames decoded once).
-            stacked = sorted({step for field, step in steps if field == frames.field})
-            both = self._stacks(np.stack([by_step[step] for step in stacked], axis=1))
-            plain = self._read_plain(by_step, [p for p in steps if p[0] != frames.field])
-            split = _Split(both, len(stacked))
-            at = {step: index for index, step in enumerate(stacked)}
-            return [
-                split.part(at[step]) if field == frames.field else plain.pop(0)
-                for field, step in steps
-            ]
-        if frames is not None and any(field == frames.field for field, _ in steps):
-            stacks = {
-                step: self._stacks(at)
-                for step, at in by_step.items()
-                if (frames.field, step) in steps
-            }
-            plain = self._read_plain(by_step, [p for p in steps if p[0] != frames.field])
-            return [
-                stacks[step] if field == frames.field else plain.pop(0) for field, step in steps
-            ]
-        return self._read_plain(by_step, steps)
-
-    def _read_plain(
-        self, by_step: dict[int, np.ndarray], steps: Sequence[tuple[int, int]]
-    ) -> list[torch.Tensor]:
-        """`_read_steps` of columns read as stored, by step's positions."""
-        assert self._columns is not None
-        if self._device is not None:
-            index = {step: self._index(at) for step, at in by_step.items()}
-            return [self._columns[field][index[step]] for field, step in steps]
-        return [self._take(field, by_step[step]) for field, step in steps]
-
-    def _take(self, field: int, positions: np.ndarray) -> Any:
-        """Field `field` of the steps at ring `positions` (any shape), from the host ring: a
-        tensor, or for a compressed field a `Deferred` holding the gathered payloads."""
-        assert self._columns is not None
-        column = self._columns[field]
-        if not isinstance(column, CompressedColumn):
-            return torch.from_numpy(column.take(positions, axis=0))
-        payloads = column.gather(positions.reshape(-1))
-
-        def decode() -> torch.Tensor:
-            out = np.empty((*positions.shape, *column.shape), column.dtype)
-            column.decode(payloads, out.reshape(-1, *column.shape))
-            return torch.from_numpy(out)
-
-        return Deferred(decode)
-
-    @staticmethod
-    def decoded(data: list[Any]) -> list[torch.Tensor]:
-        """`data` of `_read_slots` or `_read_steps` with every `Deferred` decoded: call it
-        after releasing the table's lock (the payloads were gathered under it)."""
-        return [d() if isinstance(d, Deferred) else d for d in data]
-
-    def _stacks(self, positions: np.ndarray) -> Any:
-        """The stacked observations of the steps at ring `positions` (any shape): each step's
-        K-1 earlier frames and its own, one gather, zero frames where a serial is -1."""
-        frames = self._frames
-        assert frames is not None and self._preds is not None and self._columns is not None
-        serials = self._preds[positions]  # [..., K-1]
-        zero = serials < 0
-        at = self._positions(np.where(zero, self._oldest, serials))
-        at = np.concatenate([at, positions[..., None]], axis=-1)  # [..., K]
-        column = self._columns[frames.field]
-        if isinstance(column, CompressedColumn):
-            unique, inverse = np.unique(at, return_inverse=True)
-            payloads = column.gather(unique)
-            k = frames.k
-
-            def decode() -> torch.Tensor:
-                decoded = column.decode(payloads)
-                taken = decoded[inverse.reshape(at.shape)]
-                if zero.any():
-                    taken[(slice(None),) * positions.ndim + (slice(0, k - 1),)][zero] = 0
-                return frames.assemble(torch.from_numpy(taken))
-
-            return Deferred(decode)
-        if self._device is not None:
-            gathered = column[self._index(at)]
-            if zero.any():
-                mask = np.concatenate([zero, np.zeros_like(zero[..., :1])], axis=-1)
-                gathered[torch.from_numpy(mask).to(self._device)] = 0
-        else:
-            taken = column.take(at, axis=0)
-            if zero.any():
-                taken[(slice(None),) * positions.ndim + (slice(0, frames.k - 1),)][zero] = 0
-            gathered = torch.from_numpy(taken)
-        return frames.assemble(gathered)
-
     def _anchors(self, first: np.ndarray) -> np.ndarray:
         """The oldest serial each item of first step serials `first` needs: its first step's
         oldest earlier frame (stacked observations) or the step itself. The item's count in
@@ -523,10 +346,6 @@ class StepRing:
         assert self._preds is not None
         row = self._preds[(first - self._written + self._head) % self._ring_size].tolist()
         return min([s for s in row if s >= 0], default=first)
-
-    def _index(self, positions: np.ndarray) -> torch.Tensor:
-        """Ring positions as an index tensor on the table's device."""
-        return torch.from_numpy(np.ascontiguousarray(positions)).to(self._device)
 
     def _allocate(self) -> None:
         """The step ring: one tensor per field, `[ring size, *field_shape]`, as numpy views.
@@ -618,130 +437,3 @@ class StepRing:
                 )
             )
         return arrays
-
-
-class Deferred:
-    """A compressed field's gathered payloads and how to decode them: called (after the
-    table's lock is released), returns the tensor."""
-
-    __slots__ = ("_decode",)
-
-    def __init__(self, decode: Callable[[], torch.Tensor]) -> None:
-        self._decode = decode
-
-    def __call__(self) -> torch.Tensor:
-        """The decoded tensor."""
-        return self._decode()
-
-
-class _Split:
-    """One decode of `[batch, parts, ...]` stacks shared by the parts' `Deferred`s."""
-
-    def __init__(self, whole: Deferred, parts: int) -> None:
-        self._whole = whole
-        self._parts = parts
-        self._value: torch.Tensor | None = None
-
-    def part(self, index: int) -> Deferred:
-        """The `Deferred` of `whole[:, index]`."""
-
-        def decode() -> torch.Tensor:
-            if self._value is None:
-                self._value = self._whole()
-            return self._value[:, index]
-
-        return Deferred(decode)
-
-
-def ring_steps(
-    capacity: int, sequence_length: int, storage: str, frame_stack: int | None = None
-) -> int:
-    """Steps of a table's step ring when it is made: `capacity + sequence_length - 1` in RAM
-    (windows of one writer share steps; it grows if writers interleave), `capacity *
-    sequence_length` in files ("memmap": reserved once, for windows that share no step).
-    Stacked observations (`frame_stack` K): an item also needs its first step's K-1 earlier
-    frames, K-1 steps more per window."""
-    span = sequence_length + (frame_stack - 1 if frame_stack else 0)
-    if storage == "memmap":
-        return capacity * span
-    return capacity + span - 1
-
-
-def _step_bytes(config: TableConfig, fields: Sequence[dict[str, Any]]) -> int:
-    """Bytes a table stores per step: every field, a stacked observation's newest frame only
-    and the serials of its earlier frames (`frames.FrameStack`)."""
-    total = sum(_field_bytes(config, f) for f in sizes.field_sizes(fields))
-    if config.frame_stack:
-        total += 8 * (config.frame_stack - 1)
-    return total
-
-
-def _field_bytes(config: TableConfig, field: sizes.FieldSize) -> int:
-    """Bytes a table stores per step of `field`: a stacked observation's newest frame."""
-    if config.frame_stack and field.path == "observation":
-        return field.nbytes // config.frame_stack
-    return field.nbytes
-
-
-def check_tables_fit(
-    configs: Sequence[TableConfig],
-    fields: Sequence[dict[str, Any]],
-    storage: str,
-    scratch_root: str,
-) -> None:
-    """Refuses tables whose step rings cannot fit where they would live, before any exists.
-
-    `storage="memory"`: the rings' bytes (`ring_steps` x the step's bytes, every table) must
-    fit in the memory available (`sizes.available_memory`); RAM pages are committed as steps
-    are written, so a ring too large would be accepted and the process killed once it fills.
-    "memmap": every table's files must fit on the disk of `scratch_root` (`scratch.check_free`,
-    which `reserve_files` applies again to each table's files when they are made). Unknown
-    amounts (another platform) pass.
-
-    Args:
-      configs: The tables (capacity, sequence length, name).
-      fields: `specs.describe_spec(stored_spec)` of one step.
-      storage: "memory" or "memmap".
-      scratch_root: `<checkpoint_dir>/.memmap` (it may not exist yet), for "memmap".
-
-    Raises:
-      ConfigError: Naming the bytes per step and the largest fields with their shapes, each
-        table's steps, the total and the bytes available.
-    """
-    rings = [
-        (c.name, ring_steps(c.capacity, c.sequence_length, storage, c.frame_stack), c)
-        for c in configs
-    ]
-    if storage == "memmap":
-        files = [
-            (
-                os.path.join(scratch_root, name, f"field{index}.memmap"),
-                steps * _field_bytes(config, field),
-            )
-            for name, steps, config in rings
-            for index, field in enumerate(sizes.field_sizes(fields))
-        ]
-        names = ", ".join(repr(name) for name, _, _ in rings)
-        # An earlier buffer's files there are deleted before the new ones are reserved.
-        reclaimable = sum(scratch_file_bytes(os.path.join(scratch_root, n)) for n, _, _ in rings)
-        what = f"the memory-mapped storage of tables {names}"
-        check_free(files, what, fields, scratch_root, reclaimable)
-        return
-    available = sizes.available_memory()
-    total = sum(steps * _step_bytes(config, fields) for _, steps, config in rings)
-    if available is None or total <= available:
-        return
-    per_step = _step_bytes(configs[0], fields)
-    tables = "; ".join(
-        f"table {name!r}: {steps} steps for capacity {config.capacity}"
-        + (f", frames stored once (frame_stack={config.frame_stack})" if config.frame_stack else "")
-        for name, steps, config in rings
-    )
-    raise ConfigError(
-        f"the local tables need {total} bytes ({sizes.human(total)}) of memory "
-        f"(storage='memory'), but {available} bytes ({sizes.human(available)}) are available: "
-        f"{per_step} bytes per step ({tables}); the largest fields per step: "
-        f"{sizes.largest_fields(fields)}. Nothing was allocated: lower the capacity or the "
-        "field's shape, or use storage='memmap' (the rings in files on the disk of "
-        "checkpoint_dir)"
-    )

@@ -1,0 +1,108 @@
+"""How large a local table's step ring is made (`ring_steps`), and whether the rings of a
+buffer's tables fit where they would live, checked before any exists (`check_tables_fit`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from replay_service.backends.local.scratch import check_free, scratch_file_bytes
+from replay_service.config.options import TableConfig
+from replay_service.errors import ConfigError
+from replay_service.specs import sizes
+
+
+def ring_steps(
+    capacity: int, sequence_length: int, storage: str, frame_stack: int | None = None
+) -> int:
+    """Steps of a table's step ring when it is made: `capacity + sequence_length - 1` in RAM
+    (windows of one writer share steps; it grows if writers interleave), `capacity *
+    sequence_length` in files ("memmap": reserved once, for windows that share no step).
+    Stacked observations (`frame_stack` K): an item also needs its first step's K-1 earlier
+    frames, K-1 steps more per window."""
+    span = sequence_length + (frame_stack - 1 if frame_stack else 0)
+    if storage == "memmap":
+        return capacity * span
+    return capacity + span - 1
+
+
+def _step_bytes(config: TableConfig, fields: Sequence[dict[str, Any]]) -> int:
+    """Bytes a table stores per step: every field, a stacked observation's newest frame only
+    and the serials of its earlier frames (`frames.FrameStack`)."""
+    total = sum(_field_bytes(config, f) for f in sizes.field_sizes(fields))
+    if config.frame_stack:
+        total += 8 * (config.frame_stack - 1)
+    return total
+
+
+def _field_bytes(config: TableConfig, field: sizes.FieldSize) -> int:
+    """Bytes a table stores per step of `field`: a stacked observation's newest frame."""
+    if config.frame_stack and field.path == "observation":
+        return field.nbytes // config.frame_stack
+    return field.nbytes
+
+
+def check_tables_fit(
+    configs: Sequence[TableConfig],
+    fields: Sequence[dict[str, Any]],
+    storage: str,
+    scratch_root: str,
+) -> None:
+    """Refuses tables whose step rings cannot fit where they would live, before any exists.
+
+    `storage="memory"`: the rings' bytes (`ring_steps` x the step's bytes, every table) must
+    fit in the memory available (`sizes.available_memory`); RAM pages are committed as steps
+    are written, so a ring too large would be accepted and the process killed once it fills.
+    "memmap": every table's files must fit on the disk of `scratch_root` (`scratch.check_free`,
+    which `reserve_files` applies again to each table's files when they are made). Unknown
+    amounts (another platform) pass.
+
+    Args:
+      configs: The tables (capacity, sequence length, name).
+      fields: `specs.describe_spec(stored_spec)` of one step.
+      storage: "memory" or "memmap".
+      scratch_root: `<checkpoint_dir>/.memmap` (it may not exist yet), for "memmap".
+
+    Raises:
+      ConfigError: Naming the bytes per step and the largest fields with their shapes, each
+        table's steps, the total and the bytes available.
+    """
+    rings = [
+        (c.name, ring_steps(c.capacity, c.sequence_length, storage, c.frame_stack), c)
+        for c in configs
+    ]
+    if storage == "memmap":
+        files = [
+            (
+                os.path.join(scratch_root, name, f"field{index}.memmap"),
+                steps * _field_bytes(config, field),
+            )
+            for name, steps, config in rings
+            for index, field in enumerate(sizes.field_sizes(fields))
+        ]
+        names = ", ".join(repr(name) for name, _, _ in rings)
+        # An earlier buffer's files there are deleted before the new ones are reserved.
+        reclaimable = sum(scratch_file_bytes(os.path.join(scratch_root, n)) for n, _, _ in rings)
+        what = f"the memory-mapped storage of tables {names}"
+        check_free(files, what, fields, scratch_root, reclaimable)
+        return
+    available = sizes.available_memory()
+    total = sum(steps * _step_bytes(config, fields) for _, steps, config in rings)
+    if available is None or total <= available:
+        return
+    per_step = _step_bytes(configs[0], fields)
+    tables = "; ".join(
+        f"table {name!r}: {steps} steps for capacity {config.capacity}"
+        + (f", frames stored once (frame_stack={config.frame_stack})" if config.frame_stack else "")
+        for name, steps, config in rings
+    )
+    raise ConfigError(
+        f"the local tables need {total} bytes ({sizes.human(total)}) of memory "
+        f"(storage='memory'), but {available} bytes ({sizes.human(available)}) are available: "
+        f"{per_step} bytes per step ({tables}); the largest fields per step: "
+        f"{sizes.largest_fields(fields)}. Nothing was allocated: lower the capacity or the "
+        "field's shape, or use storage='memmap' (the rings in files on the disk of "
+        "checkpoint_dir)"
+    )

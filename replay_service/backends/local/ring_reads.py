@@ -1,0 +1,250 @@
+"""Reads of a local table's step ring (`ring.StepRing`, its subclass): the ring positions of
+items' steps, whole windows or single steps, gathered per field; stacked observations
+assembled from their stored frames (`frames.FrameStack`); compressed fields gathered as
+payloads under the table's lock and returned as `Deferred`s, which the table decodes
+(`decoded`) after releasing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from replay_service.backends.local.codecs import CompressedColumn
+from replay_service.backends.local.frames import FrameStack
+
+
+class RingReads:
+    """The reads of `ring.StepRing` (a base class of it; its storage and counters are the
+    ring's, see `ring`'s module docstring)."""
+
+    # What the ring and the table provide.
+    size: int
+    _length: int
+    _first: np.ndarray
+    _consecutive: np.ndarray | None
+    _scattered: int
+    _columns: list[Any] | None
+    _device: torch.device | None
+    _frames: FrameStack | None
+    _compressed: frozenset[int]
+    _gap: np.ndarray | None
+    _preds: np.ndarray | None
+    _offsets: np.ndarray
+    _head: int
+    _written: int
+    _oldest: int
+    _ring_size: int
+
+    def _positions(self, serials: np.ndarray) -> np.ndarray:
+        """Ring positions of steps still in the ring, by serial number."""
+        positions = serials + (self._head - self._written)  # in [head - ring size, head)
+        np.add(positions, self._ring_size, out=positions, where=positions < 0)
+        return positions
+
+    def _index(self, positions: np.ndarray) -> torch.Tensor:
+        """Ring positions as an index tensor on the table's device."""
+        return torch.from_numpy(np.ascontiguousarray(positions)).to(self._device)
+
+    def _window_positions(self, slots: np.ndarray) -> np.ndarray:
+        """Ring positions `[len(slots), sequence_length]` of the steps of the items of `slots`."""
+        first = self._first.take(slots)
+        consecutive = None if not self._scattered else self._consecutive.take(slots)
+        if consecutive is None or consecutive.all():  # every item: its consecutive positions
+            positions = first[:, None] + (self._offsets + (self._head - self._written))
+            np.add(positions, self._ring_size, out=positions, where=positions < 0)
+            return positions
+        # Interleaved writers: follow each step to its writer's next one.
+        serials = first[:, None] + self._offsets
+        scattered = np.flatnonzero(~consecutive)
+        serial = first[scattered]
+        for index in range(1, self._length):
+            serial = serial + self._gap[self._positions(serial)]
+            serials[scattered, index] = serial
+        return self._positions(serials)
+
+    def _step_positions(self, slots: np.ndarray, last: int) -> list[np.ndarray]:
+        """Ring positions of steps `0..last` of the items of `slots`, one array `[len(slots)]`
+        per step: as the columns of `_window_positions`, without its whole windows (a
+        transition reads two steps of each item)."""
+        position = self._first.take(slots)
+        position += self._head - self._written
+        np.add(position, self._ring_size, out=position, where=position < 0)
+        positions = [position]
+        if last:
+            # Interleaved writers: a scattered item's next step is its writer's next one (where
+            # every held item is scattered, as a vector env's, no item needs telling apart).
+            scattered = self._scattered
+            consecutive = None
+            if scattered and scattered != self.size:
+                consecutive = self._consecutive.take(slots)
+            for _ in range(last):
+                if not scattered:
+                    position = position + 1
+                elif consecutive is None:
+                    position = position + self._gap.take(position)
+                else:
+                    position = position + np.where(consecutive, 1, self._gap.take(position))
+                np.subtract(
+                    position, self._ring_size, out=position, where=position >= self._ring_size
+                )
+                positions.append(position)
+        return positions
+
+    def _read_slots(self, slots: np.ndarray) -> list[Any]:
+        """The items of `slots` gathered from the ring, one tensor per field (a compressed
+        field: a `Deferred` decoding it, see `decoded`)."""
+        assert self._columns is not None
+        positions = self._window_positions(slots)
+        frames = self._frames
+        if self._device is not None:  # gathered on the device: only the positions travel
+            index = self._index(positions)
+            data = [column[index] for column in self._columns]
+        else:
+            data = [
+                None
+                if frames is not None and field == frames.field
+                else self._take(field, positions)
+                for field, column in enumerate(self._columns)
+            ]
+        if frames is not None:
+            data[frames.field] = self._stacks(positions)
+        return data
+
+    def _read_steps(self, slots: np.ndarray, steps: Sequence[tuple[int, int]]) -> list[Any]:
+        """Step `step` of field `field` of the items of `slots`, per `(field, step)` pair (a
+        compressed field: a `Deferred`, see `decoded`)."""
+        assert self._columns is not None
+        step_positions = self._step_positions(slots, max(step for _, step in steps))
+        by_step = {step: step_positions[step] for step in {s for _, s in steps}}
+        frames = self._frames
+        if (
+            frames is not None
+            and frames.field in self._compressed
+            and any(field == frames.field for field, _ in steps)
+        ):
+            # Every requested step's stacks in one gather and one decode (their shared
+            # frames decoded once).
+            stacked = sorted({step for field, step in steps if field == frames.field})
+            both = self._stacks(np.stack([by_step[step] for step in stacked], axis=1))
+            plain = self._read_plain(by_step, [p for p in steps if p[0] != frames.field])
+            split = _Split(both, len(stacked))
+            at = {step: index for index, step in enumerate(stacked)}
+            return [
+                split.part(at[step]) if field == frames.field else plain.pop(0)
+                for field, step in steps
+            ]
+        if frames is not None and any(field == frames.field for field, _ in steps):
+            stacks = {
+                step: self._stacks(at)
+                for step, at in by_step.items()
+                if (frames.field, step) in steps
+            }
+            plain = self._read_plain(by_step, [p for p in steps if p[0] != frames.field])
+            return [
+                stacks[step] if field == frames.field else plain.pop(0) for field, step in steps
+            ]
+        return self._read_plain(by_step, steps)
+
+    def _read_plain(
+        self, by_step: dict[int, np.ndarray], steps: Sequence[tuple[int, int]]
+    ) -> list[torch.Tensor]:
+        """`_read_steps` of columns read as stored, by step's positions."""
+        assert self._columns is not None
+        if self._device is not None:
+            index = {step: self._index(at) for step, at in by_step.items()}
+            return [self._columns[field][index[step]] for field, step in steps]
+        return [self._take(field, by_step[step]) for field, step in steps]
+
+    def _take(self, field: int, positions: np.ndarray) -> Any:
+        """Field `field` of the steps at ring `positions` (any shape), from the host ring: a
+        tensor, or for a compressed field a `Deferred` holding the gathered payloads."""
+        assert self._columns is not None
+        column = self._columns[field]
+        if not isinstance(column, CompressedColumn):
+            return torch.from_numpy(column.take(positions, axis=0))
+        payloads = column.gather(positions.reshape(-1))
+
+        def decode() -> torch.Tensor:
+            out = np.empty((*positions.shape, *column.shape), column.dtype)
+            column.decode(payloads, out.reshape(-1, *column.shape))
+            return torch.from_numpy(out)
+
+        return Deferred(decode)
+
+    @staticmethod
+    def decoded(data: list[Any]) -> list[torch.Tensor]:
+        """`data` of `_read_slots` or `_read_steps` with every `Deferred` decoded: call it
+        after releasing the table's lock (the payloads were gathered under it)."""
+        return [d() if isinstance(d, Deferred) else d for d in data]
+
+    def _stacks(self, positions: np.ndarray) -> Any:
+        """The stacked observations of the steps at ring `positions` (any shape): each step's
+        K-1 earlier frames and its own, one gather, zero frames where a serial is -1."""
+        frames = self._frames
+        assert frames is not None and self._preds is not None and self._columns is not None
+        serials = self._preds[positions]  # [..., K-1]
+        zero = serials < 0
+        at = self._positions(np.where(zero, self._oldest, serials))
+        at = np.concatenate([at, positions[..., None]], axis=-1)  # [..., K]
+        column = self._columns[frames.field]
+        if isinstance(column, CompressedColumn):
+            unique, inverse = np.unique(at, return_inverse=True)
+            payloads = column.gather(unique)
+            k = frames.k
+
+            def decode() -> torch.Tensor:
+                decoded = column.decode(payloads)
+                taken = decoded[inverse.reshape(at.shape)]
+                if zero.any():
+                    taken[(slice(None),) * positions.ndim + (slice(0, k - 1),)][zero] = 0
+                return frames.assemble(torch.from_numpy(taken))
+
+            return Deferred(decode)
+        if self._device is not None:
+            gathered = column[self._index(at)]
+            if zero.any():
+                mask = np.concatenate([zero, np.zeros_like(zero[..., :1])], axis=-1)
+                gathered[torch.from_numpy(mask).to(self._device)] = 0
+        else:
+            taken = column.take(at, axis=0)
+            if zero.any():
+                taken[(slice(None),) * positions.ndim + (slice(0, frames.k - 1),)][zero] = 0
+            gathered = torch.from_numpy(taken)
+        return frames.assemble(gathered)
+
+
+class Deferred:
+    """A compressed field's gathered payloads and how to decode them: called (after the
+    table's lock is released), returns the tensor."""
+
+    __slots__ = ("_decode",)
+
+    def __init__(self, decode: Callable[[], torch.Tensor]) -> None:
+        self._decode = decode
+
+    def __call__(self) -> torch.Tensor:
+        """The decoded tensor."""
+        return self._decode()
+
+
+class _Split:
+    """One decode of `[batch, parts, ...]` stacks shared by the parts' `Deferred`s."""
+
+    def __init__(self, whole: Deferred, parts: int) -> None:
+        self._whole = whole
+        self._parts = parts
+        self._value: torch.Tensor | None = None
+
+    def part(self, index: int) -> Deferred:
+        """The `Deferred` of `whole[:, index]`."""
+
+        def decode() -> torch.Tensor:
+            if self._value is None:
+                self._value = self._whole()
+            return self._value[:, index]
+
+        return Deferred(decode)
