@@ -76,16 +76,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
-if cli_output.is_quiet():
-    # A command-line tool: load TensorFlow and Reverb now, as their output is quieted only once
-    # they are loaded (see replay_service.cli.output).
-    try:
-        import reverb  # noqa: F401
-        import tensorflow  # noqa: F401
-    except ImportError:
-        pass
-    cli_output.after_imports()
-
 __all__ = [
     "DEFAULT_TABLE_NAME",
     "ArraySpec",

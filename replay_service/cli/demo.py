@@ -8,17 +8,11 @@ from __future__ import annotations
 import tempfile
 import time
 
-import tensorflow as tf
 from absl import app, flags, logging
-from tf_agents.environments import suite_gym
-from tf_agents.policies import random_py_policy
-from tf_agents.train import actor
-from tf_agents.train.utils import train_utils
 
+from replay_service.cli import require_reverb_imports
 from replay_service.cli.parsing import flags_parser, show_flags_in_help, usage_error
 from replay_service.errors import ConfigError, ReplayServiceError
-from replay_service.manager import ReplayBufferManager
-from replay_service.specs.nests import collect_data_spec
 
 _STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)
 _CAPACITY = flags.DEFINE_integer("capacity", 50_000, "Buffer capacity in items.", lower_bound=1)
@@ -33,6 +27,7 @@ def main(argv: list[str]) -> None:
     """Runs the demo; a bad value or a refused buffer is one line on stderr and exit 2."""
     if len(argv) > 1:
         raise usage_error("replay-demo", f"unexpected arguments {argv[1:]!r}; see --help")
+    require_reverb_imports("replay-demo")
     try:
         _demo()
     except ReplayServiceError as e:
@@ -40,6 +35,15 @@ def main(argv: list[str]) -> None:
 
 
 def _demo() -> None:
+    import tensorflow as tf
+    from tf_agents.environments import suite_gym
+    from tf_agents.policies import random_py_policy
+    from tf_agents.train import actor
+    from tf_agents.train.utils import train_utils
+
+    from replay_service.manager import ReplayBufferManager
+    from replay_service.specs.nests import collect_data_spec
+
     checkpoint_dir = _CHECKPOINT_DIR.value or tempfile.mkdtemp(prefix="replay_service_demo_")
     try:
         env = suite_gym.load(_ENV.value)

@@ -13,8 +13,9 @@ their own. Without care they are buried in what the libraries below print on the
   socket to stop confirming writes), which honour `GRPC_VERBOSITY`.
 
 `configure()` runs from `replay_service/__init__.py`, before TensorFlow, Reverb or gym is
-imported, and `after_imports()` once they are (`replay_service` imports them at once in a
-command-line tool's process, and lazily elsewhere). In a command-line tool's process, and unless
+imported, and `after_imports()` once they are (a tool's `cli.require_reverb_imports` imports
+them once its flags are parsed; `replay_service` calls it again whenever it imports one of its
+modules). In a command-line tool's process, and unless
 `REPLAY_SERVICE_VERBOSE=1` or a `--verbosity` (`-v`) of 0 or more is on the command line, they
 set `TF_CPP_MIN_LOG_LEVEL=3` and `GRPC_VERBOSITY=NONE` (explicit settings in the environment
 win), drop gym's banner, set the `tensorflow` Python logger to ERROR, and put `std::clog` into

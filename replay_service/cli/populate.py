@@ -27,6 +27,7 @@ from typing import NoReturn, TextIO
 import tqdm
 from absl import app, flags, logging
 
+from replay_service.cli import require_reverb_imports
 from replay_service.cli.parsing import asks_for_help
 from replay_service.config.options import DEFAULT_TABLE_NAME
 from replay_service.errors import ConfigError, ReplayServiceError
@@ -421,6 +422,7 @@ def main(argv: Sequence[str]) -> None:
     try:
         if len(argv) > 1:
             raise ConfigError(f"unexpected arguments {list(argv[1:])!r}; see --help")
+        require_reverb_imports("replay-populate")
         if _COPY_TO.value is not None:
             print(copy_from_flags())
             return

@@ -26,6 +26,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from replay_service.cli import require_reverb_imports
 from replay_service.cli.parsing import flags_parser, show_flags_in_help, usage_error
 from replay_service.config.files import load_config
 from replay_service.errors import ReplayServiceError, ServerUnavailableError
@@ -134,9 +135,6 @@ def _check_exporter_flags() -> None:
 
 
 def _serve() -> int:
-    from replay_service.backends.reverb.server import serve_config
-    from replay_service.starter.envs import load_env
-
     config = load_config(
         _CONFIG.value,
         server__port=_PORT.value,
@@ -148,6 +146,10 @@ def _serve() -> int:
     # Every flag is checked, and the metrics port bound, before the checkpoint directory is
     # touched: a bad flag must not cost the checkpoints that --overwrite deletes.
     _check_exporter_flags()
+    require_reverb_imports("replay-server")
+    from replay_service.backends.reverb.server import serve_config
+    from replay_service.starter.envs import load_env
+
     data_spec = config.data_spec.build(load_env)
     stats = _LateStats()
     metrics = _start_metrics(stats)
@@ -281,6 +283,7 @@ def _status() -> int:
 
     if not _ADDRESS.value:
         raise usage_error("replay-server", "status needs --address=host:port")
+    require_reverb_imports("replay-server")
     if _JSON.value:
         return _status_json(_ADDRESS.value)
     tables = server_status(_ADDRESS.value, _TIMEOUT.value)

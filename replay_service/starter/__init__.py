@@ -17,78 +17,85 @@ which `ReplayBufferManager.load_replay_buffer()` then restores; a bare Reverb ch
 `naming.py` the names and paths, `sources.py` the environments, policies and data specs,
 `results.py` what a run collected and `plots.py` its summary plot.
 
-`replay_service.starter` was one module; its public names stay importable from here.
+`replay_service.starter` was one module; its public names stay importable from here, each
+module imported on first use (a command's `--help` loads no TensorFlow).
 """
 
-from replay_service.starter.adoption import diff_columns
-from replay_service.starter.copying import copy_buffer
-from replay_service.starter.filling import STARTER_KEEP_CHECKPOINTS, Progress, populate
-from replay_service.starter.naming import (
-    MAX_BUFFER_NAME_LENGTH,
-    SUMMARY_PLOT_SUFFIX,
-    starter_buffer_path,
-    summary_plot_path,
-    validate_buffer_name,
-)
-from replay_service.starter.options import (
-    DEFAULT_CAPACITY,
-    DEFAULT_ENV,
-    DEFAULT_NUM_ENVS,
-    DEFAULT_NUM_RUNS,
-    DEFAULT_OUTPUT_DIR,
-    DEFAULT_POLICY,
-    DEFAULT_SEQUENCE_LENGTH,
-    DEFAULT_STEPS_PER_RUN,
-    SEED_RANGE,
-    PopulateConfig,
-    check_capacity,
-    max_new_items,
-)
-from replay_service.starter.plots import BUILDING_ACTION_NAMES, PLOT_DPI, write_summary_plot
-from replay_service.starter.results import PopulateResult, StepRecorder, format_summary
-from replay_service.starter.sources import (
-    DATA_SPEC_ENV_PREFIX,
-    load_data_spec,
-    make_envs_and_policies,
-    starter_data_spec,
-)
-from replay_service.starter.staging import COPY_TAG, OLD_TAG, PARTIAL_TAG, STORE_ENTRIES
+from __future__ import annotations
 
-__all__ = [
-    "BUILDING_ACTION_NAMES",
-    "COPY_TAG",
-    "DATA_SPEC_ENV_PREFIX",
-    "DEFAULT_CAPACITY",
-    "DEFAULT_ENV",
-    "DEFAULT_NUM_ENVS",
-    "DEFAULT_NUM_RUNS",
-    "DEFAULT_OUTPUT_DIR",
-    "DEFAULT_POLICY",
-    "DEFAULT_SEQUENCE_LENGTH",
-    "DEFAULT_STEPS_PER_RUN",
-    "MAX_BUFFER_NAME_LENGTH",
-    "OLD_TAG",
-    "PARTIAL_TAG",
-    "PLOT_DPI",
-    "SEED_RANGE",
-    "STARTER_KEEP_CHECKPOINTS",
-    "STORE_ENTRIES",
-    "SUMMARY_PLOT_SUFFIX",
-    "PopulateConfig",
-    "PopulateResult",
-    "Progress",
-    "StepRecorder",
-    "check_capacity",
-    "copy_buffer",
-    "diff_columns",
-    "format_summary",
-    "load_data_spec",
-    "make_envs_and_policies",
-    "max_new_items",
-    "populate",
-    "starter_buffer_path",
-    "starter_data_spec",
-    "summary_plot_path",
-    "validate_buffer_name",
-    "write_summary_plot",
-]
+import importlib
+
+# Public name -> the module of this package that defines it.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "adoption": ("diff_columns",),
+    "copying": ("copy_buffer",),
+    "filling": (
+        "STARTER_KEEP_CHECKPOINTS",
+        "Progress",
+        "populate",
+    ),
+    "naming": (
+        "MAX_BUFFER_NAME_LENGTH",
+        "SUMMARY_PLOT_SUFFIX",
+        "starter_buffer_path",
+        "summary_plot_path",
+        "validate_buffer_name",
+    ),
+    "options": (
+        "DEFAULT_CAPACITY",
+        "DEFAULT_ENV",
+        "DEFAULT_NUM_ENVS",
+        "DEFAULT_NUM_RUNS",
+        "DEFAULT_OUTPUT_DIR",
+        "DEFAULT_POLICY",
+        "DEFAULT_SEQUENCE_LENGTH",
+        "DEFAULT_STEPS_PER_RUN",
+        "SEED_RANGE",
+        "PopulateConfig",
+        "check_capacity",
+        "max_new_items",
+    ),
+    "plots": (
+        "BUILDING_ACTION_NAMES",
+        "PLOT_DPI",
+        "write_summary_plot",
+    ),
+    "results": (
+        "PopulateResult",
+        "StepRecorder",
+        "format_summary",
+    ),
+    "sources": (
+        "DATA_SPEC_ENV_PREFIX",
+        "load_data_spec",
+        "make_envs_and_policies",
+        "starter_data_spec",
+    ),
+    "staging": (
+        "COPY_TAG",
+        "OLD_TAG",
+        "PARTIAL_TAG",
+        "STORE_ENTRIES",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> object:
+    """Imports a public name's module on first use (see `_EXPORTS`).
+
+    Raises:
+      AttributeError: If `name` is not a public name of replay_service.starter.
+    """
+    module_name = _MODULE_OF.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'replay_service.starter' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"replay_service.starter.{module_name}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})

@@ -129,8 +129,11 @@ def test_populate_prints_a_tqdm_bar_and_its_summary(tmp_path: Any) -> None:
 def test_verbose_switch_brings_the_library_logs_back(tmp_path: Any) -> None:
     script = (
         "import sys; sys.argv[0] = 'replay-server'\n"
-        # `import replay_service` is lazy: gym comes in with TF-Agents, as in the tools.
-        "import replay_service, reverb, tf_agents.environments\n"
+        # As the tools: the Reverb stack is loaded once the flags are parsed, then gym comes
+        # in with TF-Agents' environments.
+        "from replay_service.cli import require_reverb_imports\n"
+        "require_reverb_imports('replay-server')\n"
+        "import reverb, tf_agents.environments\n"
         "reverb.Server([reverb.Table.queue('q', 10)]).stop()\n"
         "print('done')\n"
     )
