@@ -129,6 +129,13 @@ class FrameStack:
         """`[n, *stacked]` -> `[n, *frame]`, each stack's newest frame (a copy)."""
         return np.ascontiguousarray(self.frames(stacks)[:, -1])
 
+    def stacks(self, frames: np.ndarray) -> np.ndarray:
+        """`[n, K, *frame]` frames -> `[n, *stacked]` stacks (`assemble` in numpy): a view
+        where the frames' layout allows it (frames stacked along axis 0), else a copy."""
+        if self.axis:
+            frames = np.moveaxis(frames, 1, 1 + self.axis)
+        return frames.reshape(frames.shape[0], *self.stacked)
+
     def assemble(self, frames: torch.Tensor) -> torch.Tensor:
         """`[..., K, *frame]` gathered frames -> `[..., *stacked]` stacks."""
         lead = frames.shape[: frames.dim() - 1 - len(self.frame)]
