@@ -244,7 +244,7 @@ class RingReads:
         np.add(first, shift, out=expected[:, -1])
         expected[:, -1][first >= self._head] -= self._ring_size
         after = preds.take(second, axis=0)
-        chained = None if np.array_equal(after, expected) else (after == expected).all(axis=1)
+        chained = None if after.tobytes() == expected.tobytes() else (after == expected).all(1)
         zero = earlier < 0
         masked = zero.any()
         if masked:
