@@ -138,11 +138,13 @@ class RingReads:
                 for field, step in steps
             ]
         if frames is not None and any(field == frames.field for field, _ in steps):
-            stacks = {
-                step: self._stacks(at)
-                for step, at in by_step.items()
-                if (frames.field, step) in steps
-            }
+            stacked = sorted({step for field, step in steps if field == frames.field})
+            if len(stacked) == 2 and self._device is None:
+                # A transition's state and next state: one gather of the frames they share.
+                pair = self._stack_pair(by_step[stacked[0]], by_step[stacked[1]])
+                stacks = dict(zip(stacked, pair, strict=True))
+            else:
+                stacks = {step: self._stacks(by_step[step]) for step in stacked}
             plain = self._read_plain(by_step, [p for p in steps if p[0] != frames.field])
             return [
                 stacks[step] if field == frames.field else plain.pop(0) for field, step in steps
@@ -215,6 +217,54 @@ class RingReads:
                 taken[(slice(None),) * positions.ndim + (slice(0, frames.k - 1),)][zero] = 0
             gathered = torch.from_numpy(taken)
         return frames.assemble(gathered)
+
+    def _stack_pair(self, first: np.ndarray, second: np.ndarray) -> tuple[Any, Any]:
+        """The stacked observations of the steps at ring positions `first` and `second`
+        (`[n]` each, a host ring of uncompressed frames), as `_stacks` of each.
+
+        Where the second step's stack is the first's shifted by one frame (a transition's
+        next state within its episode, its terminal one included), each row's K+1 frames are
+        gathered once and both stacks are views of them (they share memory); other rows
+        (a zero stack: an unknown final observation) have their second stack gathered alone.
+        """
+        frames = self._frames
+        preds = self._preds
+        assert frames is not None and preds is not None and self._columns is not None
+        k = frames.k
+        n = len(first)
+        shift = self._written - self._head  # a serial less its ring position (before the head)
+        # `at`: the ring positions of each row's K+1 frames, oldest first.
+        at = np.empty((n, k + 1), dtype=np.int64)
+        earlier = at[:, : k - 1]
+        preds.take(first, axis=0, out=earlier)
+        # The second stack is the first shifted by one frame where its earlier serials are the
+        # first's last K-2 earlier ones and the first step's own serial.
+        expected = np.empty((n, k - 1), dtype=np.int64)
+        expected[:, :-1] = earlier[:, 1:]
+        np.add(first, shift, out=expected[:, -1])
+        expected[:, -1][first >= self._head] -= self._ring_size
+        after = preds.take(second, axis=0)
+        chained = None if after.tobytes() == expected.tobytes() else (after == expected).all(1)
+        zero = earlier < 0
+        masked = zero.any()
+        if masked:
+            earlier[zero] = self._oldest  # any frame held, zeroed once gathered
+        earlier -= shift
+        np.add(earlier, self._ring_size, out=earlier, where=earlier < 0)
+        at[:, k - 1] = first
+        at[:, k] = second
+        taken = self._columns[frames.field].take(at, axis=0)  # [n, K+1, *frame]
+        if masked:
+            taken[:, : k - 1][zero] = 0
+        nexts = taken[:, 1:]
+        if chained is not None:
+            nexts = nexts.copy()
+            alone = np.flatnonzero(~chained)
+            nexts[alone] = frames.frames(self._stacks(second[alone]).numpy())
+        return (
+            torch.from_numpy(frames.stacks(taken[:, :k])),
+            torch.from_numpy(frames.stacks(nexts)),
+        )
 
 
 class Deferred:

@@ -274,6 +274,7 @@ class WindowInserts(StepRing):
         field, k, size = frames.field, frames.k, self._ring_size
         gap = self._gap
         on_device = self._device is not None
+        plain = not on_device and not self._compressed
         position, serial = self._head, self._written
 
         def put(index: int, value: np.ndarray, at: int = -1) -> None:
@@ -297,15 +298,21 @@ class WindowInserts(StepRing):
         for at in range(self._length - new, self._length):
             step = steps[at]
             stack = np.asarray(step[field])
-            if not bits(stack).any() or chain == "zero":
+            if chain == "zero" or frames.zero(stack):
                 row = [-1] * (k - 1)
             elif chain == "reset":
                 row = [serial] * (k - 1)
             else:
                 assert isinstance(chain, list)
                 row = chain
-            for index, value in enumerate(step):
-                put(index, frames.part(stack, k - 1, k) if index == field else value, at)
+            if plain:  # host arrays: each field's value copied in place
+                for index, value in enumerate(step):
+                    columns[index][position] = (
+                        frames.part(stack, k - 1, k) if index == field else value
+                    )
+            else:
+                for index, value in enumerate(step):
+                    put(index, frames.part(stack, k - 1, k) if index == field else value, at)
             preds[position] = row
             if gap is not None:
                 gap[position] = 1

@@ -311,6 +311,38 @@ def test_interleaved_writers_and_evictions_keep_every_stack(make, episodes) -> N
         break
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("axis", [0, -1])
+def test_transition_batches_mixing_zero_final_stacks_read_the_envs_stacks(
+    make, episodes, axis: int
+) -> None:
+    """Episodes whose final observation is unknown (an all-zero next state, as a vector
+    collector writes it) beside ordinary ones: in every transition batch each state and next
+    state is the one written, those that share frames and the zero ones alike."""
+    transitions = [
+        (s, a, r, np.zeros_like(n) if index % 2 and (d or t) else n, d, t)
+        for index, (s, a, r, n, d, t) in enumerate(episodes["zero"])
+    ]
+    if axis == -1:
+        transitions = channels_last(transitions)
+    assert sum(not n.any() for *_, n, _, _ in transitions) >= 1
+    manager = make(axis=axis)
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    truth = pairs(transitions)
+    seen: set[tuple[bytes, bytes]] = set()
+    for count, batch in enumerate(manager.torch_batches(64, transitions=True)):
+        got = {
+            (s.numpy().tobytes(), n.numpy().tobytes())
+            for s, n in zip(batch.states, batch.next_states, strict=True)
+        }
+        assert got <= truth
+        seen |= got
+        if count == 30:
+            break
+    assert {p for p in truth if not np.frombuffer(p[1], np.uint8).any()} <= seen
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
