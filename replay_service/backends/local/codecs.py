@@ -12,7 +12,11 @@ Each slot holds one `bytes` object (None: never written): small payloads live in
 small-object pools, which reuse freed blocks of the same size class, so a ring that overwrites
 its slots does not fragment (`nbytes` counts each object's header and the slot's pointer;
 docs/benchmarks.md "Codecs for frames" has the resident memory per stored frame). A checkpoint
-stores the compressed bytes (`to_arrays`, `from_arrays`).
+stores the compressed bytes (`to_arrays`, `from_arrays`). Before a ring exists its compressed
+slots are counted at `estimated_bytes` (an eighth of the value plus `SLOT_OVERHEAD`); as it
+fills, `PayloadBudget` looks at the memory available whenever its payloads have grown past
+what was granted, so an insert the memory cannot hold is refused with a `ConfigError` before
+anything of it is stored.
 
 `CODECS` names the codecs: "lz4" (`DEFAULT_CODEC`: about 410 B per Breakout frame of 7,056 B,
 2,500-3,300 batches of 32x5 frames decoded per second on one core), "zstd" (level 1: about
@@ -36,6 +40,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from replay_service.errors import CheckpointError, ConfigError
+from replay_service.specs import sizes
 
 # A batch of at least this many payloads is decoded on several threads (below it, handing the
 # work to a pool costs more than it saves).
@@ -44,6 +49,15 @@ PARALLEL_MIN = 64
 MAX_THREADS = 4
 # What a slot costs beyond its payload: the list's pointer and the `bytes` object's header.
 SLOT_OVERHEAD = 8 + sys.getsizeof(b"")
+# With `compression=`, a field of at least this many bytes per step is stored compressed (a
+# stacked observation's frame column always is); smaller ones stay plain arrays.
+COMPRESS_MIN_BYTES = 1024
+
+# Memory a ring's compressed columns leave free for the rest of the process (reads' batches
+# and decode buffers): an insert that would take it is refused (`PayloadBudget`).
+MEMORY_MARGIN = 64 << 20
+# The least growth of a ring's payloads granted by one look at the available memory.
+MIN_GRANT = 1 << 20
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -83,6 +97,13 @@ class Codec(abc.ABC):
 
     package: ClassVar[str | None] = None
     """The pip package that provides `module`."""
+
+    ratio: ClassVar[int] = 8
+    """How many times smaller than its value a payload is estimated to be when the memory a
+    ring needs is checked before it exists (`estimated_bytes`): 8 for the compressing codecs,
+    about twice what Atari frames take (Breakout's 7,056 B frames: about 410 B with lz4, 300 B
+    with zstd); a ring whose payloads outgrow the estimate is refused at the insert that does
+    not fit (`check_room`)."""
 
     @abc.abstractmethod
     def encode(self, value: np.ndarray) -> bytes:
@@ -132,6 +153,7 @@ class RawCodec(Codec):
     """The array's bytes as they are."""
 
     name = "none"
+    ratio = 1
 
     def encode(self, value: np.ndarray) -> bytes:
         return value.tobytes()
@@ -220,6 +242,22 @@ DEFAULT_CODEC = "lz4"
 3x faster than zstd's (docs/benchmarks.md, "Codecs for frames")."""
 
 
+def estimated_bytes(value_bytes: int, compression: str) -> int:
+    """Bytes a slot of a `CompressedColumn` of `value_bytes`-byte values is counted at before
+    anything is stored: the value's bytes divided by the codec's `Codec.ratio`, rounded up, plus
+    `SLOT_OVERHEAD` (an 84x84 uint8 frame: 923 B with "lz4" or "zstd").
+
+    Args:
+      value_bytes: Bytes of one value.
+      compression: A name of `CODECS` (an unknown one counts as "none").
+
+    Returns:
+      The estimated bytes per slot.
+    """
+    implementation = CODECS.get(compression, RawCodec)
+    return -(-value_bytes // implementation.ratio) + SLOT_OVERHEAD
+
+
 def codec(name: str) -> Codec:
     """The codec called `name`.
 
@@ -245,6 +283,56 @@ def codec(name: str) -> Codec:
                 f"is not installed (pip install {implementation.package}): {error}"
             ) from error
     return implementation()
+
+
+class PayloadBudget:
+    """How far a ring's compressed payloads may grow before the memory available is looked at
+    again: the payloads of an insert are allocated one `bytes` object at a time, so without a
+    look a ring whose payloads outgrow the memory would be killed by the kernel (or fail with a
+    bare `MemoryError`) part-way through a write.
+
+    `check` is called under the table's lock before an insert changes anything: while the
+    payloads held plus the insert's stay under the bytes granted it returns at once; past them
+    it reads `sizes.available_memory()` and grants the insert's bytes plus an eighth of what is
+    held (at least `MIN_GRANT`, at most what leaves `MEMORY_MARGIN` free), or refuses the
+    insert. A ring that overwrites its slots stops growing, and looks no more.
+    """
+
+    __slots__ = ("limit",)
+
+    def __init__(self) -> None:
+        self.limit = 0
+
+    def check(self, held: int, incoming: int, what: str) -> None:
+        """Refuses an insert of `incoming` payload bytes that the memory cannot hold.
+
+        Args:
+          held: Bytes the ring's compressed columns hold (`CompressedColumn.nbytes`, summed).
+          incoming: Bytes the insert adds (its payloads and `SLOT_OVERHEAD` each), at most.
+          what: The table, for the error.
+
+        Raises:
+          ConfigError: Naming the bytes held, needed and available, if `incoming` plus
+            `MEMORY_MARGIN` exceeds the available memory (the insert must then change nothing).
+        """
+        if held + incoming <= self.limit:
+            return
+        available = sizes.available_memory()
+        grant = max(MIN_GRANT, held // 8)
+        if available is not None:
+            needed = incoming + MEMORY_MARGIN
+            if needed > available:
+                raise ConfigError(
+                    f"{what} cannot store {incoming} more bytes of compressed payloads: it "
+                    f"holds {held} bytes ({sizes.human(held)}) of them, and the insert needs "
+                    f"{needed} bytes ({sizes.human(needed)}, with {MEMORY_MARGIN} bytes kept "
+                    f"free for reads) but {available} bytes ({sizes.human(available)}) of "
+                    "memory are available. The insert was refused and nothing was written (the "
+                    "items held stay readable): lower the table's capacity, free memory, or use "
+                    "a codec that compresses these values better"
+                )
+            grant = min(grant, available - needed)
+        self.limit = held + incoming + grant
 
 
 class CompressedColumn:
