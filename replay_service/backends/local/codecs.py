@@ -4,9 +4,11 @@ A `CompressedColumn` is a ring of `n` slots, each holding one array of a fixed s
 (an 84x84 uint8 frame, say) compressed on its own. Writers `encode` values before they take the
 table's lock and `store` the payloads under it; readers `gather` the payloads of a batch under
 the lock and `decode` them into one preallocated array outside it (the payloads are immutable
-`bytes`, so a later overwrite does not change what was gathered). Decoding releases the GIL
-(zstd's `multi_decompress_to_buffer`, one lz4 call per payload) and spreads a large batch over
-threads.
+`bytes`, so a later overwrite does not change what was gathered), or `decode_take` them: each
+distinct payload decoded once and copied once into every place a read needs it (a transition
+batch's states and next states share frames). Decoding releases the GIL (zstd's
+`multi_decompress_to_buffer` on its own threads, one lz4 call per payload) and spreads a large
+batch over threads, the calling one decoding a part.
 
 Each slot holds one `bytes` object (None: never written): small payloads live in CPython's
 small-object pools, which reuse freed blocks of the same size class, so a ring that overwrites
@@ -138,15 +140,44 @@ class Codec(abc.ABC):
         if parts <= 1:
             self.decode_into(payloads, flat, size)
             return
-        bounds = np.linspace(0, count, parts + 1).astype(int)
-        futures = [
-            _executor().submit(
-                self.decode_into, payloads[start:stop], flat[start * size : stop * size], size
-            )
-            for start, stop in itertools.pairwise(bounds)
-        ]
-        for future in futures:
-            future.result()
+        bounds = np.linspace(0, count, parts + 1).astype(int).tolist()
+        _in_parts(
+            lambda start, stop: self.decode_into(
+                payloads[start:stop], flat[start * size : stop * size], size
+            ),
+            bounds,
+        )
+
+    def decode_take(
+        self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
+    ) -> bytearray:
+        """Decodes each of `payloads` once and lays them out as `take` says: value `j` of the
+        result is payload `take[j]` decoded (a batch's stacks share frames: each frame is
+        decoded once, copied once into place).
+
+        Args:
+          payloads: What `encode` returned.
+          take: int64 indexes into `payloads`, any order, repeats allowed.
+          size: Bytes of one value.
+          threads: Threads to decode on (batches under `PARALLEL_MIN` use one).
+
+        Returns:
+          `len(take) * size` bytes, writable (`np.frombuffer` of it is a writable array).
+
+        Raises:
+          ValueError: If a payload is corrupt or does not decode to `size` bytes.
+        """
+        decoded = np.empty(len(payloads) * size, np.uint8)
+        if len(payloads):
+            self.decode_batch(payloads, decoded.reshape(len(payloads), size), threads)
+        out = bytearray(len(take) * size)
+        np.take(
+            decoded.reshape(-1, size),
+            take,
+            axis=0,
+            out=np.frombuffer(out, np.uint8).reshape(len(take), size),
+        )
+        return out
 
 
 class RawCodec(Codec):
@@ -205,6 +236,29 @@ class ZstdCodec(Codec):
         for index in range(len(payloads)):
             out[index * size : (index + 1) * size] = decoded[index]
 
+    def decode_take(
+        self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
+    ) -> bytearray:
+        """`Codec.decode_take` in one `multi_decompress_to_buffer` call (on `threads` of
+        zstd's own threads, the GIL released), its segments joined in `take`'s order."""
+        count = len(payloads)
+        if count == 0:
+            return bytearray(len(take) * size)
+        try:
+            decoded = self._coders()[1].multi_decompress_to_buffer(
+                list(payloads),
+                decompressed_sizes=_sizes(count, size),
+                threads=threads if count >= PARALLEL_MIN else 1,
+            )
+        except self._zstd.ZstdError as error:
+            raise ValueError(f"a zstd payload does not decode to {size} bytes: {error}") from error
+        if decoded.size() != count * size:
+            raise ValueError(
+                f"{count} zstd payloads decode to {decoded.size()} bytes, not {count * size}"
+            )
+        segments = [decoded[index] for index in range(count)]
+        return bytearray().join([segments[index] for index in take.tolist()])
+
 
 class Lz4Codec(Codec):
     """LZ4 blocks without their size (every payload decodes to one array); each
@@ -232,6 +286,33 @@ class Lz4Codec(Codec):
                 raise ValueError(
                     f"an lz4 payload does not decode to {size} bytes: {error}"
                 ) from error
+
+    def decode_take(
+        self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
+    ) -> bytearray:
+        """`Codec.decode_take`: each payload decompressed once (in parts on `threads` threads,
+        the calling one decoding the first), the results joined in `take`'s order."""
+        count = len(payloads)
+        decoded: list[bytes] = [b""] * count
+        decompress = self._block.decompress
+        error_type = self._block.LZ4BlockError
+
+        def part(start: int, stop: int) -> None:
+            try:
+                decoded[start:stop] = [
+                    decompress(payload, uncompressed_size=size) for payload in payloads[start:stop]
+                ]
+            except (error_type, ValueError) as error:
+                raise ValueError(
+                    f"an lz4 payload does not decode to {size} bytes: {error}"
+                ) from error
+
+        parts = min(threads, count // (PARALLEL_MIN // 2)) if count >= PARALLEL_MIN else 1
+        _in_parts(part, np.linspace(0, count, max(parts, 1) + 1).astype(int).tolist())
+        out = bytearray().join([decoded[index] for index in take.tolist()])
+        if len(out) != len(take) * size:  # a payload decoded short
+            raise ValueError(f"an lz4 payload does not decode to {size} bytes")
+        return out
 
 
 CODECS: dict[str, type[Codec]] = {c.name: c for c in (Lz4Codec, ZstdCodec, RawCodec)}
@@ -483,6 +564,32 @@ class CompressedColumn:
             self.codec.decode_batch(payloads, out, threads)
         return out
 
+    def decode_take(
+        self, payloads: Sequence[bytes], take: np.ndarray, threads: int | None = None
+    ) -> np.ndarray:
+        """Decodes each of `payloads` once into the values `take` picks: what
+        `decode(payloads)[take]` returns, without decoding a payload twice or a second copy.
+
+        Args:
+          payloads: What `gather` returned (the distinct slots of a read).
+          take: int indexes into `payloads` (any shape, repeats allowed).
+          threads: Threads to decode a large batch on; None: `decode_threads()`.
+
+        Returns:
+          A new writable array `[*take.shape, *shape]` of the column's dtype.
+
+        Raises:
+          ValueError: If a payload is corrupt, or `take` names no payload.
+        """
+        take = np.asarray(take, dtype=np.int64)
+        if take.size and (take.min() < 0 or take.max() >= len(payloads)):
+            raise ValueError(f"take names payloads out of range of {len(payloads)}")
+        if not self.value_bytes:
+            return np.empty((*take.shape, *self.shape), self.dtype)
+        threads = decode_threads() if threads is None else threads
+        data = self.codec.decode_take(payloads, take.reshape(-1), self.value_bytes, threads)
+        return np.frombuffer(data, self.dtype).reshape(*take.shape, *self.shape)
+
     def read(
         self, slots: np.ndarray, out: np.ndarray | None = None, threads: int | None = None
     ) -> np.ndarray:
@@ -585,6 +692,25 @@ class CompressedColumn:
                 f"{len(self._payloads)} slots"
             )
         return slots
+
+
+def _in_parts(work: Any, bounds: Sequence[int]) -> None:
+    """Runs `work(start, stop)` for each pair of consecutive `bounds`: the first in this
+    thread, the others on the decoding pool at the same time.
+
+    Raises:
+      Whatever a part raised (the first part's first), once every part has ended.
+    """
+    pairs = list(itertools.pairwise(bounds))
+    futures = [_executor().submit(work, start, stop) for start, stop in pairs[1:]]
+    try:
+        if pairs:
+            work(*pairs[0])
+    finally:
+        for future in futures:
+            future.exception()  # every part ends before the buffers are handed back
+    for future in futures:
+        future.result()
 
 
 def _sizes(count: int, size: int) -> bytes:

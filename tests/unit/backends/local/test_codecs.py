@@ -327,3 +327,35 @@ def test_the_payload_budget_looks_at_the_memory_only_past_its_grant(monkeypatch)
 def test_a_slot_is_estimated_at_an_eighth_of_its_value_or_its_raw_bytes(name: str) -> None:
     expected = 7056 if name == "none" else 882
     assert codecs.estimated_bytes(7056, name) == expected + codecs.SLOT_OVERHEAD
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("count", "threads"), [(5, 1), (100, 1), (100, 3)])
+def test_decode_take_decodes_each_payload_once_into_every_place(
+    name: str, count: int, threads: int
+) -> None:
+    values = frames(count, seed=8)
+    column = CompressedColumn(count, SHAPE, np.uint8, name)
+    column.write(np.arange(count), values)
+    payloads = column.gather(np.arange(count))
+    take = np.random.default_rng(9).integers(0, count, (32, 2, 4))  # stacks sharing frames
+    got = column.decode_take(payloads, take, threads=threads)
+    assert got.shape == (32, 2, 4, *SHAPE) and got.flags.writeable
+    np.testing.assert_array_equal(got, values[take])
+    assert column.decode_take(payloads, np.zeros(0, np.int64)).shape == (0, *SHAPE)
+    with pytest.raises(ValueError, match="out of range of"):
+        column.decode_take(payloads, np.array([count]))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.values[0] != "none"])
+@pytest.mark.parametrize("count", [1, 100])
+def test_decode_take_refuses_a_corrupt_or_short_payload(name: str, count: int) -> None:
+    values = frames(count, seed=10)
+    column = CompressedColumn(count, SHAPE, np.uint8, name)
+    column.write(np.arange(count), values)
+    short = column.codec.encode(values[0].reshape(-1)[:100].copy())
+    for bad in (b"\x00garbage" * 3, short):
+        payloads = column.gather(np.arange(count))
+        payloads[count // 2] = bad
+        with pytest.raises(ValueError, match="decode"):
+            column.decode_take(payloads, np.arange(count), threads=3)
