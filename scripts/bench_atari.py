@@ -608,6 +608,51 @@ def measure_fill(
     return out
 
 
+def measure_interleaved(
+    names: list[str], path: str, capacity: int, batches: int, rounds: int
+) -> dict[str, Any]:
+    """Every buffer of `names` filled with the run at `path` in this process, then sampled in
+    turn, `batches` batches each, `rounds` times: a load that drifts during the run weighs on
+    every buffer alike, so the per-round ratios to the first buffer hold.
+
+    Returns:
+      rates: per buffer its batches/s per round; ratio: per buffer the median of its
+      per-round ratios to the first buffer's rate.
+    """
+    data = load_run(path)
+    frames, sidx, nidx = data["frames"], data["state_idx"], data["next_idx"]
+    cut = episode_cut(data)
+    steps = min(capacity, cut)
+    iterators = {}
+    for name in names:
+        buffer = make_buffer(name, capacity, int(data["n_actions"]))
+        for t in range(steps):
+            buffer.add(
+                frames[sidx[t]],
+                int(data["actions"][t]),
+                float(data["rewards"][t]),
+                frames[nidx[t]],
+                data["terminated"][t],
+                data["truncated"][t],
+            )
+        buffer.flush()
+        iterators[name] = buffer.batches()
+        for _ in range(WARMUP_BATCHES):
+            next(iterators[name])
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name, iterator in iterators.items():
+            start = time.perf_counter()
+            for _ in range(batches):
+                next(iterator)
+            rates[name].append(batches / (time.perf_counter() - start))
+    first = np.array(rates[names[0]])
+    return {
+        "rates": rates,
+        "ratio": {name: float(np.median(np.array(r) / first)) for name, r in rates.items()},
+    }
+
+
 def run_child(job: dict[str, Any]) -> dict[str, Any] | None:
     """`job` (`measure`'s or, with "fill", `measure_fill`'s arguments) in a fresh process;
     None where it did not run, with the reason printed."""
@@ -631,12 +676,14 @@ def run_child(job: dict[str, Any]) -> dict[str, Any] | None:
 def main(argv: list[str]) -> None:
     """`sample`: batches/s of the buffers named, `--repeats` rounds (each buffer once per
     round, in turn, in fresh processes), the median and its ratio to the first buffer's.
+    `interleaved`: the buffers in one process, sampled in turn (`measure_interleaved`), the
+    ratios to the first buffer's rate, `--repeats` processes.
     `fill`: RSS while `--steps` transitions (the env run cycled by whole episodes) fill a
     buffer of `--capacity`, read at `--readings`."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("mode", choices=["sample", "fill"])
+    parser.add_argument("mode", choices=["sample", "interleaved", "fill"])
     parser.add_argument("--env", default="BreakoutNoFrameskip-v4")
     parser.add_argument("--run_steps", type=int, default=40_000, help="Steps of the env run.")
     parser.add_argument("--seed", type=int, default=0)
@@ -669,8 +716,29 @@ def main(argv: list[str]) -> None:
             }
             print(f"{name}: {json.dumps(run_child(job))}", flush=True)
         return
-    rates: dict[str, list[float]] = {name: [] for name in names}
     capacity = min(args.capacity, args.run_steps)
+    if args.mode == "interleaved":
+        for repeat in range(args.repeats):
+            job = {
+                "interleaved": True,
+                "names": names,
+                "path": path,
+                "capacity": capacity,
+                "batches": args.batches,
+                "rounds": 10,
+            }
+            result = run_child(job | {"name": "interleaved"})
+            if result is None:
+                continue
+            for name in names:
+                median = float(np.median(result["rates"][name]))
+                print(
+                    f"repeat {repeat} {name}: median {median:.0f} batches/s, "
+                    f"{result['ratio'][name]:.2f}x {names[0]}",
+                    flush=True,
+                )
+        return
+    rates: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(args.repeats):
         for name in names:
             job = {"name": name, "path": path, "capacity": capacity, "batches": args.batches}
@@ -687,7 +755,11 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--child":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     job = json.loads(sys.argv[2])
-    if job.get("fill"):
+    if job.get("interleaved"):
+        result = measure_interleaved(
+            job["names"], job["path"], job["capacity"], job["batches"], job["rounds"]
+        )
+    elif job.get("fill"):
         result = measure_fill(
             job["name"],
             job["path"],

@@ -239,24 +239,29 @@ class ZstdCodec(Codec):
     def decode_take(
         self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
     ) -> bytearray:
-        """`Codec.decode_take` in one `multi_decompress_to_buffer` call (on `threads` of
-        zstd's own threads, the GIL released), its segments joined in `take`'s order."""
+        """`Codec.decode_take`: one `multi_decompress_to_buffer` call per part (on `threads`
+        threads of the decoding pool, the calling one decoding the first; each call releases
+        the GIL), the decoded segments joined in `take`'s order."""
         count = len(payloads)
-        if count == 0:
-            return bytearray(len(take) * size)
-        try:
-            decoded = self._coders()[1].multi_decompress_to_buffer(
-                list(payloads),
-                decompressed_sizes=_sizes(count, size),
-                threads=threads if count >= PARALLEL_MIN else 1,
-            )
-        except self._zstd.ZstdError as error:
-            raise ValueError(f"a zstd payload does not decode to {size} bytes: {error}") from error
-        if decoded.size() != count * size:
-            raise ValueError(
-                f"{count} zstd payloads decode to {decoded.size()} bytes, not {count * size}"
-            )
-        segments = [decoded[index] for index in range(count)]
+        segments: list[Any] = [b""] * count
+
+        def part(start: int, stop: int) -> None:
+            try:
+                decoded = self._coders()[1].multi_decompress_to_buffer(
+                    list(payloads[start:stop]),
+                    decompressed_sizes=_sizes(stop - start, size),
+                    threads=1,
+                )
+            except self._zstd.ZstdError as error:
+                raise ValueError(
+                    f"a zstd payload does not decode to {size} bytes: {error}"
+                ) from error
+            if decoded.size() != (stop - start) * size:
+                raise ValueError(f"zstd payloads do not decode to {size} bytes each")
+            segments[start:stop] = [decoded[index] for index in range(stop - start)]
+
+        parts = min(threads, count // (PARALLEL_MIN // 2)) if count >= PARALLEL_MIN else 1
+        _in_parts(part, np.linspace(0, count, max(parts, 1) + 1).astype(int).tolist())
         return bytearray().join([segments[index] for index in take.tolist()])
 
 
