@@ -700,22 +700,37 @@ class CompressedColumn:
 
 
 def _in_parts(work: Any, bounds: Sequence[int]) -> None:
-    """Runs `work(start, stop)` for each pair of consecutive `bounds`: the first in this
-    thread, the others on the decoding pool at the same time.
+    """Runs `work(start, stop)` for each pair of consecutive `bounds`, on this thread and the
+    decoding pool at once: each thread claims the next part not yet claimed, so this thread
+    never waits for a pool thread that has not started (it does the work itself, and a pool
+    task that finds nothing left is cancelled or ends at once).
 
     Raises:
-      Whatever a part raised (the first part's first), once every part has ended.
+      Whatever a part raised (this thread's first), once every started part has ended.
     """
     pairs = list(itertools.pairwise(bounds))
-    futures = [_executor().submit(work, start, stop) for start, stop in pairs[1:]]
+    if len(pairs) <= 1:
+        for start, stop in pairs:
+            work(start, stop)
+        return
+    claim = itertools.count()  # next() is atomic under the GIL
+
+    def run() -> None:
+        index = next(claim)
+        while index < len(pairs):
+            work(*pairs[index])
+            index = next(claim)
+
+    futures = [_executor().submit(run) for _ in pairs[1:]]
     try:
-        if pairs:
-            work(*pairs[0])
+        run()
     finally:
         for future in futures:
-            future.exception()  # every part ends before the buffers are handed back
+            if not future.cancel():
+                future.exception()  # every started part ends before the buffers are used
     for future in futures:
-        future.result()
+        if not future.cancelled():
+            future.result()
 
 
 def _sizes(count: int, size: int) -> bytes:
