@@ -527,8 +527,249 @@ def atari_rows(
     return rows
 
 
+# ------------------------------------------------------------- compressed fills and decode
+
+
+def episode_cut(data: dict[str, np.ndarray]) -> int:
+    """Steps of the run up to and including its last episode's end: cycling them repeats
+    whole episodes (each cycle starts with a reset stack after a terminal step)."""
+    ends = np.flatnonzero(data["terminated"] | data["truncated"])
+    if not len(ends):
+        raise ValueError("the env run ends no episode: it cannot be cycled")
+    return int(ends[-1]) + 1
+
+
+def measure_fill(
+    name: str, path: str, capacity: int, steps: int, readings: list[int], batches: int
+) -> dict[str, Any]:
+    """Fills buffer `name` with `steps` transitions, the run at `path` cycled by whole
+    episodes (`episode_cut`), and reads the RSS at each of `readings` (steps written).
+
+    Returns:
+      baseline (RSS before the buffer, bytes); per reading: rss and rss_b (RSS above the
+      baseline per stored transition), table_b (the table's own `nbytes` per stored
+      transition, ours only), insert (steps/s so far); peak_b (VmHWM above the baseline per
+      stored transition at the end); sample (batches/s of `batches` batches at the end).
+    """
+    data = load_run(path)
+    frames, sidx, nidx = data["frames"], data["state_idx"], data["next_idx"]
+    acts, rews = data["actions"], data["rewards"]
+    terms, truncs = data["terminated"], data["truncated"]
+    cut = episode_cut(data)
+    n_actions = int(data["n_actions"])
+    warm = make_buffer(name, 8, n_actions)
+    for t in range(16):
+        warm.add(frames[sidx[t]], int(acts[t]), float(rews[t]), frames[nidx[t]], False, False)
+    warm.flush()
+    next(warm.batches())
+    warm.close()
+    del warm
+    gc.collect()
+    baseline = proc_status("VmRSS")
+    peak_reset = reset_peak()
+    buffer = make_buffer(name, capacity, n_actions)
+    table = None
+    if isinstance(buffer, Ours):
+        backend = buffer.manager._backend
+        table = getattr(backend, "client", None) and backend.client.table(buffer.manager.table_name)
+    out: dict[str, Any] = {"baseline": baseline, "cycled": cut, "readings": {}}
+    insert_s = 0.0
+    written = 0
+    for stop in sorted({*readings, steps}):
+        start = time.perf_counter()
+        for t in range(written, stop):
+            r = t % cut
+            buffer.add(
+                frames[sidx[r]], int(acts[r]), float(rews[r]), frames[nidx[r]], terms[r], truncs[r]
+            )
+        buffer.flush()
+        insert_s += time.perf_counter() - start
+        written = stop
+        stored = min(written, capacity)
+        rss = proc_status("VmRSS")
+        out["readings"][str(written)] = {
+            "rss": rss,
+            "rss_b": (rss - baseline) / stored,
+            "table_b": None if table is None else table.nbytes / stored,
+            "insert": written / insert_s,
+        }
+        print(f"  {name}: {written} steps {json.dumps(out['readings'][str(written)])}", flush=True)
+    peak = max(proc_status("VmRSS"), proc_status("VmHWM") if peak_reset else 0)
+    out["peak_b"] = (peak - baseline) / min(written, capacity)
+    iterator = buffer.batches()
+    for _ in range(WARMUP_BATCHES):
+        next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    out["sample"] = batches / (time.perf_counter() - start)
+    iterator.close()
+    buffer.close()
+    return out
+
+
+def measure_interleaved(
+    names: list[str], path: str, capacity: int, batches: int, rounds: int
+) -> dict[str, Any]:
+    """Every buffer of `names` filled with the run at `path` in this process, then sampled in
+    turn, `batches` batches each, `rounds` times: a load that drifts during the run weighs on
+    every buffer alike, so the per-round ratios to the first buffer hold.
+
+    Returns:
+      rates: per buffer its batches/s per round; ratio: per buffer the median of its
+      per-round ratios to the first buffer's rate.
+    """
+    data = load_run(path)
+    frames, sidx, nidx = data["frames"], data["state_idx"], data["next_idx"]
+    cut = episode_cut(data)
+    steps = min(capacity, cut)
+    iterators = {}
+    for name in names:
+        buffer = make_buffer(name, capacity, int(data["n_actions"]))
+        for t in range(steps):
+            buffer.add(
+                frames[sidx[t]],
+                int(data["actions"][t]),
+                float(data["rewards"][t]),
+                frames[nidx[t]],
+                data["terminated"][t],
+                data["truncated"][t],
+            )
+        buffer.flush()
+        iterators[name] = buffer.batches()
+        for _ in range(WARMUP_BATCHES):
+            next(iterators[name])
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name, iterator in iterators.items():
+            start = time.perf_counter()
+            for _ in range(batches):
+                next(iterator)
+            rates[name].append(batches / (time.perf_counter() - start))
+    first = np.array(rates[names[0]])
+    return {
+        "rates": rates,
+        "ratio": {name: float(np.median(np.array(r) / first)) for name, r in rates.items()},
+    }
+
+
+def run_child(job: dict[str, Any]) -> dict[str, Any] | None:
+    """`job` (`measure`'s or, with "fill", `measure_fill`'s arguments) in a fresh process;
+    None where it did not run, with the reason printed."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+        check=False,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+        print(line, flush=True)
+    print(f"  {job['name']}: did not run ({done.stderr.strip().splitlines()[-3:]})")
+    return None
+
+
+def main(argv: list[str]) -> None:
+    """`sample`: batches/s of the buffers named, `--repeats` rounds (each buffer once per
+    round, in turn, in fresh processes), the median and its ratio to the first buffer's.
+    `interleaved`: the buffers in one process, sampled in turn (`measure_interleaved`), the
+    ratios to the first buffer's rate, `--repeats` processes.
+    `fill`: RSS while `--steps` transitions (the env run cycled by whole episodes) fill a
+    buffer of `--capacity`, read at `--readings`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("mode", choices=["sample", "interleaved", "fill"])
+    parser.add_argument("--env", default="BreakoutNoFrameskip-v4")
+    parser.add_argument("--run_steps", type=int, default=40_000, help="Steps of the env run.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache_dir", default=DEFAULT_CACHE)
+    parser.add_argument("--capacity", type=int, default=10_000)
+    parser.add_argument("--steps", type=int, default=None, help="fill: transitions written.")
+    parser.add_argument("--readings", default="200000,1000000", help="fill: steps, commas.")
+    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--buffers",
+        default="ours backend=reverb,ours frame_stack=4 lz4,ours frame_stack=4 zstd",
+        help="Commas; sample: the first is the reference of the ratios.",
+    )
+    args = parser.parse_args(argv)
+    path = cached_run(args.env, args.run_steps, args.seed, args.cache_dir)
+    names = args.buffers.split(",")
+    if args.mode == "fill":
+        readings = [int(r) for r in args.readings.split(",") if r]
+        steps = args.steps or max(readings)
+        for name in names:
+            job = {
+                "fill": True,
+                "name": name,
+                "path": path,
+                "capacity": args.capacity,
+                "steps": steps,
+                "readings": readings,
+                "batches": args.batches,
+            }
+            print(f"{name}: {json.dumps(run_child(job))}", flush=True)
+        return
+    capacity = min(args.capacity, args.run_steps)
+    if args.mode == "interleaved":
+        for repeat in range(args.repeats):
+            job = {
+                "interleaved": True,
+                "names": names,
+                "path": path,
+                "capacity": capacity,
+                "batches": args.batches,
+                "rounds": 10,
+            }
+            result = run_child(job | {"name": "interleaved"})
+            if result is None:
+                continue
+            for name in names:
+                median = float(np.median(result["rates"][name]))
+                print(
+                    f"repeat {repeat} {name}: median {median:.0f} batches/s, "
+                    f"{result['ratio'][name]:.2f}x {names[0]}",
+                    flush=True,
+                )
+        return
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(args.repeats):
+        for name in names:
+            job = {"name": name, "path": path, "capacity": capacity, "batches": args.batches}
+            result = run_child(job)
+            if result is not None:
+                rates[name].append(result["sample"])
+                print(f"round {round_} {name}: {result['sample']:.0f} batches/s", flush=True)
+    reference = float(np.median(rates[names[0]])) if rates[names[0]] else float("nan")
+    for name in names:
+        median = float(np.median(rates[name])) if rates[name] else float("nan")
+        print(f"{name}: median {median:.0f} batches/s, {median / reference:.2f}x {names[0]}")
+
+
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--child":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     job = json.loads(sys.argv[2])
-    result = measure(job["name"], job["path"], job["capacity"], job["batches"])
+    if job.get("interleaved"):
+        result = measure_interleaved(
+            job["names"], job["path"], job["capacity"], job["batches"], job["rounds"]
+        )
+    elif job.get("fill"):
+        result = measure_fill(
+            job["name"],
+            job["path"],
+            job["capacity"],
+            job["steps"],
+            job["readings"],
+            job["batches"],
+        )
+    else:
+        result = measure(job["name"], job["path"], job["capacity"], job["batches"])
     print("RESULT " + json.dumps(result), flush=True)
+elif __name__ == "__main__":
+    main(sys.argv[1:])

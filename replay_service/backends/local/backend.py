@@ -406,7 +406,9 @@ class LocalBackend(Backend):
         """
         if self._device is None:
             scratch_root = os.path.join(self._store.root, MEMMAP_DIR)
-            check_tables_fit(self._configs, self._fields, self._storage, scratch_root)
+            check_tables_fit(
+                self._configs, self._fields, self._storage, scratch_root, self._compression
+            )
 
     def _check_scratch(self) -> None:
         """Checks every table's memory-mapped directory ("memmap"; `check_scratch_dir`).

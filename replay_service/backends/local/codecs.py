@@ -4,15 +4,21 @@ A `CompressedColumn` is a ring of `n` slots, each holding one array of a fixed s
 (an 84x84 uint8 frame, say) compressed on its own. Writers `encode` values before they take the
 table's lock and `store` the payloads under it; readers `gather` the payloads of a batch under
 the lock and `decode` them into one preallocated array outside it (the payloads are immutable
-`bytes`, so a later overwrite does not change what was gathered). Decoding releases the GIL
-(zstd's `multi_decompress_to_buffer`, one lz4 call per payload) and spreads a large batch over
-threads.
+`bytes`, so a later overwrite does not change what was gathered), or `decode_take` them: each
+distinct payload decoded once and copied once into every place a read needs it (a transition
+batch's states and next states share frames). Decoding releases the GIL (zstd's
+`multi_decompress_to_buffer` on its own threads, one lz4 call per payload) and spreads a large
+batch over threads, the calling one decoding a part.
 
 Each slot holds one `bytes` object (None: never written): small payloads live in CPython's
 small-object pools, which reuse freed blocks of the same size class, so a ring that overwrites
 its slots does not fragment (`nbytes` counts each object's header and the slot's pointer;
 docs/benchmarks.md "Codecs for frames" has the resident memory per stored frame). A checkpoint
-stores the compressed bytes (`to_arrays`, `from_arrays`).
+stores the compressed bytes (`to_arrays`, `from_arrays`). Before a ring exists its compressed
+slots are counted at `estimated_bytes` (an eighth of the value plus `SLOT_OVERHEAD`); as it
+fills, `PayloadBudget` looks at the memory available whenever its payloads have grown past
+what was granted, so an insert the memory cannot hold is refused with a `ConfigError` before
+anything of it is stored.
 
 `CODECS` names the codecs: "lz4" (`DEFAULT_CODEC`: about 410 B per Breakout frame of 7,056 B,
 2,500-3,300 batches of 32x5 frames decoded per second on one core), "zstd" (level 1: about
@@ -36,6 +42,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from replay_service.errors import CheckpointError, ConfigError
+from replay_service.specs import sizes
 
 # A batch of at least this many payloads is decoded on several threads (below it, handing the
 # work to a pool costs more than it saves).
@@ -44,6 +51,15 @@ PARALLEL_MIN = 64
 MAX_THREADS = 4
 # What a slot costs beyond its payload: the list's pointer and the `bytes` object's header.
 SLOT_OVERHEAD = 8 + sys.getsizeof(b"")
+# With `compression=`, a field of at least this many bytes per step is stored compressed (a
+# stacked observation's frame column always is); smaller ones stay plain arrays.
+COMPRESS_MIN_BYTES = 1024
+
+# Memory a ring's compressed columns leave free for the rest of the process (reads' batches
+# and decode buffers): an insert that would take it is refused (`PayloadBudget`).
+MEMORY_MARGIN = 64 << 20
+# The least growth of a ring's payloads granted by one look at the available memory.
+MIN_GRANT = 1 << 20
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -84,6 +100,13 @@ class Codec(abc.ABC):
     package: ClassVar[str | None] = None
     """The pip package that provides `module`."""
 
+    ratio: ClassVar[int] = 8
+    """How many times smaller than its value a payload is estimated to be when the memory a
+    ring needs is checked before it exists (`estimated_bytes`): 8 for the compressing codecs,
+    about twice what Atari frames take (Breakout's 7,056 B frames: about 410 B with lz4, 300 B
+    with zstd); a ring whose payloads outgrow the estimate is refused at the insert that does
+    not fit (`check_room`)."""
+
     @abc.abstractmethod
     def encode(self, value: np.ndarray) -> bytes:
         """The payload of `value`, a C-contiguous array."""
@@ -117,21 +140,51 @@ class Codec(abc.ABC):
         if parts <= 1:
             self.decode_into(payloads, flat, size)
             return
-        bounds = np.linspace(0, count, parts + 1).astype(int)
-        futures = [
-            _executor().submit(
-                self.decode_into, payloads[start:stop], flat[start * size : stop * size], size
-            )
-            for start, stop in itertools.pairwise(bounds)
-        ]
-        for future in futures:
-            future.result()
+        bounds = np.linspace(0, count, parts + 1).astype(int).tolist()
+        _in_parts(
+            lambda start, stop: self.decode_into(
+                payloads[start:stop], flat[start * size : stop * size], size
+            ),
+            bounds,
+        )
+
+    def decode_take(
+        self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
+    ) -> bytearray:
+        """Decodes each of `payloads` once and lays them out as `take` says: value `j` of the
+        result is payload `take[j]` decoded (a batch's stacks share frames: each frame is
+        decoded once, copied once into place).
+
+        Args:
+          payloads: What `encode` returned.
+          take: int64 indexes into `payloads`, any order, repeats allowed.
+          size: Bytes of one value.
+          threads: Threads to decode on (batches under `PARALLEL_MIN` use one).
+
+        Returns:
+          `len(take) * size` bytes, writable (`np.frombuffer` of it is a writable array).
+
+        Raises:
+          ValueError: If a payload is corrupt or does not decode to `size` bytes.
+        """
+        decoded = np.empty(len(payloads) * size, np.uint8)
+        if len(payloads):
+            self.decode_batch(payloads, decoded.reshape(len(payloads), size), threads)
+        out = bytearray(len(take) * size)
+        np.take(
+            decoded.reshape(-1, size),
+            take,
+            axis=0,
+            out=np.frombuffer(out, np.uint8).reshape(len(take), size),
+        )
+        return out
 
 
 class RawCodec(Codec):
     """The array's bytes as they are."""
 
     name = "none"
+    ratio = 1
 
     def encode(self, value: np.ndarray) -> bytes:
         return value.tobytes()
@@ -183,6 +236,34 @@ class ZstdCodec(Codec):
         for index in range(len(payloads)):
             out[index * size : (index + 1) * size] = decoded[index]
 
+    def decode_take(
+        self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
+    ) -> bytearray:
+        """`Codec.decode_take`: one `multi_decompress_to_buffer` call per part (on `threads`
+        threads of the decoding pool, the calling one decoding the first; each call releases
+        the GIL), the decoded segments joined in `take`'s order."""
+        count = len(payloads)
+        segments: list[Any] = [b""] * count
+
+        def part(start: int, stop: int) -> None:
+            try:
+                decoded = self._coders()[1].multi_decompress_to_buffer(
+                    list(payloads[start:stop]),
+                    decompressed_sizes=_sizes(stop - start, size),
+                    threads=1,
+                )
+            except self._zstd.ZstdError as error:
+                raise ValueError(
+                    f"a zstd payload does not decode to {size} bytes: {error}"
+                ) from error
+            if decoded.size() != (stop - start) * size:
+                raise ValueError(f"zstd payloads do not decode to {size} bytes each")
+            segments[start:stop] = [decoded[index] for index in range(stop - start)]
+
+        parts = min(threads, count // (PARALLEL_MIN // 2)) if count >= PARALLEL_MIN else 1
+        _in_parts(part, np.linspace(0, count, max(parts, 1) + 1).astype(int).tolist())
+        return bytearray().join([segments[index] for index in take.tolist()])
+
 
 class Lz4Codec(Codec):
     """LZ4 blocks without their size (every payload decodes to one array); each
@@ -211,6 +292,33 @@ class Lz4Codec(Codec):
                     f"an lz4 payload does not decode to {size} bytes: {error}"
                 ) from error
 
+    def decode_take(
+        self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
+    ) -> bytearray:
+        """`Codec.decode_take`: each payload decompressed once (in parts on `threads` threads,
+        the calling one decoding the first), the results joined in `take`'s order."""
+        count = len(payloads)
+        decoded: list[bytes] = [b""] * count
+        decompress = self._block.decompress
+        error_type = self._block.LZ4BlockError
+
+        def part(start: int, stop: int) -> None:
+            try:
+                decoded[start:stop] = [
+                    decompress(payload, uncompressed_size=size) for payload in payloads[start:stop]
+                ]
+            except (error_type, ValueError) as error:
+                raise ValueError(
+                    f"an lz4 payload does not decode to {size} bytes: {error}"
+                ) from error
+
+        parts = min(threads, count // (PARALLEL_MIN // 2)) if count >= PARALLEL_MIN else 1
+        _in_parts(part, np.linspace(0, count, max(parts, 1) + 1).astype(int).tolist())
+        out = bytearray().join([decoded[index] for index in take.tolist()])
+        if len(out) != len(take) * size:  # a payload decoded short
+            raise ValueError(f"an lz4 payload does not decode to {size} bytes")
+        return out
+
 
 CODECS: dict[str, type[Codec]] = {c.name: c for c in (Lz4Codec, ZstdCodec, RawCodec)}
 """The codecs by the name `compression=` takes."""
@@ -218,6 +326,22 @@ CODECS: dict[str, type[Codec]] = {c.name: c for c in (Lz4Codec, ZstdCodec, RawCo
 DEFAULT_CODEC = "lz4"
 """The codec recommended for frames: small payloads (17x smaller Breakout frames) decoded about
 3x faster than zstd's (docs/benchmarks.md, "Codecs for frames")."""
+
+
+def estimated_bytes(value_bytes: int, compression: str) -> int:
+    """Bytes a slot of a `CompressedColumn` of `value_bytes`-byte values is counted at before
+    anything is stored: the value's bytes divided by the codec's `Codec.ratio`, rounded up, plus
+    `SLOT_OVERHEAD` (an 84x84 uint8 frame: 923 B with "lz4" or "zstd").
+
+    Args:
+      value_bytes: Bytes of one value.
+      compression: A name of `CODECS` (an unknown one counts as "none").
+
+    Returns:
+      The estimated bytes per slot.
+    """
+    implementation = CODECS.get(compression, RawCodec)
+    return -(-value_bytes // implementation.ratio) + SLOT_OVERHEAD
 
 
 def codec(name: str) -> Codec:
@@ -245,6 +369,56 @@ def codec(name: str) -> Codec:
                 f"is not installed (pip install {implementation.package}): {error}"
             ) from error
     return implementation()
+
+
+class PayloadBudget:
+    """How far a ring's compressed payloads may grow before the memory available is looked at
+    again: the payloads of an insert are allocated one `bytes` object at a time, so without a
+    look a ring whose payloads outgrow the memory would be killed by the kernel (or fail with a
+    bare `MemoryError`) part-way through a write.
+
+    `check` is called under the table's lock before an insert changes anything: while the
+    payloads held plus the insert's stay under the bytes granted it returns at once; past them
+    it reads `sizes.available_memory()` and grants the insert's bytes plus an eighth of what is
+    held (at least `MIN_GRANT`, at most what leaves `MEMORY_MARGIN` free), or refuses the
+    insert. A ring that overwrites its slots stops growing, and looks no more.
+    """
+
+    __slots__ = ("limit",)
+
+    def __init__(self) -> None:
+        self.limit = 0
+
+    def check(self, held: int, incoming: int, what: str) -> None:
+        """Refuses an insert of `incoming` payload bytes that the memory cannot hold.
+
+        Args:
+          held: Bytes the ring's compressed columns hold (`CompressedColumn.nbytes`, summed).
+          incoming: Bytes the insert adds (its payloads and `SLOT_OVERHEAD` each), at most.
+          what: The table, for the error.
+
+        Raises:
+          ConfigError: Naming the bytes held, needed and available, if `incoming` plus
+            `MEMORY_MARGIN` exceeds the available memory (the insert must then change nothing).
+        """
+        if held + incoming <= self.limit:
+            return
+        available = sizes.available_memory()
+        grant = max(MIN_GRANT, held // 8)
+        if available is not None:
+            needed = incoming + MEMORY_MARGIN
+            if needed > available:
+                raise ConfigError(
+                    f"{what} cannot store {incoming} more bytes of compressed payloads: it "
+                    f"holds {held} bytes ({sizes.human(held)}) of them, and the insert needs "
+                    f"{needed} bytes ({sizes.human(needed)}, with {MEMORY_MARGIN} bytes kept "
+                    f"free for reads) but {available} bytes ({sizes.human(available)}) of "
+                    "memory are available. The insert was refused and nothing was written (the "
+                    "items held stay readable): lower the table's capacity, free memory, or use "
+                    "a codec that compresses these values better"
+                )
+            grant = min(grant, available - needed)
+        self.limit = held + incoming + grant
 
 
 class CompressedColumn:
@@ -395,6 +569,32 @@ class CompressedColumn:
             self.codec.decode_batch(payloads, out, threads)
         return out
 
+    def decode_take(
+        self, payloads: Sequence[bytes], take: np.ndarray, threads: int | None = None
+    ) -> np.ndarray:
+        """Decodes each of `payloads` once into the values `take` picks: what
+        `decode(payloads)[take]` returns, without decoding a payload twice or a second copy.
+
+        Args:
+          payloads: What `gather` returned (the distinct slots of a read).
+          take: int indexes into `payloads` (any shape, repeats allowed).
+          threads: Threads to decode a large batch on; None: `decode_threads()`.
+
+        Returns:
+          A new writable array `[*take.shape, *shape]` of the column's dtype.
+
+        Raises:
+          ValueError: If a payload is corrupt, or `take` names no payload.
+        """
+        take = np.asarray(take, dtype=np.int64)
+        if take.size and (take.min() < 0 or take.max() >= len(payloads)):
+            raise ValueError(f"take names payloads out of range of {len(payloads)}")
+        if not self.value_bytes:
+            return np.empty((*take.shape, *self.shape), self.dtype)
+        threads = decode_threads() if threads is None else threads
+        data = self.codec.decode_take(payloads, take.reshape(-1), self.value_bytes, threads)
+        return np.frombuffer(data, self.dtype).reshape(*take.shape, *self.shape)
+
     def read(
         self, slots: np.ndarray, out: np.ndarray | None = None, threads: int | None = None
     ) -> np.ndarray:
@@ -497,6 +697,40 @@ class CompressedColumn:
                 f"{len(self._payloads)} slots"
             )
         return slots
+
+
+def _in_parts(work: Any, bounds: Sequence[int]) -> None:
+    """Runs `work(start, stop)` for each pair of consecutive `bounds`, on this thread and the
+    decoding pool at once: each thread claims the next part not yet claimed, so this thread
+    never waits for a pool thread that has not started (it does the work itself, and a pool
+    task that finds nothing left is cancelled or ends at once).
+
+    Raises:
+      Whatever a part raised (this thread's first), once every started part has ended.
+    """
+    pairs = list(itertools.pairwise(bounds))
+    if len(pairs) <= 1:
+        for start, stop in pairs:
+            work(start, stop)
+        return
+    claim = itertools.count()  # next() is atomic under the GIL
+
+    def run() -> None:
+        index = next(claim)
+        while index < len(pairs):
+            work(*pairs[index])
+            index = next(claim)
+
+    futures = [_executor().submit(run) for _ in pairs[1:]]
+    try:
+        run()
+    finally:
+        for future in futures:
+            if not future.cancel():
+                future.exception()  # every started part ends before the buffers are used
+    for future in futures:
+        if not future.cancelled():
+            future.result()
 
 
 def _sizes(count: int, size: int) -> bytes:

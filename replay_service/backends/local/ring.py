@@ -22,7 +22,9 @@ Should a ring at its largest size still be short, it evicts the oldest items unt
 step it overwrites. With a `device` the ring is torch tensors on that device, written from
 host steps and gathered there by index. With `compression=` the frame column of a stacked
 observation and every field of at least `COMPRESS_MIN_BYTES` per step are
-`codecs.CompressedColumn`s (a payload per step, grown by `remap`): reads (`ring_reads`) gather their
+`codecs.CompressedColumn`s (a payload per step, grown by `remap`); an insert whose payloads
+the memory cannot hold is refused whole with a `ConfigError` before it changes anything
+(`_check_payload_room`, `codecs.PayloadBudget`). Reads (`ring_reads`) gather their
 payloads under the table's lock and return `Deferred`s, which the table decodes (`decoded`)
 after releasing it.
 """
@@ -31,13 +33,20 @@ from __future__ import annotations
 
 import mmap
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from replay_service.backends.local.codecs import Codec, CompressedColumn, codec
+from replay_service.backends.local.codecs import (
+    COMPRESS_MIN_BYTES,
+    SLOT_OVERHEAD,
+    Codec,
+    CompressedColumn,
+    PayloadBudget,
+    codec,
+)
 from replay_service.backends.local.frames import FrameStack
 from replay_service.backends.local.ring_fit import ring_steps
 from replay_service.backends.local.ring_reads import RingReads
@@ -51,9 +60,6 @@ from replay_service.backends.local.shared import SharedTable
 STORAGES = ("memory", "memmap")
 # A growing step ring takes at least this fraction of its size more.
 _GROWTH = 0.125
-# With `compression=`, a field of at least this many bytes per step is stored compressed (a
-# stacked observation's frame column always is); smaller ones stay plain arrays.
-COMPRESS_MIN_BYTES = 1024
 # Linux's MAP_NORESERVE (Python's mmap module does not name it before 3.12): address space
 # reserved for a ring's largest size, its pages committed only as steps are written.
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
@@ -131,6 +137,8 @@ class StepRing(RingReads):
                 or int(np.prod(shape)) * dtype.itemsize >= COMPRESS_MIN_BYTES
             )
         )
+        # How far the compressed columns may grow before the memory is looked at again.
+        self._budget = PayloadBudget()
         self._storage_kind = storage
         self._scratch_dir = scratch_dir
         self._ring_size = ring_steps(capacity, length, storage, frames and frames.k)
@@ -204,6 +212,24 @@ class StepRing(RingReads):
             )
         )
         return data + gap + self._refs.nbytes + preds
+
+    def _check_payload_room(self, payloads: Iterable[bytes]) -> None:
+        """Refuses an insert whose compressed `payloads` the memory cannot hold: call it under
+        the table's lock before the insert changes anything (`codecs.PayloadBudget`).
+
+        Raises:
+          ConfigError: Naming the bytes held, needed and available; nothing is changed.
+        """
+        if not self._compressed or self._columns is None:
+            return
+        incoming = 0
+        count = 0
+        for payload in payloads:
+            incoming += len(payload)
+            count += 1
+        columns = self._columns
+        held = sum(columns[index].nbytes for index in self._compressed)
+        self._budget.check(held, incoming + count * SLOT_OVERHEAD, f"table {self.name!r}")
 
     def _claim(self, count: int, keep: int) -> bool:
         """Makes room for `count` new steps at the head of the ring: grows it while the

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from replay_service.backends.local.codecs import COMPRESS_MIN_BYTES, estimated_bytes
 from replay_service.backends.local.scratch import check_free, scratch_file_bytes
 from replay_service.config.options import TableConfig
 from replay_service.errors import ConfigError
@@ -28,10 +29,21 @@ def ring_steps(
     return capacity + span - 1
 
 
-def _step_bytes(config: TableConfig, fields: Sequence[dict[str, Any]]) -> int:
+def _step_bytes(
+    config: TableConfig, fields: Sequence[dict[str, Any]], compression: str | None = None
+) -> int:
     """Bytes a table stores per step: every field, a stacked observation's newest frame only
-    and the serials of its earlier frames (`frames.FrameStack`)."""
-    total = sum(_field_bytes(config, f) for f in sizes.field_sizes(fields))
+    and the serials of its earlier frames (`frames.FrameStack`); with `compression`, the
+    fields stored compressed (a stacked observation's frames, every field of at least
+    `COMPRESS_MIN_BYTES`) at `codecs.estimated_bytes`."""
+    total = 0
+    for field in sizes.field_sizes(fields):
+        nbytes = _field_bytes(config, field)
+        if compression is not None and (
+            nbytes >= COMPRESS_MIN_BYTES or (config.frame_stack and field.path == "observation")
+        ):
+            nbytes = estimated_bytes(nbytes, compression)
+        total += nbytes
     if config.frame_stack:
         total += 8 * (config.frame_stack - 1)
     return total
@@ -49,12 +61,18 @@ def check_tables_fit(
     fields: Sequence[dict[str, Any]],
     storage: str,
     scratch_root: str,
+    compression: str | None = None,
 ) -> None:
     """Refuses tables whose step rings cannot fit where they would live, before any exists.
 
     `storage="memory"`: the rings' bytes (`ring_steps` x the step's bytes, every table) must
     fit in the memory available (`sizes.available_memory`); RAM pages are committed as steps
     are written, so a ring too large would be accepted and the process killed once it fills.
+    With `compression`, a compressed field's step is counted at the codec's estimate
+    (`codecs.estimated_bytes`: an eighth of its raw bytes plus `codecs.SLOT_OVERHEAD`, about
+    twice what Atari frames take with "lz4" or "zstd"; "none" at its raw bytes); payloads that
+    outgrow the estimate are refused at the insert that does not fit
+    (`ring.StepRing._check_payload_room`), before it changes anything.
     "memmap": every table's files must fit on the disk of `scratch_root` (`scratch.check_free`,
     which `reserve_files` applies again to each table's files when they are made). Unknown
     amounts (another platform) pass.
@@ -64,6 +82,7 @@ def check_tables_fit(
       fields: `specs.describe_spec(stored_spec)` of one step.
       storage: "memory" or "memmap".
       scratch_root: `<checkpoint_dir>/.memmap` (it may not exist yet), for "memmap".
+      compression: The tables' codec (`codecs.CODECS`, "memory" only); None: uncompressed.
 
     Raises:
       ConfigError: Naming the bytes per step and the largest fields with their shapes, each
@@ -89,15 +108,22 @@ def check_tables_fit(
         check_free(files, what, fields, scratch_root, reclaimable)
         return
     available = sizes.available_memory()
-    total = sum(steps * _step_bytes(config, fields) for _, steps, config in rings)
+    total = sum(steps * _step_bytes(config, fields, compression) for _, steps, config in rings)
     if available is None or total <= available:
         return
-    per_step = _step_bytes(configs[0], fields)
+    per_step = _step_bytes(configs[0], fields, compression)
     tables = "; ".join(
         f"table {name!r}: {steps} steps for capacity {config.capacity}"
         + (f", frames stored once (frame_stack={config.frame_stack})" if config.frame_stack else "")
         for name, steps, config in rings
     )
+    if compression is not None:
+        tables += (
+            f"; large fields compressed ({compression!r}), counted at an estimated "
+            "1/8 of their raw bytes each"
+            if compression != "none"
+            else f"; large fields stored as payloads ({compression!r}) at their raw bytes"
+        )
     raise ConfigError(
         f"the local tables need {total} bytes ({sizes.human(total)}) of memory "
         f"(storage='memory'), but {available} bytes ({sizes.human(available)}) are available: "

@@ -199,8 +199,7 @@ class RingReads:
             k = frames.k
 
             def decode() -> torch.Tensor:
-                decoded = column.decode(payloads)
-                taken = decoded[inverse.reshape(at.shape)]
+                taken = column.decode_take(payloads, inverse.reshape(at.shape))
                 if zero.any():
                     taken[(slice(None),) * positions.ndim + (slice(0, k - 1),)][zero] = 0
                 return frames.assemble(torch.from_numpy(taken))

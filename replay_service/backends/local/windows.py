@@ -9,11 +9,13 @@ item is held, so no item holds steps older than every held item's. An item is th
 of its first step plus, where the writers of a table interleave their steps, the distance from
 each step to its writer's next one (the ring's `_gap`, made when writers first interleave).
 Compressed fields (`compression=`) are encoded before the table's lock is taken and their
-payloads stored under it.
+payloads stored under it; an insert whose payloads the memory cannot hold is refused whole
+before it changes anything (`ring.StepRing._check_payload_room`).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -96,6 +98,8 @@ class WindowInserts(StepRing):
 
         Raises:
           SpecMismatchError: If a field's shape or dtype differs from the table's.
+          ConfigError: If the memory cannot hold the compressed payloads
+            (`ring.StepRing._check_payload_room`); nothing is inserted then.
         """
         return self._insert_windows(data, priorities)[0]
 
@@ -121,6 +125,10 @@ class WindowInserts(StepRing):
 
         Returns:
           The new item's key.
+
+        Raises:
+          ConfigError: If the memory cannot hold the compressed payloads
+            (`ring.StepRing._check_payload_room`); nothing is inserted then.
         """
         length = self._length
         # Compressed fields: the payloads of the steps the writer appended, encoded before the
@@ -131,6 +139,8 @@ class WindowInserts(StepRing):
                 self._require_open()
             if self._columns is None:
                 self._allocate()
+            if encoded:
+                self._check_payload_room(encoded.values())
             if self.size >= self.config.capacity:
                 self._evict_oldest(self.size + 1 - self.config.capacity)
             new = length
@@ -429,6 +439,7 @@ class WindowInserts(StepRing):
             self._require_open()
             if self._columns is None:
                 self._allocate()
+            self._check_payload_room(itertools.chain.from_iterable(encoded.values()))
             self._evict_oldest(self.size + count - capacity)
             self._claim(total, -1)
             columns = self._columns

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from replay_service import ConfigError, ReplayBufferManager, SpecMismatchError, Timeouts
+from replay_service.specs import sizes
 
 gym = pytest.importorskip("gymnasium")
 ale_py = pytest.importorskip("ale_py")
@@ -565,3 +566,39 @@ def test_compression_without_a_frame_stack_stores_the_images_compressed(make, ep
     with pytest.raises(ConfigError, match=r"compressed \(compression='lz4'\).*num_workers=0"):
         packed.torch_dataset(16).data_loader(num_workers=2)
     check_items(packed, transitions)  # refused: the table as it was
+
+
+@pytest.mark.heavy
+def test_payloads_the_memory_cannot_hold_are_refused_whole_keeping_the_buffer(
+    make, episodes, monkeypatch
+) -> None:
+    transitions = episodes["reset"][:40]
+    packed = make("packed", capacity=1000, compression="lz4")
+    packed.create_replay_buffer()
+    write(packed, transitions)
+    before = [a.copy() for a in items(packed)]
+    held = table(packed).nbytes
+    # The memory runs out: the next insert past the bytes granted is refused before it
+    # changes anything (noise frames do not compress: 1 MiB is reached within 200 steps).
+    monkeypatch.setattr(sizes, "available_memory", lambda: 1 << 20)
+    rng = np.random.default_rng(0)
+    writer = packed.transition_writer()
+    state = np.repeat(rng.integers(0, 256, (1, 84, 84), np.uint8), 4, axis=0)  # a reset
+    with pytest.raises(ConfigError) as raised:
+        for _ in range(200):
+            frame = rng.integers(0, 256, (1, 84, 84), np.uint8)
+            next_state = np.concatenate([state[1:], frame])
+            count, nbytes = table(packed).size, table(packed).nbytes
+            writer.add(state, 1, 0.0, next_state, False)
+            state = next_state
+    message = str(raised.value)
+    assert "table 'uniform_table' cannot store" in message
+    assert f"but {1 << 20} bytes (1.0 MiB) of memory are available" in message
+    assert "nothing was written" in message
+    assert table(packed).size == count and table(packed).nbytes == nbytes
+    assert table(packed).nbytes > held
+    after = items(packed)
+    for got, want in zip(after, before, strict=True):
+        np.testing.assert_array_equal(got[: len(want)], want)
+    assert len(batches(packed, 2)) == 2  # still readable
+    packed.checkpoint()

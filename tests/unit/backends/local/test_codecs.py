@@ -292,3 +292,70 @@ def test_a_manager_takes_compression_on_the_local_backend(tmp_path) -> None:
             checkpoint_dir=str(tmp_path / "other"),
             compression="zstd-9",
         )
+
+
+def test_the_payload_budget_looks_at_the_memory_only_past_its_grant(monkeypatch) -> None:
+    looks: list[int] = []
+    available = [codecs.MEMORY_MARGIN + (8 << 20)]
+
+    def memory() -> int:
+        looks.append(available[0])
+        return available[0]
+
+    monkeypatch.setattr(codecs.sizes, "available_memory", memory)
+    budget = codecs.PayloadBudget()
+    budget.check(0, 1000, "table 't'")  # first insert: looks, grants 1 MiB beyond it
+    assert len(looks) == 1 and budget.limit == 1000 + codecs.MIN_GRANT
+    budget.check(500_000, 500_000, "table 't'")  # within the grant: no look
+    assert len(looks) == 1
+    budget.check(80 << 20, 1000, "table 't'")  # past it: grants an eighth of what is held ...
+    assert len(looks) == 2 and budget.limit == (80 << 20) + 1000 + (8 << 20) - 1000
+    available[0] = codecs.MEMORY_MARGIN + 999  # ... at most what leaves the margin free
+    with pytest.raises(ConfigError) as raised:
+        budget.check(90 << 20, 1000, "table 't'")
+    message = str(raised.value)
+    assert "table 't' cannot store 1000 more bytes of compressed payloads" in message
+    assert f"needs {codecs.MEMORY_MARGIN + 1000} bytes" in message
+    assert f"but {codecs.MEMORY_MARGIN + 999} bytes" in message
+    assert "nothing was written" in message
+    monkeypatch.setattr(codecs.sizes, "available_memory", lambda: None)  # unknown: granted
+    budget.check(90 << 20, 1000, "table 't'")
+    assert budget.limit > 90 << 20
+
+
+@pytest.mark.parametrize("name", ["lz4", "zstd", "none"])
+def test_a_slot_is_estimated_at_an_eighth_of_its_value_or_its_raw_bytes(name: str) -> None:
+    expected = 7056 if name == "none" else 882
+    assert codecs.estimated_bytes(7056, name) == expected + codecs.SLOT_OVERHEAD
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("count", "threads"), [(5, 1), (100, 1), (100, 3)])
+def test_decode_take_decodes_each_payload_once_into_every_place(
+    name: str, count: int, threads: int
+) -> None:
+    values = frames(count, seed=8)
+    column = CompressedColumn(count, SHAPE, np.uint8, name)
+    column.write(np.arange(count), values)
+    payloads = column.gather(np.arange(count))
+    take = np.random.default_rng(9).integers(0, count, (32, 2, 4))  # stacks sharing frames
+    got = column.decode_take(payloads, take, threads=threads)
+    assert got.shape == (32, 2, 4, *SHAPE) and got.flags.writeable
+    np.testing.assert_array_equal(got, values[take])
+    assert column.decode_take(payloads, np.zeros(0, np.int64)).shape == (0, *SHAPE)
+    with pytest.raises(ValueError, match="out of range of"):
+        column.decode_take(payloads, np.array([count]))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.values[0] != "none"])
+@pytest.mark.parametrize("count", [1, 100])
+def test_decode_take_refuses_a_corrupt_or_short_payload(name: str, count: int) -> None:
+    values = frames(count, seed=10)
+    column = CompressedColumn(count, SHAPE, np.uint8, name)
+    column.write(np.arange(count), values)
+    short = column.codec.encode(values[0].reshape(-1)[:100].copy())
+    for bad in (b"\x00garbage" * 3, short):
+        payloads = column.gather(np.arange(count))
+        payloads[count // 2] = bad
+        with pytest.raises(ValueError, match="decode"):
+            column.decode_take(payloads, np.arange(count), threads=3)

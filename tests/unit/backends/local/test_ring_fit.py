@@ -7,9 +7,11 @@ import re
 
 import pytest
 
+from replay_service.backends.local.codecs import SLOT_OVERHEAD, estimated_bytes
 from replay_service.backends.local.ring_fit import check_tables_fit, ring_steps
 from replay_service.config.options import TableConfig
 from replay_service.errors import ConfigError
+from replay_service.specs import sizes
 
 pytestmark = pytest.mark.local
 
@@ -80,3 +82,50 @@ def test_memory_mapped_rings_larger_than_the_disk_are_refused_naming_the_directo
         check_tables_fit([TableConfig("t", 2_000_000_000, 1000)], SMALL, "memmap", str(root))
     assert str(root) in str(raised.value)
     assert not root.exists()  # nothing was made
+
+
+ATARI = [  # a DQN transition step of Breakout, frame_stack=4
+    {"path": "observation", "dtype": "uint8", "shape": [4, 84, 84]},
+    {"path": "action", "dtype": "int64", "shape": []},
+    {"path": "reward", "dtype": "float32", "shape": []},
+    {"path": "discount", "dtype": "float32", "shape": []},
+    {"path": "step_type", "dtype": "int32", "shape": []},
+]
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_a_compressed_million_step_atari_ring_fits_where_its_raw_frames_would_not(
+    tmp_path, monkeypatch, compression: str
+) -> None:
+    monkeypatch.setattr(sizes, "available_memory", lambda: 4 << 30)  # 4 GiB
+    tables = [TableConfig("atari", 1_000_000, 2, frame_stack=4)]
+    with pytest.raises(ConfigError, match="7100 bytes per step"):  # raw frames: 7.1 GB
+        check_tables_fit(tables, ATARI, "memory", str(tmp_path))
+    # Counted at the estimate: 7056 / 8 + SLOT_OVERHEAD per frame, about 0.97 GB in all.
+    assert check_tables_fit(tables, ATARI, "memory", str(tmp_path), compression) is None
+    frame = 7056 // 8 + SLOT_OVERHEAD
+    assert estimated_bytes(7056, compression) == frame
+    # Too little memory even for the estimate: refused, naming the estimate.
+    monkeypatch.setattr(sizes, "available_memory", lambda: 512 << 20)
+    with pytest.raises(ConfigError) as raised:
+        check_tables_fit(tables, ATARI, "memory", str(tmp_path), compression)
+    message = str(raised.value)
+    assert f"{frame + 44} bytes per step" in message  # 20 B of fields, 24 B of serials
+    assert f"compressed ({compression!r}), counted at an estimated 1/8" in message
+
+
+def test_compressed_fields_are_counted_only_from_1_kib_and_none_at_their_raw_bytes(
+    tmp_path, monkeypatch
+) -> None:
+    # WIDE: a 4000-byte field (compressed) and a 4-byte one (plain); SMALL: nothing compressed.
+    steps = 1000
+    monkeypatch.setattr(sizes, "available_memory", lambda: steps * (500 + SLOT_OVERHEAD + 4))
+    table = [TableConfig("t", steps, 1)]
+    assert check_tables_fit(table, WIDE, "memory", str(tmp_path), "lz4") is None
+    with pytest.raises(ConfigError, match="4004 bytes per step"):
+        check_tables_fit(table, WIDE, "memory", str(tmp_path))
+    with pytest.raises(ConfigError, match=f"{4004 + SLOT_OVERHEAD} bytes per step"):
+        check_tables_fit(table, WIDE, "memory", str(tmp_path), "none")
+    monkeypatch.setattr(sizes, "available_memory", lambda: steps * 20 - 1)
+    with pytest.raises(ConfigError, match="20 bytes per step"):
+        check_tables_fit(table, SMALL, "memory", str(tmp_path), "lz4")
