@@ -136,6 +136,8 @@ class ReverbReplayBuffer(ReplayBuffer):
         self._backend = backend
         self.frame_stack = frame_stack
         self.frame_axis = frame_axis
+        self._obs_rows = (self.n_envs, *self.obs_shape)
+        self._action_rows = (self.n_envs, self.action_dim)
         self._open(checkpoint_dir)
 
     def _open(self, checkpoint_dir: str | os.PathLike[str] | None) -> None:
@@ -201,15 +203,26 @@ class ReverbReplayBuffer(ReplayBuffer):
         """
         if not self._writers:
             self._start()
-        obs = np.asarray(obs).reshape((self.n_envs, *self.obs_shape))
-        next_obs = np.asarray(next_obs).reshape((self.n_envs, *self.obs_shape))
-        action = np.asarray(action).reshape((self.n_envs, self.action_dim))
-        reward = np.asarray(reward, np.float32).reshape(self.n_envs)
-        done = np.asarray(done).reshape(self.n_envs)
+        n = self.n_envs
+        obs = self._rows(obs, self._obs_rows)
+        next_obs = self._rows(next_obs, self._obs_rows)
+        action = self._rows(action, self._action_rows)
+        if type(reward) is not np.ndarray or reward.dtype != np.float32 or reward.shape != (n,):
+            reward = np.asarray(reward, np.float32).reshape(n)
+        done = self._rows(done, (n,))
         for i, writer in enumerate(self._writers):
-            timeout = bool(done[i]) and bool(infos[i].get("TimeLimit.truncated", False))
-            terminated = bool(done[i]) and not timeout
-            writer.add(obs[i], action[i], reward[i], next_obs[i], terminated, timeout)
+            if done[i]:
+                terminated = not infos[i].get("TimeLimit.truncated", False)
+                writer.add(obs[i], action[i], reward[i], next_obs[i], terminated, not terminated)
+            else:
+                writer.add(obs[i], action[i], reward[i], next_obs[i], False, False)
+
+    @staticmethod
+    def _rows(value: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """`value` as an array of `shape` (itself when it is one already)."""
+        if type(value) is np.ndarray and value.shape == shape:
+            return value
+        return np.asarray(value).reshape(shape)
 
     def size(self) -> int:
         """Transitions stored (items of the table; an env's newest one once the next arrives)."""
@@ -239,6 +252,15 @@ class ReverbReplayBuffer(ReplayBuffer):
             )
         batch = next(stream)
         dones = batch.dones if self.handle_timeout_termination else batch.dones | batch.truncated
+        if env is None:  # nothing to normalize: the batch's own (fresh) tensors, SB3's shapes
+            device = self.device
+            return ReplayBufferSamples(
+                observations=batch.states.to(device),
+                actions=batch.actions.reshape(batch_size, self.action_dim).to(device),
+                next_observations=batch.next_states.to(device),
+                dones=dones.reshape(-1, 1).to(device, torch.float32),
+                rewards=batch.rewards.reshape(-1, 1).to(device, torch.float32),
+            )
         observations = self._normalize_obs(batch.states.numpy(), env)
         next_observations = self._normalize_obs(batch.next_states.numpy(), env)
         rewards = self._normalize_reward(batch.rewards.numpy().reshape(-1, 1), env)
