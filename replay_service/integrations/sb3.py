@@ -134,6 +134,10 @@ class ReverbReplayBuffer(ReplayBuffer):
         self.handle_timeout_termination = handle_timeout_termination
         self._timeouts = timeouts
         self._backend = backend
+        if frame_stack is None and frame_axis is not None:
+            raise ConfigError(
+                f"frame_axis={frame_axis!r} needs frame_stack (VecFrameStack's n_stack)"
+            )
         self.frame_stack = frame_stack
         self.frame_axis = frame_axis
         self._obs_rows = (self.n_envs, *self.obs_shape)
@@ -161,10 +165,6 @@ class ReverbReplayBuffer(ReplayBuffer):
             }
             if backend == "auto":  # frames stored once are the local backend's
                 backend = "local"
-        elif self.frame_axis is not None:
-            raise ConfigError(
-                f"frame_axis={self.frame_axis!r} needs frame_stack (VecFrameStack's n_stack)"
-            )
         self.manager = ReplayBufferManager(
             self.data_spec,
             self.buffer_size,

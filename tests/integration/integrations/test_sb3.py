@@ -475,3 +475,17 @@ def test_dqn_on_atari_with_vec_frame_stack_stores_each_frame_once(tmp_path: Any)
     finally:
         ours.close()
         env.close()
+
+
+def test_frame_axis_is_sb3s_stacking_axis_and_needs_a_frame_stack() -> None:
+    from gymnasium import spaces
+
+    from replay_service.errors import ConfigError
+    from replay_service.integrations.sb3 import sb3_frame_axis
+
+    image = spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    assert sb3_frame_axis(spaces.Box(0, 255, (4, 84, 84), np.uint8)) == 0  # CnnPolicy's
+    assert sb3_frame_axis(image) == -1  # VecFrameStack's channels last
+    assert sb3_frame_axis(spaces.Box(-1.0, 1.0, (16,), np.float32)) == -1
+    with pytest.raises(ConfigError, match="frame_axis=-1 needs frame_stack"):
+        ReverbReplayBuffer(10, image, spaces.Discrete(4), "cpu", frame_axis=-1, backend="local")
