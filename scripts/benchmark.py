@@ -31,6 +31,11 @@ For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it me
            a numpy frame ring, TorchRL's and zstd's bytes per frame
   sizes    (workload "sizes", scripts/bench_sizes.py) CartPole transitions sampled from full
            buffers of 10k to 1M, ours as torch transitions against cpprb's
+  sb3      (workload "sb3") Stable-Baselines3's DQN `learn()` on CartPole with default
+           hyperparameters (`add` every step, a batch of 32 every 4), env steps/s with
+           `replay_buffer_class=ReverbReplayBuffer` (local backend) against SB3's own
+           ReplayBuffer, one after the other, the order alternating between runs; also
+           per CPU second of the process (the wall clock of a shared machine counts others' work)
 and prints every figure with its ratio ours/anchor: the median of `--repeats` runs of every
 row, each run measuring ours and its anchors side by side. Timings are wall-clock on this
 machine now: compare ratios, not absolute numbers, across machines.
@@ -74,7 +79,8 @@ _WORKLOADS = flags.DEFINE_list(
     ["cartpole", "image", "loop"],
     "cartpole, image (inserts, sampling, checkpoints, memory), loop (the training loop), "
     "sharded (only the sharded sampling row, on CartPole steps), atari (real ALE frame stacks) "
-    "and/or sizes (sampling full CartPole buffers of every size).",
+    "sizes (sampling full CartPole buffers of every size) and/or sb3 (SB3's DQN learn() with "
+    "our replay_buffer_class against its own).",
 )
 _ATARI_ENVS = flags.DEFINE_list(
     "atari_envs", ["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"], "ALE envs (atari)."
@@ -88,6 +94,7 @@ _ATARI_CACHE = flags.DEFINE_string(
     os.path.join(os.path.expanduser("~"), ".cache", "replay_service_bench"),
     "Where the env runs are cached (npz keyed by env, steps and seed).",
 )
+_SB3_STEPS = flags.DEFINE_integer("sb3_steps", 30_000, "DQN learn() steps per buffer (sb3).")
 _SIZES = flags.DEFINE_list("sizes", ["10000", "100000", "1000000"], "Buffer sizes (sizes).")
 _SIZES_BATCHES = flags.DEFINE_integer("sizes_batches", 2_000, "Batches of 256 timed (sizes).")
 _STEPS = flags.DEFINE_integer("steps", 20_000, "Steps inserted per writer (cartpole).")
@@ -1130,6 +1137,51 @@ def print_table(rows: list[Row]) -> None:
         )
 
 
+def sb3_rows(steps: int, ours_first: bool) -> list[Row]:
+    """SB3's DQN `learn(steps)` on CartPole-v1 (default hyperparameters, seed 0, one torch
+    thread) with `ReverbReplayBuffer(backend="local")` and with SB3's `ReplayBuffer`, one after
+    the other (`ours_first`: ours first); env steps/s of each."""
+    import torch
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    from replay_service.integrations.sb3 import ReverbReplayBuffer
+
+    torch.set_num_threads(1)
+
+    def learn(buffer_class: type, kwargs: dict[str, Any] | None) -> float:
+        model = DQN(
+            "MlpPolicy",
+            "CartPole-v1",
+            replay_buffer_class=buffer_class,
+            replay_buffer_kwargs=kwargs,
+            seed=0,
+            device="cpu",
+        )
+        gc.collect()
+        cpu = time.process_time()
+        seconds = timed(lambda: model.learn(steps))
+        cpu = time.process_time() - cpu
+        if isinstance(model.replay_buffer, ReverbReplayBuffer):
+            model.replay_buffer.close()
+        return steps / seconds, steps / cpu
+
+    runs = [
+        ("ReverbReplayBuffer [local]", ReverbReplayBuffer, {"backend": "local"}),
+        ("SB3 ReplayBuffer", ReplayBuffer, None),
+    ]
+    rates = {path: learn(cls, kwargs) for path, cls, kwargs in runs[:: 1 if ours_first else -1]}
+    ours, theirs = (path for path, _, _ in runs)
+    # Steps per CPU second of this process too: on a machine shared with other work, the wall
+    # clock also counts the time other processes held the cores.
+    return [
+        Row("sb3", "learn", ours, rates[ours][0], "st/s", theirs),
+        Row("sb3", "learn", theirs, rates[theirs][0], "st/s"),
+        Row("sb3", "learn", f"{ours} (cpu)", rates[ours][1], "st/s", f"{theirs} (cpu)"),
+        Row("sb3", "learn", f"{theirs} (cpu)", rates[theirs][1], "st/s"),
+    ]
+
+
 def extra_rows(names: list[str]) -> list[Row]:
     """The rows of the atari and sizes workloads (scripts/bench_atari.py, bench_sizes.py)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -1163,7 +1215,8 @@ def main(argv: list[str]) -> None:
         "cartpole": Workload("cartpole", (4,), "float32", _STEPS.value),
         "image": Workload("image", (84, 84, 4), "uint8", _IMAGE_STEPS.value),
     }
-    unknown = sorted(set(_WORKLOADS.value) - set(workloads) - {"loop", "sharded", "atari", "sizes"})
+    extra = {"loop", "sharded", "atari", "sizes", "sb3"}
+    unknown = sorted(set(_WORKLOADS.value) - set(workloads) - extra)
     if unknown:
         raise app.UsageError(f"unknown workloads {unknown}; choose from {sorted(workloads)}")
     print(
@@ -1180,7 +1233,7 @@ def main(argv: list[str]) -> None:
         print("RSS " + json.dumps(measure_memory(workloads[name], backend, layout, int(length))))
         return
     runs = []
-    for _ in range(_REPEATS.value):
+    for repeat in range(_REPEATS.value):
         run = [
             row
             for name in _WORKLOADS.value
@@ -1197,6 +1250,8 @@ def main(argv: list[str]) -> None:
             run += loop_rows(root)
             shutil.rmtree(root, ignore_errors=True)
         run += extra_rows(_WORKLOADS.value)
+        if "sb3" in _WORKLOADS.value:
+            run += sb3_rows(_SB3_STEPS.value, ours_first=repeat % 2 == 0)
         runs.append(run)
     rows = median_rows(runs)
     print(f"median of {_REPEATS.value} runs")

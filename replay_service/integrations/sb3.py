@@ -8,6 +8,11 @@
     model.learn(10_000)
     model.save_replay_buffer("buffer.pkl")       # the buffer's export files, not pickled arrays
 
+Atari with `VecFrameStack`: `replay_buffer_kwargs={"frame_stack": 4}` stores each frame once
+(the local backend's `frame_stack`, `backends.local.frames`) and rebuilds the stacks SB3's
+own buffer would return, zero-padded episode starts and terminal stacks included; the
+stacking axis is SB3's for the observation space (`sb3_frame_axis`).
+
 It works with DQN, SAC, TD3 (and DDPG): Box or Discrete observation and action spaces, any
 number of VecEnv environments. Each environment's transitions go through its own
 `TransitionWriter` (episodes never mix); SB3 passes the real final observation of an ended
@@ -43,6 +48,7 @@ import torch
 from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
 from stable_baselines3.common.save_util import load_from_pkl
 from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
@@ -53,7 +59,27 @@ from replay_service.specs.nests import data_spec_for_spaces
 
 _EXPORT_FILES = ("buffer_state.safetensors", "buffer_metadata.json")
 
-__all__ = ["ReverbReplayBuffer", "data_spec_for_spaces"]
+__all__ = ["ReverbReplayBuffer", "data_spec_for_spaces", "sb3_frame_axis"]
+
+
+def sb3_frame_axis(observation_space: spaces.Space) -> int:
+    """The axis SB3's `VecFrameStack` stacks frames along, as the buffer sees the space.
+
+    SB3 stacks an image's frames along its channel axis (last, unless the image is channels
+    first) and any other observation along its last axis; a model then moves a channels-last
+    image's channels first (`VecTransposeImage`), which is the space its buffer gets.
+
+    Args:
+      observation_space: The observation space the replay buffer is given.
+
+    Returns:
+      0 for a channels-first image, else -1.
+    """
+    if is_image_space(observation_space, check_channels=False) and is_image_space_channels_first(
+        observation_space  # type: ignore[arg-type]
+    ):
+        return 0
+    return -1
 
 
 class ReverbReplayBuffer(ReplayBuffer):
@@ -70,12 +96,17 @@ class ReverbReplayBuffer(ReplayBuffer):
       checkpoint_dir: The buffer's checkpoint directory; None: a new temporary directory.
       timeouts: replay_service timeouts; `sample` bounds the wait for a first item.
       backend: The buffer's backend (`ReplayBufferManager`'s `backend=`): "auto" (Reverb
-        where it imports), "reverb", or "local" (the table in this process, no server: less
-        work per `add` and `sample`).
+        where it imports; local with `frame_stack`), "reverb", or "local" (the table in this
+        process, no server: less work per `add` and `sample`).
+      frame_stack: Observations are stacks of this many frames (`VecFrameStack(env, n)`'s
+        `n`), each frame stored once (local backend); None: observations stored whole.
+      frame_axis: The axis the frames are stacked along, 0 or -1; None: SB3's for the
+        observation space (`sb3_frame_axis`: 0 for the channels-first images a CNN policy
+        gets, -1 otherwise).
 
     Raises:
-      ConfigError: If a space is unsupported, `optimize_memory_usage` is set, or `backend`
-        is unknown.
+      ConfigError: If a space is unsupported, `optimize_memory_usage` is set, `backend` is
+        unknown, or `frame_stack`/`frame_axis` do not fit the observation space or backend.
     """
 
     def __init__(
@@ -90,6 +121,8 @@ class ReverbReplayBuffer(ReplayBuffer):
         checkpoint_dir: str | os.PathLike[str] | None = None,
         timeouts: Timeouts | None = None,
         backend: str = "auto",
+        frame_stack: int | None = None,
+        frame_axis: int | None = None,
     ) -> None:
         if optimize_memory_usage:
             raise ConfigError("ReverbReplayBuffer does not take optimize_memory_usage=True")
@@ -101,6 +134,14 @@ class ReverbReplayBuffer(ReplayBuffer):
         self.handle_timeout_termination = handle_timeout_termination
         self._timeouts = timeouts
         self._backend = backend
+        if frame_stack is None and frame_axis is not None:
+            raise ConfigError(
+                f"frame_axis={frame_axis!r} needs frame_stack (VecFrameStack's n_stack)"
+            )
+        self.frame_stack = frame_stack
+        self.frame_axis = frame_axis
+        self._obs_rows = (self.n_envs, *self.obs_shape)
+        self._action_rows = (self.n_envs, self.action_dim)
         self._open(checkpoint_dir)
 
     def _open(self, checkpoint_dir: str | os.PathLike[str] | None) -> None:
@@ -114,13 +155,24 @@ class ReverbReplayBuffer(ReplayBuffer):
                     f"ReplayBuffer), got {space!r}"
                 )
         self.data_spec = data_spec_for_spaces(self.observation_space, self.action_space)
+        frames: dict[str, Any] = {}
+        backend = self._backend
+        if self.frame_stack is not None:
+            axis = self.frame_axis
+            frames = {
+                "frame_stack": self.frame_stack,
+                "frame_axis": sb3_frame_axis(self.observation_space) if axis is None else axis,
+            }
+            if backend == "auto":  # frames stored once are the local backend's
+                backend = "local"
         self.manager = ReplayBufferManager(
             self.data_spec,
             self.buffer_size,
             self.checkpoint_dir,
             2,
             timeouts=self._timeouts,
-            backend=self._backend,
+            backend=backend,
+            **frames,
         )
         # SB3's `load_replay_buffer` replaces the model's buffer without closing it: the
         # replaced buffer's server and directory lock go when it is garbage collected.
@@ -151,15 +203,26 @@ class ReverbReplayBuffer(ReplayBuffer):
         """
         if not self._writers:
             self._start()
-        obs = np.asarray(obs).reshape((self.n_envs, *self.obs_shape))
-        next_obs = np.asarray(next_obs).reshape((self.n_envs, *self.obs_shape))
-        action = np.asarray(action).reshape((self.n_envs, self.action_dim))
-        reward = np.asarray(reward, np.float32).reshape(self.n_envs)
-        done = np.asarray(done).reshape(self.n_envs)
+        n = self.n_envs
+        obs = self._rows(obs, self._obs_rows)
+        next_obs = self._rows(next_obs, self._obs_rows)
+        action = self._rows(action, self._action_rows)
+        if type(reward) is not np.ndarray or reward.dtype != np.float32 or reward.shape != (n,):
+            reward = np.asarray(reward, np.float32).reshape(n)
+        done = self._rows(done, (n,))
         for i, writer in enumerate(self._writers):
-            timeout = bool(done[i]) and bool(infos[i].get("TimeLimit.truncated", False))
-            terminated = bool(done[i]) and not timeout
-            writer.add(obs[i], action[i], reward[i], next_obs[i], terminated, timeout)
+            if done[i]:
+                terminated = not infos[i].get("TimeLimit.truncated", False)
+                writer.add(obs[i], action[i], reward[i], next_obs[i], terminated, not terminated)
+            else:
+                writer.add(obs[i], action[i], reward[i], next_obs[i], False, False)
+
+    @staticmethod
+    def _rows(value: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """`value` as an array of `shape` (itself when it is one already)."""
+        if type(value) is np.ndarray and value.shape == shape:
+            return value
+        return np.asarray(value).reshape(shape)
 
     def size(self) -> int:
         """Transitions stored (items of the table; an env's newest one once the next arrives)."""
@@ -189,6 +252,15 @@ class ReverbReplayBuffer(ReplayBuffer):
             )
         batch = next(stream)
         dones = batch.dones if self.handle_timeout_termination else batch.dones | batch.truncated
+        if env is None:  # nothing to normalize: the batch's own (fresh) tensors, SB3's shapes
+            device = self.device
+            return ReplayBufferSamples(
+                observations=batch.states.to(device),
+                actions=batch.actions.reshape(batch_size, self.action_dim).to(device),
+                next_observations=batch.next_states.to(device),
+                dones=dones.reshape(-1, 1).to(device, torch.float32),
+                rewards=batch.rewards.reshape(-1, 1).to(device, torch.float32),
+            )
         observations = self._normalize_obs(batch.states.numpy(), env)
         next_observations = self._normalize_obs(batch.next_states.numpy(), env)
         rewards = self._normalize_reward(batch.rewards.numpy().reshape(-1, 1), env)
@@ -229,6 +301,8 @@ class ReverbReplayBuffer(ReplayBuffer):
             "handle_timeout_termination": self.handle_timeout_termination,
             "timeouts": self._timeouts,
             "backend": self._backend,
+            "frame_stack": self.frame_stack,
+            "frame_axis": self.frame_axis,
             "export": files,
         }
 
@@ -244,6 +318,8 @@ class ReverbReplayBuffer(ReplayBuffer):
             handle_timeout_termination=state["handle_timeout_termination"],
             timeouts=state["timeouts"],
             backend=state.get("backend", "auto"),
+            frame_stack=state.get("frame_stack"),
+            frame_axis=state.get("frame_axis"),
         )
         if state["export"]:
             with tempfile.TemporaryDirectory(prefix="replay_service_sb3_import_") as tmp:

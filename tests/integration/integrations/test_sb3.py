@@ -382,3 +382,110 @@ def test_load_replay_buffer_of_other_spaces_names_both_spaces(env_id: str, tmp_p
         assert own.size() > 0
     finally:
         own.close()
+
+
+FRAME_BYTES = 84 * 84  # one grayscale Atari frame
+
+
+class _TeeBuffer(ReverbReplayBuffer):
+    """A ReverbReplayBuffer that also hands every `add` to SB3's own ReplayBuffer (`theirs`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.theirs = ReplayBuffer(
+            self.buffer_size, self.observation_space, self.action_space, "cpu", n_envs=self.n_envs
+        )
+
+    def add(self, *args: Any) -> None:
+        self.theirs.add(*args)
+        super().add(*args)
+
+
+def _sb3_rows(theirs: ReplayBuffer) -> set[tuple[Any, ...]]:
+    """SB3's stored transitions as `_rows` rows."""
+    n, envs = theirs.pos, theirs.n_envs
+
+    def flat(name: str) -> np.ndarray:
+        array = getattr(theirs, name)[:n].swapaxes(0, 1)
+        return array.reshape(envs * n, *array.shape[2:])
+
+    return set(
+        _rows(
+            flat("observations"),
+            flat("actions").astype(np.int64),
+            flat("rewards"),
+            flat("next_observations"),
+            flat("dones"),
+            flat("timeouts"),
+        )
+    )
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(120)
+def test_dqn_on_atari_with_vec_frame_stack_stores_each_frame_once(tmp_path: Any) -> None:
+    ale_py = pytest.importorskip("ale_py")
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    gymnasium.register_envs(ale_py)
+    env = VecFrameStack(make_atari_env("BreakoutNoFrameskip-v4", n_envs=N_ENVS, seed=0), 4)
+    model = DQN(
+        "CnnPolicy", env, buffer_size=1000, learning_starts=380, batch_size=32, train_freq=4,
+        exploration_initial_eps=1.0, exploration_final_eps=1.0,  # random play: no CNN forward
+        seed=0, device="cpu", replay_buffer_class=_TeeBuffer,
+        replay_buffer_kwargs={"frame_stack": 4, "checkpoint_dir": str(tmp_path / "ckpt")},
+    )  # fmt: skip
+    ours = model.replay_buffer
+    try:
+        assert ours.observation_space.shape == (4, 84, 84)  # VecTransposeImage: channels first
+        assert ours.manager.backend == "local"
+        model.learn(400)  # 200 steps per env (lost lives end episodes), 3 updates at the end
+        theirs = ours.theirs
+        assert theirs.dones[: theirs.pos].sum() >= 4  # terminal stacks and zero-padded starts
+        table = ours.manager._backend.client.table(ours.manager.table_name)
+        per_step = table.nbytes / table.step_capacity
+        assert per_step <= 1.05 * FRAME_BYTES, per_step  # one frame per step, not a stack of 4
+        # Every transition SB3 stores, stack for stack, less each env's open newest one.
+        expected = _sb3_rows(theirs)
+        stored = _stored_rows(ours)
+        assert set(stored) <= expected
+        assert len(expected - set(stored)) <= N_ENVS
+        assert len(stored) == ours.size() >= N_ENVS * theirs.pos - N_ENVS
+        # Sampled batches are SB3's transitions, as SB3's own sample returns them.
+        batch = ours.sample(256)
+        assert batch.observations.shape == (256, 4, 84, 84)
+        assert batch.observations.dtype == batch.next_observations.dtype == torch.uint8  # SB3's
+        sampled = _rows(
+            batch.observations.numpy(),
+            batch.actions.numpy(),
+            batch.rewards.numpy().ravel(),
+            batch.next_observations.numpy(),
+            batch.dones.numpy().ravel(),
+            batch.dones.numpy().ravel() * 0,  # Breakout's episodes end by termination here
+        )
+        assert set(sampled) <= expected
+        assert any(r[4] for r in sampled)  # terminal transitions among them
+        loaded = pickle.loads(pickle.dumps(ours))  # save_replay_buffer keeps the frame stack
+        try:
+            assert (loaded.frame_stack, loaded.size()) == (4, ours.size())
+            assert set(_stored_rows(loaded)) == set(stored)
+        finally:
+            loaded.close()
+    finally:
+        ours.close()
+        env.close()
+
+
+def test_frame_axis_is_sb3s_stacking_axis_and_needs_a_frame_stack() -> None:
+    from gymnasium import spaces
+
+    from replay_service.errors import ConfigError
+    from replay_service.integrations.sb3 import sb3_frame_axis
+
+    image = spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    assert sb3_frame_axis(spaces.Box(0, 255, (4, 84, 84), np.uint8)) == 0  # CnnPolicy's
+    assert sb3_frame_axis(image) == -1  # VecFrameStack's channels last
+    assert sb3_frame_axis(spaces.Box(-1.0, 1.0, (16,), np.float32)) == -1
+    with pytest.raises(ConfigError, match="frame_axis=-1 needs frame_stack"):
+        ReverbReplayBuffer(10, image, spaces.Discrete(4), "cpu", frame_axis=-1, backend="local")
