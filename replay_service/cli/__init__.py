@@ -15,49 +15,12 @@ the tool prints one line naming what it needs instead of an import traceback.
 
 from __future__ import annotations
 
-import sys
-from importlib.util import find_spec
-
-
-def _require_reverb(tool: str) -> None:
-    """Exits with one line naming what `tool` needs where dm-reverb, TensorFlow or TF-Agents is
-    not installed: found without importing them, so `--help` and a bad flag answer at once
-    (`require_reverb_imports` imports them once the flags are good)."""
-    missing = [m for m in ("reverb", "tensorflow", "tf_agents") if find_spec(m) is None]
-    if missing:
-        _exit_without_reverb(tool, f"ModuleNotFoundError: No module named {missing[0]!r}")
-
-
-def require_reverb_imports(tool: str) -> None:
-    """Exits with one line naming what `tool` needs where dm-reverb, TensorFlow or TF-Agents is
-    installed but does not import (a wrong version beside it, say), and quiets their output
-    once they are loaded (`output.after_imports`); the tools' `main` calls it before their
-    work.
-
-    Args:
-      tool: The command's name, for the message.
-    """
-    from replay_service.backends import reverb_importable
-    from replay_service.cli import output
-
-    ok, why = reverb_importable()
-    if not ok:
-        _exit_without_reverb(tool, why)
-    # Reverb's C++ log lines are discarded once it is loaded (`output.after_imports`).
-    output.after_imports()
-
-
-def _exit_without_reverb(tool: str, why: str) -> None:
-    sys.exit(
-        f"{tool} needs dm-reverb 0.13, TensorFlow 2.14 and TF-Agents 0.18 (Linux x86_64, "
-        f"Python <= 3.11), which do not import here: {why}. On this platform use "
-        "ReplayBufferManager(..., backend='local') from Python."
-    )
+from replay_service.cli.stack import require_reverb_installed
 
 
 def run_server() -> None:
     """`replay-server`."""
-    _require_reverb("replay-server")
+    require_reverb_installed("replay-server")
     from replay_service.cli import serve
 
     serve.run()
@@ -65,7 +28,7 @@ def run_server() -> None:
 
 def run_populate() -> None:
     """`replay-populate`."""
-    _require_reverb("replay-populate")
+    require_reverb_installed("replay-populate")
     from replay_service.cli import populate
 
     populate.run()
@@ -73,7 +36,7 @@ def run_populate() -> None:
 
 def run_demo() -> None:
     """`replay-demo`."""
-    _require_reverb("replay-demo")
+    require_reverb_installed("replay-demo")
     from replay_service.cli import demo
 
     demo.run()

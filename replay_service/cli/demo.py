@@ -10,8 +10,8 @@ import time
 
 from absl import app, flags, logging
 
-from replay_service.cli import require_reverb_imports
 from replay_service.cli.parsing import flags_parser, show_flags_in_help, usage_error
+from replay_service.cli.stack import require_reverb_imports
 from replay_service.errors import ConfigError, ReplayServiceError
 
 _STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)

@@ -27,8 +27,8 @@ from typing import NoReturn, TextIO
 import tqdm
 from absl import app, flags, logging
 
-from replay_service.cli import require_reverb_imports
 from replay_service.cli.parsing import asks_for_help
+from replay_service.cli.stack import require_reverb_imports
 from replay_service.config.options import DEFAULT_TABLE_NAME
 from replay_service.errors import ConfigError, ReplayServiceError
 from replay_service.specs.layouts import NESTED

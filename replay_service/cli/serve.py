@@ -26,8 +26,8 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from replay_service.cli import require_reverb_imports
 from replay_service.cli.parsing import flags_parser, show_flags_in_help, usage_error
+from replay_service.cli.stack import require_reverb_imports
 from replay_service.config.files import load_config
 from replay_service.errors import ReplayServiceError, ServerUnavailableError
 

@@ -131,7 +131,7 @@ def test_verbose_switch_brings_the_library_logs_back(tmp_path: Any) -> None:
         "import sys; sys.argv[0] = 'replay-server'\n"
         # As the tools: the Reverb stack is loaded once the flags are parsed, then gym comes
         # in with TF-Agents' environments.
-        "from replay_service.cli import require_reverb_imports\n"
+        "from replay_service.cli.stack import require_reverb_imports\n"
         "require_reverb_imports('replay-server')\n"
         "import reverb, tf_agents.environments\n"
         "reverb.Server([reverb.Table.queue('q', 10)]).stop()\n"
