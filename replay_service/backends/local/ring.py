@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 from replay_service.backends.local.codecs import Codec, CompressedColumn, codec
-from replay_service.backends.local.frames import FrameStack
 from replay_service.backends.local.ring_fit import ring_steps
 from replay_service.backends.local.ring_reads import RingReads
 from replay_service.backends.local.scratch import (
@@ -47,6 +46,7 @@ from replay_service.backends.local.scratch import (
     scratch_file,
 )
 from replay_service.backends.local.shared import SharedTable
+from replay_service.specs.frames import FrameStack
 
 STORAGES = ("memory", "memmap")
 # A growing step ring takes at least this fraction of its size more.

@@ -1,7 +1,7 @@
 """Frames stored once (`frame_stack`): Atari observations of gymnasium's own wrappers on a real
 ALE env, written through the users' doors, read back exactly by every sampling call.
 
-Every step of a frame-stacked buffer stores its newest frame only (`backends.local.frames`);
+Every step of a frame-stacked buffer stores its newest frame only (`specs.frames`);
 these tests check that each sampled stack (states and next states) is the one the env gave,
 both paddings and both stacking axes, that stacks which are not shifts of the previous one
 are refused, and that checkpoints and exports round-trip.
