@@ -28,57 +28,13 @@ from replay_service import ConfigError, ReplayBufferManager, SpecMismatchError, 
 gym = pytest.importorskip("gymnasium")
 ale_py = pytest.importorskip("ale_py")
 from gymnasium import spaces
-from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+from tests.integration.backends.conftest import breakout, channels_last, pairs
 
 pytestmark = pytest.mark.local
 
-gym.register_envs(ale_py)
 FAST = Timeouts(connect=5.0, write=10.0, sample=2.0, checkpoint=60.0)
-STEPS = 160  # a few episodes: every lost life terminates one
 FRAME_BYTES = 84 * 84
-
-
-def breakout(padding: str) -> Any:
-    """Breakout as DQN sees it: gymnasium's preprocessing and frame stack of 4."""
-    env = AtariPreprocessing(
-        gym.make("BreakoutNoFrameskip-v4", max_episode_steps=120),
-        frame_skip=4,
-        noop_max=0,
-        terminal_on_life_loss=True,
-    )
-    return FrameStackObservation(env, 4, padding_type=padding)
-
-
-def record(padding: str, steps: int = STEPS) -> list[tuple[Any, ...]]:
-    """`steps` transitions `(state, action, reward, next_state, terminated, truncated)` of a
-    seeded random policy."""
-    env = breakout(padding)
-    rng = np.random.default_rng(0)
-    state, _ = env.reset(seed=0)
-    out = []
-    for _ in range(steps):
-        action = int(rng.integers(env.action_space.n))
-        next_state, reward, terminated, truncated, _ = env.step(action)
-        out.append((state, action, float(reward), next_state, terminated, truncated))
-        state = next_state
-        if terminated or truncated:
-            state, _ = env.reset()
-    env.close()
-    return out
-
-
-@pytest.fixture(scope="module")
-def episodes() -> dict[str, list[tuple[Any, ...]]]:
-    """Recorded transitions per padding ("reset": gymnasium's default, "zero": SB3's)."""
-    return {padding: record(padding) for padding in ("reset", "zero")}
-
-
-def channels_last(transitions: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """SB3's `VecFrameStack` layout `(84, 84, 4)`: the frames along the last axis."""
-    return [
-        (np.moveaxis(s, 0, -1).copy(), a, r, np.moveaxis(n, 0, -1).copy(), d, t)
-        for s, a, r, n, d, t in transitions
-    ]
 
 
 @pytest.fixture()
@@ -112,14 +68,6 @@ def write(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> N
     writer = manager.transition_writer()
     for transition in transitions:
         writer.add(*transition)
-
-
-def pairs(transitions: list[tuple[Any, ...]]) -> set[tuple[bytes, bytes]]:
-    """The transitions' `(state, next state)` stacks; the last one's item is not written
-    unless it ended its episode (its item comes with the next step)."""
-    if not (transitions[-1][4] or transitions[-1][5]):
-        transitions = transitions[:-1]
-    return {(s.tobytes(), n.tobytes()) for s, _, _, n, _, _ in transitions}
 
 
 def items(manager: ReplayBufferManager) -> list[np.ndarray]:

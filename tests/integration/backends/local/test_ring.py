@@ -252,7 +252,7 @@ def test_transitions_of_interleaved_writers_read_each_items_own_next_state(make,
         interleave(manager, {0: [7, 3, 12], 1: [1, 9, 4], 2: [15, 19]})
     stream = manager.torch_batches(512, transitions=True)
     table = stream._source.table
-    assert 0 < table._scattered and (table._scattered == table.size) == vector
+    assert table._scattered > 0 and (table._scattered == table.size) == vector
     for _ in range(3):
         batch = next(stream)
         states, next_states = batch.states.numpy(), batch.next_states.numpy()

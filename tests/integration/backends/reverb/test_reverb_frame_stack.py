@@ -1,0 +1,190 @@
+"""Frames stored once on Reverb (`frame_stack`): real Atari stacks of gymnasium's own wrappers
+written through the manager's transition writer into an embedded Reverb server, each step
+storing one frame (`specs.framed`), read back exactly by every read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from replay_service import ConfigError, ReplayBufferManager, SpecMismatchError, Timeouts
+from tests.integration.backends.conftest import channels_last, pairs
+
+pytest.importorskip("gymnasium")
+pytest.importorskip("ale_py")
+from gymnasium import spaces
+
+FAST = Timeouts(connect=5.0, write=10.0, sample=5.0, checkpoint=60.0)
+
+
+@pytest.fixture()
+def make(tmp_path) -> Iterator[Callable[..., ReplayBufferManager]]:
+    """Embedded Reverb frame-stacked managers of Breakout's spaces; closed at teardown."""
+    made: list[ReplayBufferManager] = []
+
+    def factory(name: str = "ckpt", axis: int = 0, **options: Any) -> ReplayBufferManager:
+        shape = (4, 84, 84) if axis == 0 else (84, 84, 4)
+        options.setdefault("capacity", 1000)
+        options.setdefault("frame_stack", 4)
+        options.setdefault("frame_axis", axis)
+        manager = ReplayBufferManager.from_spaces(
+            spaces.Box(0, 255, shape, np.uint8),
+            spaces.Discrete(4),
+            checkpoint_dir=str(tmp_path / name),
+            backend="reverb",
+            timeouts=FAST,
+            **options,
+        )
+        made.append(manager)
+        return manager
+
+    yield factory
+    for manager in made:
+        manager.close()
+
+
+def write(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
+    with manager.transition_writer() as writer:
+        for transition in transitions:
+            writer.add(*transition)
+
+
+def items(manager: ReplayBufferManager) -> list[np.ndarray]:
+    return manager._backend.read_items(manager.table_config).data
+
+
+def check_items(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
+    """Every item, in order, is one transition: its state and next state the env's."""
+    observations = items(manager)[1]
+    assert len(transitions) - 1 <= len(observations) <= len(transitions)
+    for (state, *_, next_state, _, _), item in zip(transitions, observations, strict=False):
+        np.testing.assert_array_equal(item[0], state)
+        np.testing.assert_array_equal(item[1], next_state)
+
+
+def stacks(batch_states: Any, batch_next: Any) -> set[tuple[bytes, bytes]]:
+    return {
+        (np.asarray(s).tobytes(), np.asarray(n).tobytes())
+        for s, n in zip(batch_states, batch_next, strict=True)
+    }
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(("padding", "axis"), [("reset", 0), ("zero", 0), ("zero", -1)])
+def test_every_read_returns_the_envs_stacks(make, episodes, padding: str, axis: int) -> None:
+    transitions = episodes[padding] if axis == 0 else channels_last(episodes[padding])
+    assert sum(t[4] for t in transitions) >= 2 and sum(t[5] for t in transitions) >= 1
+    manager = make(axis=axis)
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    check_items(manager, transitions)
+    truth = pairs(transitions)
+    seen: set[tuple[bytes, bytes]] = set()
+    for count, batch in enumerate(manager.torch_batches(64, transitions=True)):
+        got = stacks(batch.states.numpy(), batch.next_states.numpy())
+        assert got <= truth  # 100%: every state and next state the env's
+        seen |= got
+        if count == 20:
+            break
+    # A terminal transition keeps its true next stack (the episode's final observation).
+    terminal = {(s.tobytes(), n.tobytes()) for s, _, _, n, d, _ in transitions if d}
+    assert terminal <= seen
+    windows = next(iter(manager.torch_batches(32))).observation.numpy()
+    assert windows.shape == (32, 2, *transitions[0][0].shape)
+    assert stacks(windows[:, 0], windows[:, 1]) <= truth
+    trajectory = next(iter(manager.get_dataset(batch_size=16)))[0]
+    observation = trajectory.observation.numpy()
+    assert observation.shape == (16, 2, *transitions[0][0].shape)
+    assert stacks(observation[:, 0], observation[:, 1]) <= truth
+
+
+@pytest.mark.heavy
+def test_a_step_stores_one_frame_in_the_signature(make, episodes) -> None:
+    manager = make()
+    manager.create_replay_buffer()
+    info = manager.py_client.server_info(5)[manager.table_name]
+    # K - 1 + 2 rows of one 84x84 frame, the other fields and the mark.
+    assert info.signature.shape.as_list()[0] == 5
+    assert 84 * 84 < info.signature.shape.as_list()[1] < 84 * 84 + 64
+
+
+def test_stacks_that_are_no_shift_are_refused(make, episodes) -> None:
+    transitions = episodes["reset"][:6]
+    manager = make()
+    manager.create_replay_buffer()
+    writer = manager.transition_writer(check_continuity=False)
+    for transition in transitions[:3]:
+        writer.add(*transition)
+    writer.flush()
+    before = manager.num_frames()
+    state, action, reward, next_state, done, cut = transitions[3]
+    wrong = state.copy()
+    wrong[1] ^= 1  # frame 1 is not frame 2 of the previous stack
+    with pytest.raises(SpecMismatchError, match=r"step 3 of the episode: frame 1"):
+        writer.add(wrong, action, reward, next_state, done, cut)
+    writer.flush()
+    assert manager.num_frames() == before
+    writer.close()
+    check_items(manager, transitions[:2])
+
+    fresh = make("fresh")
+    fresh.create_replay_buffer()
+    unpadded = transitions[4][0]  # four different frames: no episode starts with it
+    with (
+        fresh.transition_writer() as other,
+        pytest.raises(SpecMismatchError, match=r"step 0 starts an episode.*not a padded"),
+    ):
+        other.add(unpadded, 0, 0.0, transitions[4][3], False, False)
+    assert fresh.num_frames() == 0
+
+
+@pytest.mark.heavy
+def test_checkpoints_keep_the_frame_stack(make, episodes) -> None:
+    transitions = episodes["zero"]
+    manager = make("source")
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    manager.checkpoint()
+    before = items(manager)
+    manager.close()
+
+    loaded = make("source")
+    loaded.load_replay_buffer()
+    for got, want in zip(items(loaded), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    check_items(loaded, transitions)
+    loaded.close()
+
+    for options in ({"frame_stack": None}, {"frame_stack": 2, "capacity": 1000}):
+        other = make("source", **options)
+        with pytest.raises(SpecMismatchError, match=r"frame_stack: requested"):
+            other.load_replay_buffer()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"layout": "nested"}, r"frame_stack=4 on Reverb stores one frame per step"),
+        ({"pad_end_of_episode": True}, r"pad_end_of_episode"),
+        ({"frame_stack": 3}, r"frame_stack=3: the observation's shape \[4, 84, 84\]"),
+    ],
+)
+def test_what_the_reverb_frame_stack_cannot_do_is_refused(make, options, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make(**options)
+
+
+def test_a_remote_server_refuses_the_frame_stack() -> None:
+    with pytest.raises(ConfigError, match=r"frame_stack=4 .*server_address='localhost:1'"):
+        ReplayBufferManager.from_spaces(
+            spaces.Box(0, 255, (4, 84, 84), np.uint8),
+            spaces.Discrete(4),
+            capacity=100,
+            server_address="localhost:1",
+            backend="reverb",
+            frame_stack=4,
+        )
