@@ -188,3 +188,45 @@ def test_a_remote_server_refuses_the_frame_stack() -> None:
             backend="reverb",
             frame_stack=4,
         )
+
+
+@pytest.mark.heavy
+def test_epochs_exports_and_imports_give_the_envs_stacks(make, episodes, tmp_path) -> None:
+    transitions = episodes["reset"]
+    truth = pairs(transitions)
+    manager = make("source")
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    epoch: set[tuple[bytes, bytes]] = set()
+    for batch in manager.epoch_batches(64, transitions=True):
+        got = stacks(batch.states.numpy(), batch.next_states.numpy())
+        assert got <= truth
+        epoch |= got
+    assert epoch == truth  # one pass over every item
+    replay_buffer, _ = manager.get_replay_buffer_and_observer()
+    trajectory, _ = next(iter(replay_buffer.as_dataset(sample_batch_size=8, num_steps=2)))
+    observation = trajectory.observation.numpy()
+    assert stacks(observation[:, 0], observation[:, 1]) <= truth
+    with pytest.raises(ConfigError, match=r"num_steps=1: a frame-stacked table"):
+        replay_buffer.as_dataset(sample_batch_size=8, num_steps=1)
+    with pytest.raises(ConfigError, match=r"trajectory_writer\(\) of a frame-stacked"):
+        manager.py_client.trajectory_writer(num_keep_alive_refs=2)
+
+    manager.export(tmp_path / "export")
+    imported = make("imported")
+    imported.import_buffer(tmp_path / "export")
+    check_items(imported, transitions)
+    local = ReplayBufferManager.from_spaces(
+        spaces.Box(0, 255, (4, 84, 84), np.uint8),
+        spaces.Discrete(4),
+        capacity=1000,
+        checkpoint_dir=str(tmp_path / "local"),
+        backend="local",
+        frame_stack=4,
+    )
+    try:
+        local.import_buffer(tmp_path / "export")
+        observations = local._backend.read_items(local.table_config).data[1]
+        assert {(o[0].tobytes(), o[1].tobytes()) for o in observations} == truth
+    finally:
+        local.close()
