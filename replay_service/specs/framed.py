@@ -194,8 +194,7 @@ class FramedLayout(PackedLayout):
         k = self.frames.k
         if rows.ndim < 2 or rows.shape[-2] < k:
             raise ValueError(
-                f"framed rows must be uint8[..., >= {k}, {self.step_bytes}], got "
-                f"{list(rows.shape)}"
+                f"framed rows must be uint8[..., >= {k}, {self.step_bytes}], got {list(rows.shape)}"
             )
         lead, n = rows.shape[:-2], rows.shape[-2]
         flat = rows.reshape(-1, n, self.step_bytes)
