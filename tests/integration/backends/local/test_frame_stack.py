@@ -29,12 +29,18 @@ gym = pytest.importorskip("gymnasium")
 ale_py = pytest.importorskip("ale_py")
 from gymnasium import spaces
 
-from tests.integration.backends.conftest import breakout, channels_last, pairs
+from atari_frames import breakout, channels_last, pairs, recordings
 
 pytestmark = pytest.mark.local
 
 FAST = Timeouts(connect=5.0, write=10.0, sample=2.0, checkpoint=60.0)
 FRAME_BYTES = 84 * 84
+
+
+@pytest.fixture(scope="module")
+def episodes() -> dict[str, list[tuple[Any, ...]]]:
+    """Recorded Breakout transitions per padding (`atari_frames.recordings`)."""
+    return recordings()
 
 
 @pytest.fixture()

@@ -11,14 +11,20 @@ from typing import Any
 import numpy as np
 import pytest
 
+from atari_frames import channels_last, pairs, recordings
 from replay_service import ConfigError, ReplayBufferManager, SpecMismatchError, Timeouts
-from tests.integration.backends.conftest import channels_last, pairs
 
 pytest.importorskip("gymnasium")
 pytest.importorskip("ale_py")
 from gymnasium import spaces
 
 FAST = Timeouts(connect=5.0, write=10.0, sample=5.0, checkpoint=60.0)
+
+
+@pytest.fixture(scope="module")
+def episodes() -> dict[str, list[tuple[Any, ...]]]:
+    """Recorded Breakout transitions per padding (`atari_frames.recordings`)."""
+    return recordings()
 
 
 @pytest.fixture()

@@ -1,5 +1,8 @@
 """Real Atari frame stacks for the frame-stack tests of both backends: gymnasium's
-`FrameStackObservation` over `AtariPreprocessing` on ALE's Breakout, seeded."""
+`FrameStackObservation` over `AtariPreprocessing` on ALE's Breakout, seeded.
+
+A plain module (not a conftest, whose name would shadow tests/conftest.py for the tests that
+import from it): each test module makes its `episodes` fixture of `recordings()`."""
 
 from __future__ import annotations
 
@@ -45,8 +48,7 @@ def record(padding: str, steps: int = STEPS) -> list[tuple[Any, ...]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def episodes() -> dict[str, list[tuple[Any, ...]]]:
+def recordings() -> dict[str, list[tuple[Any, ...]]]:
     """Recorded transitions per padding ("reset": gymnasium's default, "zero": SB3's)."""
     return {padding: record(padding) for padding in ("reset", "zero")}
 
