@@ -6,6 +6,7 @@ import from it): each test module makes its `episodes` fixture of `recordings()`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -67,3 +68,49 @@ def pairs(transitions: list[tuple[Any, ...]]) -> set[tuple[bytes, bytes]]:
     if not (transitions[-1][4] or transitions[-1][5]):
         transitions = transitions[:-1]
     return {(s.tobytes(), n.tobytes()) for s, _, _, n, _, _ in transitions}
+
+
+def breakout_manager(
+    make_from_spaces: Callable[..., Any],
+    backend: str,
+    name: str = "ckpt",
+    axis: int = 0,
+    **options: Any,
+) -> Any:
+    """A frame-stacked manager of Breakout's spaces (stacks of 4 along `axis`, 4 actions,
+    capacity 1000) made by the `make_from_spaces` fixture's factory on `backend`."""
+    from gymnasium import spaces
+
+    shape = (4, 84, 84) if axis == 0 else (84, 84, 4)
+    options.setdefault("capacity", 1000)
+    options.setdefault("frame_stack", 4)
+    options.setdefault("frame_axis", axis)
+    return make_from_spaces(
+        backend,
+        name,
+        spaces.Box(0, 255, shape, np.uint8),
+        spaces.Discrete(4),
+        **options,
+    )
+
+
+def write(manager: Any, transitions: list[tuple[Any, ...]]) -> None:
+    """Adds `transitions` through the manager's transition writer, then closes it."""
+    with manager.transition_writer() as writer:
+        for transition in transitions:
+            writer.add(*transition)
+
+
+def items(manager: Any) -> list[np.ndarray]:
+    """Every item of the manager's table, in order, one array per field."""
+    return manager._backend.read_items(manager.table_config).data
+
+
+def check_items(manager: Any, transitions: list[tuple[Any, ...]]) -> None:
+    """Every item, in order, is one transition: its state and next state the env's (the
+    last transition's item comes with the step after it, unless it ended its episode)."""
+    observations = items(manager)[1]
+    assert len(transitions) - 1 <= len(observations) <= len(transitions)
+    for (state, *_, next_state, _, _), item in zip(transitions, observations, strict=False):
+        np.testing.assert_array_equal(item[0], state)
+        np.testing.assert_array_equal(item[1], next_state)

@@ -9,13 +9,14 @@ are refused, and that checkpoints and exports round-trip.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,16 @@ gym = pytest.importorskip("gymnasium")
 ale_py = pytest.importorskip("ale_py")
 from gymnasium import spaces
 
-from atari_frames import breakout, channels_last, pairs, recordings
+from atari_frames import (
+    breakout,
+    breakout_manager,
+    channels_last,
+    check_items,
+    items,
+    pairs,
+    recordings,
+    write,
+)
 
 pytestmark = pytest.mark.local
 
@@ -44,50 +54,9 @@ def episodes() -> dict[str, list[tuple[Any, ...]]]:
 
 
 @pytest.fixture()
-def make(tmp_path) -> Iterator[Callable[..., ReplayBufferManager]]:
-    """Local frame-stacked managers of Breakout's spaces; closed at teardown."""
-    made: list[ReplayBufferManager] = []
-
-    def factory(name: str = "ckpt", axis: int = 0, **options: Any) -> ReplayBufferManager:
-        shape = (4, 84, 84) if axis == 0 else (84, 84, 4)
-        options.setdefault("capacity", 1000)
-        options.setdefault("frame_stack", 4)
-        options.setdefault("frame_axis", axis)
-        manager = ReplayBufferManager.from_spaces(
-            spaces.Box(0, 255, shape, np.uint8),
-            spaces.Discrete(4),
-            checkpoint_dir=str(tmp_path / name),
-            backend="local",
-            timeouts=FAST,
-            seed=0,
-            **options,
-        )
-        made.append(manager)
-        return manager
-
-    yield factory
-    for manager in made:
-        manager.close()
-
-
-def write(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
-    writer = manager.transition_writer()
-    for transition in transitions:
-        writer.add(*transition)
-
-
-def items(manager: ReplayBufferManager) -> list[np.ndarray]:
-    return manager._backend.read_items(manager.table_config).data
-
-
-def check_items(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
-    """Every item, in order, is one transition: its state and next state the env's (the
-    last transition's item comes with the step after it, unless it ended its episode)."""
-    observations = items(manager)[1]
-    assert len(transitions) - 1 <= len(observations) <= len(transitions)
-    for (state, *_, next_state, _, _), item in zip(transitions, observations, strict=False):
-        np.testing.assert_array_equal(item[0], state)
-        np.testing.assert_array_equal(item[1], next_state)
+def make(make_from_spaces) -> Callable[..., ReplayBufferManager]:
+    """Local frame-stacked managers of Breakout's spaces (`atari_frames.breakout_manager`)."""
+    return functools.partial(breakout_manager, make_from_spaces, "local", timeouts=FAST, seed=0)
 
 
 def table(manager: ReplayBufferManager) -> Any:

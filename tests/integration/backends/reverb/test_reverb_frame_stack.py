@@ -5,13 +5,22 @@ storing one frame (`specs.framed`), read back exactly by every read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
-from atari_frames import channels_last, pairs, recordings
+from atari_frames import (
+    breakout_manager,
+    channels_last,
+    check_items,
+    items,
+    pairs,
+    recordings,
+    write,
+)
 from replay_service import ConfigError, ReplayBufferManager, SpecMismatchError, Timeouts
 
 pytest.importorskip("gymnasium")
@@ -28,48 +37,10 @@ def episodes() -> dict[str, list[tuple[Any, ...]]]:
 
 
 @pytest.fixture()
-def make(tmp_path) -> Iterator[Callable[..., ReplayBufferManager]]:
-    """Embedded Reverb frame-stacked managers of Breakout's spaces; closed at teardown."""
-    made: list[ReplayBufferManager] = []
-
-    def factory(name: str = "ckpt", axis: int = 0, **options: Any) -> ReplayBufferManager:
-        shape = (4, 84, 84) if axis == 0 else (84, 84, 4)
-        options.setdefault("capacity", 1000)
-        options.setdefault("frame_stack", 4)
-        options.setdefault("frame_axis", axis)
-        manager = ReplayBufferManager.from_spaces(
-            spaces.Box(0, 255, shape, np.uint8),
-            spaces.Discrete(4),
-            checkpoint_dir=str(tmp_path / name),
-            backend="reverb",
-            timeouts=FAST,
-            **options,
-        )
-        made.append(manager)
-        return manager
-
-    yield factory
-    for manager in made:
-        manager.close()
-
-
-def write(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
-    with manager.transition_writer() as writer:
-        for transition in transitions:
-            writer.add(*transition)
-
-
-def items(manager: ReplayBufferManager) -> list[np.ndarray]:
-    return manager._backend.read_items(manager.table_config).data
-
-
-def check_items(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
-    """Every item, in order, is one transition: its state and next state the env's."""
-    observations = items(manager)[1]
-    assert len(transitions) - 1 <= len(observations) <= len(transitions)
-    for (state, *_, next_state, _, _), item in zip(transitions, observations, strict=False):
-        np.testing.assert_array_equal(item[0], state)
-        np.testing.assert_array_equal(item[1], next_state)
+def make(make_from_spaces) -> Callable[..., ReplayBufferManager]:
+    """Embedded Reverb frame-stacked managers of Breakout's spaces
+    (`atari_frames.breakout_manager`)."""
+    return functools.partial(breakout_manager, make_from_spaces, "reverb", timeouts=FAST)
 
 
 def stacks(batch_states: Any, batch_next: Any) -> set[tuple[bytes, bytes]]:
