@@ -22,7 +22,6 @@ import tree
 from replay_service.backends.reverb.packed_writers import SentWriter
 from replay_service.errors import SpecMismatchError
 from replay_service.specs.framed import ZERO, FramedLayout
-from replay_service.specs.packed import chunk_length
 
 
 class FramedWindowWriter(SentWriter):
@@ -52,8 +51,7 @@ class FramedWindowWriter(SentWriter):
             for name, length, stride, priority, _ in windows
         ]
         self._span = max(w[1] for w in self._windows) + layout.history
-        chunk = chunk_length(layout.step_bytes)
-        keep = max(chunk, self._span)
+        keep, chunk = layout.writer_chunking(max(w[1] for w in self._windows))
         self._start_sending(client.trajectory_writer(num_keep_alive_refs=keep))
         self._cpp.ConfigureChunker(
             0, pybind.ConstantChunkerOptions(max_chunk_length=chunk, num_keep_alive_refs=keep)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,6 +88,23 @@ def test_a_step_stores_one_frame_in_the_signature(make, episodes) -> None:
     # K - 1 + 2 rows of one 84x84 frame, the other fields and the mark.
     assert info.signature.shape.as_list()[0] == 5
     assert 84 * 84 < info.signature.shape.as_list()[1] < 84 * 84 + 64
+
+
+@pytest.mark.heavy
+def test_consecutive_frames_share_chunks(make, episodes) -> None:
+    # Reverb compresses each chunk alone and a sampled item pays per chunk: steps of one frame
+    # (~7 KB) are chunked CHUNK_STEPS together, not one per chunk.
+    import tensorflow as tf
+
+    transitions = episodes["reset"]
+    manager = make()
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    (chunks,) = Path(manager.checkpoint()).rglob("chunks.tfrecord")
+    sizes = [len(r.numpy()) for r in tf.data.TFRecordDataset(str(chunks), "ZLIB")]
+    assert len(sizes) <= len(transitions) // 4
+    # What the server holds per step: consecutive Breakout frames compress together.
+    assert sum(sizes) / len(transitions) < 600
 
 
 def test_stacks_that_are_no_shift_are_refused(make, episodes) -> None:
