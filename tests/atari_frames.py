@@ -114,3 +114,24 @@ def check_items(manager: Any, transitions: list[tuple[Any, ...]]) -> None:
     for (state, *_, next_state, _, _), item in zip(transitions, observations, strict=False):
         np.testing.assert_array_equal(item[0], state)
         np.testing.assert_array_equal(item[1], next_state)
+
+
+def fill(manager: Any, transitions: list[tuple[Any, ...]], *, check: bool = True) -> set[Any]:
+    """Creates the manager's buffer and writes `transitions` (`write`), then checks its items
+    (`check_items`, with `check`).
+
+    Returns:
+      The transitions' `pairs`, what every read may give.
+    """
+    manager.create_replay_buffer()
+    write(manager, transitions)
+    if check:
+        check_items(manager, transitions)
+    return pairs(transitions)
+
+
+def laid_out(transitions: list[tuple[Any, ...]], axis: int) -> list[tuple[Any, ...]]:
+    """`transitions` with their stacks along `axis` (0 as recorded, -1 `channels_last`),
+    checked to hold at least two terminations and one truncation."""
+    assert sum(t[4] for t in transitions) >= 2 and sum(t[5] for t in transitions) >= 1
+    return transitions if axis == 0 else channels_last(transitions)

@@ -33,9 +33,10 @@ from gymnasium import spaces
 from atari_frames import (
     breakout,
     breakout_manager,
-    channels_last,
     check_items,
+    fill,
     items,
+    laid_out,
     pairs,
     recordings,
     write,
@@ -66,13 +67,9 @@ def table(manager: ReplayBufferManager) -> Any:
 @pytest.mark.heavy
 @pytest.mark.parametrize(("padding", "axis"), [("reset", 0), ("zero", 0), ("zero", -1)])
 def test_every_read_returns_the_envs_stacks(make, episodes, padding: str, axis: int) -> None:
-    transitions = episodes[padding] if axis == 0 else channels_last(episodes[padding])
-    assert sum(t[4] for t in transitions) >= 2 and sum(t[5] for t in transitions) >= 1
+    transitions = laid_out(episodes[padding], axis)
     manager = make(axis=axis)
-    manager.create_replay_buffer()
-    write(manager, transitions)
-    check_items(manager, transitions)
-    truth = pairs(transitions)
+    truth = fill(manager, transitions)
     seen: set[tuple[bytes, bytes]] = set()
     reads = {
         "torch_batches": manager.torch_batches(64, transitions=True),
@@ -342,9 +339,7 @@ def test_memmap_storage_and_tf_datasets_read_the_envs_stacks(make, episodes) -> 
     still every stack reads back (also through `get_dataset`)."""
     transitions = episodes["reset"][:60]
     manager = make(storage="memmap", capacity=40)
-    manager.create_replay_buffer()
-    write(manager, transitions)
-    truth = pairs(transitions)
+    truth = fill(manager, transitions, check=False)
     observations = items(manager)[1]
     assert len(observations) == 40
     assert {(o[0].tobytes(), o[1].tobytes()) for o in observations} <= truth
@@ -358,9 +353,7 @@ def test_memmap_storage_and_tf_datasets_read_the_envs_stacks(make, episodes) -> 
 def test_a_ring_on_the_gpu_gathers_the_stacks_there(make, episodes) -> None:
     transitions = episodes["zero"][:40]
     manager = make(device="cuda")
-    manager.create_replay_buffer()
-    write(manager, transitions)
-    truth = pairs(transitions)
+    truth = fill(manager, transitions, check=False)
     batch = next(iter(manager.torch_batches(32, transitions=True, device="cuda")))
     assert batch.states.device.type == "cuda"
     got = {

@@ -15,9 +15,10 @@ import pytest
 
 from atari_frames import (
     breakout_manager,
-    channels_last,
     check_items,
+    fill,
     items,
+    laid_out,
     pairs,
     recordings,
     write,
@@ -54,13 +55,9 @@ def stacks(batch_states: Any, batch_next: Any) -> set[tuple[bytes, bytes]]:
 @pytest.mark.heavy
 @pytest.mark.parametrize(("padding", "axis"), [("reset", 0), ("zero", 0), ("zero", -1)])
 def test_every_read_returns_the_envs_stacks(make, episodes, padding: str, axis: int) -> None:
-    transitions = episodes[padding] if axis == 0 else channels_last(episodes[padding])
-    assert sum(t[4] for t in transitions) >= 2 and sum(t[5] for t in transitions) >= 1
+    transitions = laid_out(episodes[padding], axis)
     manager = make(axis=axis)
-    manager.create_replay_buffer()
-    write(manager, transitions)
-    check_items(manager, transitions)
-    truth = pairs(transitions)
+    truth = fill(manager, transitions)
     seen: set[tuple[bytes, bytes]] = set()
     for count, batch in enumerate(manager.torch_batches(64, transitions=True)):
         got = stacks(batch.states.numpy(), batch.next_states.numpy())
