@@ -106,10 +106,6 @@ class FramedWindowWriter(SentWriter):
             since[k] = count
         self._unsent = True
 
-    def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None) -> None:
-        """Waits until at most `block_until_num_items` items are unconfirmed."""
-        self._writer.flush(block_until_num_items, timeout_ms=timeout_ms)
-
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
         """Ends the episode, waiting as Reverb's `end_episode` until every item written so far
         is confirmed; the next episode starts after zero rows again (Reverb let go of the
