@@ -329,6 +329,7 @@ def ours_variants() -> dict[str, dict[str, Any]]:
     }
     if "frame_stack" in accepted:
         variants["ours frame_stack=4"] = {"frame_stack": STACK}
+        variants["ours backend=reverb frame_stack=4"] = {"backend": "reverb", "frame_stack": STACK}
     if "compression" in accepted and "frame_stack" in accepted:
         for codec in ("lz4", "zstd"):
             variants[f"ours frame_stack=4 {codec}"] = {"frame_stack": STACK, "compression": codec}

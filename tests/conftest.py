@@ -138,7 +138,11 @@ def make_from_spaces(tmp_path: Any) -> Iterator[Callable[..., ReplayBufferManage
     made: list[ReplayBufferManager] = []
 
     def factory(
-        backend: str, name: str = "ckpt", observation: Any = None, **kwargs: Any
+        backend: str,
+        name: str = "ckpt",
+        observation: Any = None,
+        action: Any = None,
+        **kwargs: Any,
     ) -> ReplayBufferManager:
         from gymnasium import spaces
 
@@ -146,7 +150,7 @@ def make_from_spaces(tmp_path: Any) -> Iterator[Callable[..., ReplayBufferManage
         kwargs.setdefault("timeouts", FAST_TIMEOUTS)
         manager = ReplayBufferManager.from_spaces(
             observation or spaces.Box(-10.0, 10.0, (4,), np.float32),
-            spaces.Discrete(2),
+            action or spaces.Discrete(2),
             checkpoint_dir=str(tmp_path / name),
             backend=backend,
             **kwargs,

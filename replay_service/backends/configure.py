@@ -16,7 +16,6 @@ from replay_service.backends import (
     resolve_auto_layout,
 )
 from replay_service.backends.base import Backend, BackendOptions
-from replay_service.backends.local.frames import check_frame_stack
 from replay_service.config.options import (
     SamplingConfig,
     TableConfig,
@@ -30,6 +29,7 @@ from replay_service.errors import ConfigError
 from replay_service.specs import nests as specs
 from replay_service.specs import sizes
 from replay_service.specs import windows as sequences
+from replay_service.specs.frames import check_frame_stack
 from replay_service.specs.layout_registry import resolve_layout
 from replay_service.specs.layouts import AUTO, NESTED
 
@@ -99,7 +99,13 @@ def configure(
     specs.check_collect_spec(data_spec, "ReplayBufferManager")
     if frame_stack is not None or frame_axis != 0:
         table, extra = _with_frames(
-            implementation, data_spec, frame_stack, frame_axis, pad_end_of_episode, (table, *extra)
+            implementation,
+            data_spec,
+            frame_stack,
+            frame_axis,
+            pad_end_of_episode,
+            server_address,
+            (table, *extra),
         )
     stored_spec = sequences.stored_spec(data_spec, pad_end_of_episode)
     specs.describe_spec(data_spec)  # refuses a spec that is not a nest of tensor specs
@@ -107,7 +113,12 @@ def configure(
     sizes.check_item_fits(specs.describe_spec(stored_spec), (table, *extra))
     # A layout the stored spec cannot take is refused before anything is created (the Reverb
     # backend resolves the tables' layout again: `backends.reverb.backend.options_layout`).
-    resolve_layout(name, stored_spec)
+    resolve_layout(
+        name,
+        stored_spec,
+        frame_stack=table.frame_stack if implementation.kind == "reverb" else None,
+        frame_axis=table.frame_axis,
+    )
     if server_address is None and checkpoint_dir is None:
         raise ConfigError("checkpoint_dir is required unless server_address is given")
     if checkpoint_dir is not None:
@@ -202,22 +213,23 @@ def _with_frames(
     frame_stack: Any,
     frame_axis: Any,
     pad_end_of_episode: bool,
+    server_address: str | None,
     tables: Sequence[TableConfig],
 ) -> tuple[TableConfig, tuple[TableConfig, ...]]:
     """The tables with the frame stack (`frames.check_frame_stack`), every table's.
 
     Raises:
-      ConfigError: Naming the value: an invalid frame stack, a backend other than the local
-        one, or `pad_end_of_episode` (its `Masked` steps are not stacked).
+      ConfigError: Naming the value: an invalid frame stack, a remote Reverb server
+        (`server_address`), or `pad_end_of_episode` (its `Masked` steps are not stacked).
     """
     check_frame_stack(data_spec, frame_stack, frame_axis)
     if frame_stack is None:
         raise ConfigError(f"frame_axis={frame_axis!r} needs frame_stack (an integer >= 2)")
-    if implementation.kind != "local":
+    if implementation.kind not in ("local", "reverb") or server_address is not None:
         raise ConfigError(
-            f"frame_stack={frame_stack!r} (frames stored once) is the local backend's: use "
-            f"backend='local', or store the stacks whole on {implementation.kind!r} (no "
-            "frame_stack)"
+            f"frame_stack={frame_stack!r} (frames stored once) needs backend='local' or an "
+            f"embedded Reverb server, got server_address={server_address!r}: store the "
+            "stacks whole there (no frame_stack)"
         )
     if pad_end_of_episode:
         raise ConfigError(

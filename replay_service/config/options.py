@@ -349,7 +349,7 @@ class TableConfig:
         `replay_service.specs.packed`). Every table of a server has the same layout.
       frame_stack: Local backend: the observation is a stack of this many frames along
         `frame_axis`, each step storing only its newest frame
-        (`replay_service.backends.local.frames`); None: observations stored whole.
+        (`replay_service.specs.frames`); None: observations stored whole.
       frame_axis: The observation's axis the frames are stacked along: 0 (gymnasium's
         `FrameStackObservation`) or -1 (SB3's `VecFrameStack`, channels last).
     """

@@ -72,10 +72,12 @@ class PackedLayout(Layout):
       structure: `stored_spec`.
       fields: Per leaf (`tree.flatten` order): path, dtype, shape and byte range in a row.
       step_bytes: Bytes of one packed step.
+      steps_apart: Each step's row decodes alone (`leaf(rows[:, i], index)`).
     """
 
     name = PACKED
     reverb_only = True
+    steps_apart = True
 
     def __init__(self, stored_spec: Any) -> None:
         super().__init__(stored_spec)

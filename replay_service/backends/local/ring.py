@@ -47,7 +47,6 @@ from replay_service.backends.local.codecs import (
     PayloadBudget,
     codec,
 )
-from replay_service.backends.local.frames import FrameStack
 from replay_service.backends.local.ring_fit import ring_steps
 from replay_service.backends.local.ring_reads import RingReads
 from replay_service.backends.local.scratch import (
@@ -56,6 +55,7 @@ from replay_service.backends.local.scratch import (
     scratch_file,
 )
 from replay_service.backends.local.shared import SharedTable
+from replay_service.specs.frames import FrameStack
 
 STORAGES = ("memory", "memmap")
 # A growing step ring takes at least this fraction of its size more.

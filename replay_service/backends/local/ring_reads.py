@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from replay_service.backends.local.codecs import CompressedColumn
-from replay_service.backends.local.frames import FrameStack
+from replay_service.specs.frames import FrameStack
 
 
 class RingReads:

@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from replay_service.backends.local.frames import FrameStack
 from replay_service.backends.local.ring import STORAGES
 from replay_service.backends.local.shared import (
     CELL_CLOSED,
@@ -67,6 +66,7 @@ from replay_service.errors import (
     ConfigError,
     ManagerClosedError,
 )
+from replay_service.specs.frames import FrameStack
 
 LOCAL_SAMPLERS = ("uniform", "prioritized", "fifo")
 LOCAL_REMOVERS = ("fifo",)

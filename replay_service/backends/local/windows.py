@@ -24,12 +24,12 @@ import numpy as np
 import torch
 
 from replay_service.backends.local.codecs import CompressedColumn
-from replay_service.backends.local.frames import bits
 from replay_service.backends.local.ring import StepRing
 from replay_service.backends.local.slots import Slots
 from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
 from replay_service.errors import SpecMismatchError
+from replay_service.specs.frames import bits
 
 
 class WindowStream:

@@ -296,13 +296,19 @@ class ReverbBackend(Backend):
 
 
 def options_layout(options: BackendOptions) -> Layout:
-    """How the tables of `options` store steps: the primary table's `layout`, resolved for the
-    stored spec (`specs.layout_registry.resolve_layout`).
+    """How the tables of `options` store steps: the primary table's `layout` (and its
+    `frame_stack`), resolved for the stored spec (`specs.layout_registry.resolve_layout`).
 
     Raises:
       ConfigError: If the layout is not a layout name.
     """
-    return resolve_layout(options.tables[0].layout, options.stored_spec)
+    primary = options.tables[0]
+    return resolve_layout(
+        primary.layout,
+        options.stored_spec,
+        frame_stack=primary.frame_stack,
+        frame_axis=primary.frame_axis,
+    )
 
 
 def check_table_exists(client: reverb.Client, name: str, timeout: float | None) -> Any:

@@ -19,9 +19,11 @@ from typing import Any
 import tree
 from reverb import structured_writer as sw
 
+from replay_service.backends.reverb.framed_writers import FramedWindowWriter
 from replay_service.backends.reverb.internals import abandon_writer
-from replay_service.backends.reverb.packed_writers import PackedWindowWriter
+from replay_service.backends.reverb.packed_writers import PackedWindowWriter, SentWriter
 from replay_service.collect.writing import TableWindows, WindowWriter
+from replay_service.specs.framed import FramedLayout
 from replay_service.specs.layouts import Layout
 from replay_service.specs.packed import PackedLayout
 
@@ -159,11 +161,16 @@ def window_writer(
         its items at interpreter exit (`SentWriter.bound_waits`).
 
     Returns:
-      A `StructuredWindowWriter` (nested) or a `PackedWindowWriter` (packed).
+      A `StructuredWindowWriter` (nested), a `PackedWindowWriter` (packed) or a
+      `FramedWindowWriter` (packed, `frame_stack`).
 
     Raises:
       ValueError: If the configs are invalid (as Reverb).
     """
+    if isinstance(layout, FramedLayout):
+        writer: SentWriter = FramedWindowWriter(client, windows, layout)
+        writer.bound_waits(timeout_ms)
+        return writer
     if isinstance(layout, PackedLayout):
         writer = PackedWindowWriter(client, windows, layout)
         writer.bound_waits(timeout_ms)

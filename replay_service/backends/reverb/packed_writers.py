@@ -251,6 +251,10 @@ class SentWriter:
         with contextlib.suppress(Exception):
             self._cpp.Flush(0, _SEND_WAIT_MS)
 
+    def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None) -> None:
+        """Waits until at most `block_until_num_items` items are unconfirmed."""
+        self._writer.flush(block_until_num_items, timeout_ms=timeout_ms)
+
     def close(self) -> None:
         """Closes the Reverb writer."""
         self._closed = True
@@ -329,10 +333,6 @@ class PackedWindowWriter(SentWriter):
         # Raised once the step's items exist: the sender clears it before it flushes, so an
         # item created after a flush keeps it raised for the next one.
         self._unsent = True
-
-    def flush(self, block_until_num_items: int = 0, timeout_ms: int | None = None) -> None:
-        """Waits until at most `block_until_num_items` items are unconfirmed."""
-        self._writer.flush(block_until_num_items, timeout_ms=timeout_ms)
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: int | None = None) -> None:
         """Ends the episode: the next step starts a new one (no window spans both). Waits,

@@ -31,7 +31,8 @@ from replay_service.backends.reverb.bounded_client import BoundedClient, WriteBo
 from replay_service.backends.reverb.packed_writers import SentWriter
 from replay_service.collect.writing import TableWindows, WindowWriter
 from replay_service.config.options import Timeouts
-from replay_service.errors import SpecMismatchError
+from replay_service.errors import ConfigError, SpecMismatchError
+from replay_service.specs.framed import FramedLayout
 from replay_service.specs.layouts import Layout
 from replay_service.specs.packed import PackedLayout, chunk_length
 
@@ -265,8 +266,15 @@ class PackingClient(BoundedClient):
 
         Raises:
           ValueError: If `num_keep_alive_refs` < 1 (as Reverb).
+          ConfigError: On a frame-stacked buffer (`specs.framed`): its rows hold one frame.
         """
         del validate_items
+        if isinstance(self._layout, FramedLayout):
+            raise ConfigError(
+                f"frame_stack={self._layout.frame_stack}: trajectory_writer() of a "
+                "frame-stacked buffer's py_client would write whole stacks; write with the "
+                "manager's observer(), transition_writer() or writers (one frame per step)"
+            )
         if num_keep_alive_refs < 1:
             raise ValueError(
                 f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer"

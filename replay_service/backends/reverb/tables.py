@@ -61,7 +61,12 @@ def make_table(config: TableConfig, data_spec: Any) -> reverb.Table:
     import reverb
 
     sampling = config.sampling
-    layout = resolve_layout(config.layout, stored_spec(data_spec, config.pad_end_of_episode))
+    layout = resolve_layout(
+        config.layout,
+        stored_spec(data_spec, config.pad_end_of_episode),
+        frame_stack=config.frame_stack,
+        frame_axis=config.frame_axis,
+    )
     return reverb.Table(
         name=config.name,
         sampler=make_selector(sampling.sampler, sampling.priority_exponent),

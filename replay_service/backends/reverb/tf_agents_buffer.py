@@ -17,6 +17,8 @@ from replay_service.backends.reverb.layout_datasets import sequence_preprocess
 from replay_service.backends.reverb.sampling_errors import bound_sampling, sampling_timeout_message
 from replay_service.config.batch_limits import require_batch_size
 from replay_service.config.options import to_ms
+from replay_service.errors import ConfigError
+from replay_service.specs.framed import FramedLayout
 from replay_service.specs.layout_registry import as_layout
 from replay_service.specs.layouts import NESTED, Layout
 from replay_service.specs.packed import layout_of
@@ -100,6 +102,17 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
                 layout_of(data_spec).step_bytes * (num_steps or self._sequence_length),
                 what=f"table {self._table_name!r}",
             )
+        sequence_length = self._sequence_length
+        if isinstance(layout, FramedLayout):
+            if num_steps not in (None, sequence_length):
+                raise ConfigError(
+                    f"num_steps={num_steps!r}: a frame-stacked table (frame_stack="
+                    f"{layout.frame_stack}) is read in whole items of sequence_length "
+                    f"{sequence_length} (num_steps=None or {sequence_length})"
+                )
+            # Its items hold K - 1 steps more, which the unpacking turns into stacks.
+            num_steps = None
+            self._sequence_length = sequence_length + layout.history
         self._data_spec = layout.step_spec()
         try:
             dataset = super()._as_dataset(
@@ -110,6 +123,7 @@ class ReplayBuffer(reverb_replay_buffer.ReverbReplayBuffer):
             )
         finally:
             self._data_spec = data_spec
+            self._sequence_length = sequence_length
         return bound_sampling(
             dataset,
             self._server_address,

@@ -204,7 +204,7 @@ class SampleSource(PackingSource):
 
         def rows_reader(layout: PackedLayout) -> Callable[[Sequence[Any]], list[torch.Tensor]]:
             prepare_rows = pack.prepare_rows
-            if prepare_rows is not None:
+            if prepare_rows is not None and layout.steps_apart:
 
                 def read_kept_rows(flat: Sequence[Any]) -> list[torch.Tensor]:
                     # Reads only the bytes it keeps.

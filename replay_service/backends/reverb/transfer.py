@@ -89,6 +89,8 @@ def insert_items(
         return
     timeout_ms = to_ms(timeouts.write)
     data = layout.encode_columns(items.data)
+    # A frame-stacked table's item also holds its first stack's earlier frames.
+    sequence_length = int(data[0].shape[1])
     continues = _continues_previous(data, sequence_length)
     priorities = items.priorities.tolist()
     with client.item_writer(layout, sequence_length) as writer:

@@ -1,7 +1,7 @@
 """Frames stored once (`frame_stack`): Atari observations of gymnasium's own wrappers on a real
 ALE env, written through the users' doors, read back exactly by every sampling call.
 
-Every step of a frame-stacked buffer stores its newest frame only (`backends.local.frames`);
+Every step of a frame-stacked buffer stores its newest frame only (`specs.frames`);
 these tests check that each sampled stack (states and next states) is the one the env gave,
 both paddings and both stacking axes, that stacks which are not shifts of the previous one
 are refused, and that checkpoints and exports round-trip.
@@ -9,13 +9,14 @@ are refused, and that checkpoints and exports round-trip.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,112 +30,35 @@ from replay_service.specs import sizes
 gym = pytest.importorskip("gymnasium")
 ale_py = pytest.importorskip("ale_py")
 from gymnasium import spaces
-from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+from atari_frames import (
+    breakout,
+    breakout_manager,
+    check_items,
+    fill,
+    items,
+    laid_out,
+    pairs,
+    recordings,
+    write,
+)
 
 pytestmark = pytest.mark.local
 
-gym.register_envs(ale_py)
 FAST = Timeouts(connect=5.0, write=10.0, sample=2.0, checkpoint=60.0)
-STEPS = 160  # a few episodes: every lost life terminates one
 FRAME_BYTES = 84 * 84
-
-
-def breakout(padding: str) -> Any:
-    """Breakout as DQN sees it: gymnasium's preprocessing and frame stack of 4."""
-    env = AtariPreprocessing(
-        gym.make("BreakoutNoFrameskip-v4", max_episode_steps=120),
-        frame_skip=4,
-        noop_max=0,
-        terminal_on_life_loss=True,
-    )
-    return FrameStackObservation(env, 4, padding_type=padding)
-
-
-def record(padding: str, steps: int = STEPS) -> list[tuple[Any, ...]]:
-    """`steps` transitions `(state, action, reward, next_state, terminated, truncated)` of a
-    seeded random policy."""
-    env = breakout(padding)
-    rng = np.random.default_rng(0)
-    state, _ = env.reset(seed=0)
-    out = []
-    for _ in range(steps):
-        action = int(rng.integers(env.action_space.n))
-        next_state, reward, terminated, truncated, _ = env.step(action)
-        out.append((state, action, float(reward), next_state, terminated, truncated))
-        state = next_state
-        if terminated or truncated:
-            state, _ = env.reset()
-    env.close()
-    return out
 
 
 @pytest.fixture(scope="module")
 def episodes() -> dict[str, list[tuple[Any, ...]]]:
-    """Recorded transitions per padding ("reset": gymnasium's default, "zero": SB3's)."""
-    return {padding: record(padding) for padding in ("reset", "zero")}
-
-
-def channels_last(transitions: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """SB3's `VecFrameStack` layout `(84, 84, 4)`: the frames along the last axis."""
-    return [
-        (np.moveaxis(s, 0, -1).copy(), a, r, np.moveaxis(n, 0, -1).copy(), d, t)
-        for s, a, r, n, d, t in transitions
-    ]
+    """Recorded Breakout transitions per padding (`atari_frames.recordings`)."""
+    return recordings()
 
 
 @pytest.fixture()
-def make(tmp_path) -> Iterator[Callable[..., ReplayBufferManager]]:
-    """Local frame-stacked managers of Breakout's spaces; closed at teardown."""
-    made: list[ReplayBufferManager] = []
-
-    def factory(name: str = "ckpt", axis: int = 0, **options: Any) -> ReplayBufferManager:
-        shape = (4, 84, 84) if axis == 0 else (84, 84, 4)
-        options.setdefault("capacity", 1000)
-        options.setdefault("frame_stack", 4)
-        options.setdefault("frame_axis", axis)
-        manager = ReplayBufferManager.from_spaces(
-            spaces.Box(0, 255, shape, np.uint8),
-            spaces.Discrete(4),
-            checkpoint_dir=str(tmp_path / name),
-            backend="local",
-            timeouts=FAST,
-            seed=0,
-            **options,
-        )
-        made.append(manager)
-        return manager
-
-    yield factory
-    for manager in made:
-        manager.close()
-
-
-def write(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
-    writer = manager.transition_writer()
-    for transition in transitions:
-        writer.add(*transition)
-
-
-def pairs(transitions: list[tuple[Any, ...]]) -> set[tuple[bytes, bytes]]:
-    """The transitions' `(state, next state)` stacks; the last one's item is not written
-    unless it ended its episode (its item comes with the next step)."""
-    if not (transitions[-1][4] or transitions[-1][5]):
-        transitions = transitions[:-1]
-    return {(s.tobytes(), n.tobytes()) for s, _, _, n, _, _ in transitions}
-
-
-def items(manager: ReplayBufferManager) -> list[np.ndarray]:
-    return manager._backend.read_items(manager.table_config).data
-
-
-def check_items(manager: ReplayBufferManager, transitions: list[tuple[Any, ...]]) -> None:
-    """Every item, in order, is one transition: its state and next state the env's (the
-    last transition's item comes with the step after it, unless it ended its episode)."""
-    observations = items(manager)[1]
-    assert len(transitions) - 1 <= len(observations) <= len(transitions)
-    for (state, *_, next_state, _, _), item in zip(transitions, observations, strict=False):
-        np.testing.assert_array_equal(item[0], state)
-        np.testing.assert_array_equal(item[1], next_state)
+def make(make_from_spaces) -> Callable[..., ReplayBufferManager]:
+    """Local frame-stacked managers of Breakout's spaces (`atari_frames.breakout_manager`)."""
+    return functools.partial(breakout_manager, make_from_spaces, "local", timeouts=FAST, seed=0)
 
 
 def table(manager: ReplayBufferManager) -> Any:
@@ -144,13 +68,9 @@ def table(manager: ReplayBufferManager) -> Any:
 @pytest.mark.heavy
 @pytest.mark.parametrize(("padding", "axis"), [("reset", 0), ("zero", 0), ("zero", -1)])
 def test_every_read_returns_the_envs_stacks(make, episodes, padding: str, axis: int) -> None:
-    transitions = episodes[padding] if axis == 0 else channels_last(episodes[padding])
-    assert sum(t[4] for t in transitions) >= 2 and sum(t[5] for t in transitions) >= 1
+    transitions = laid_out(episodes[padding], axis)
     manager = make(axis=axis)
-    manager.create_replay_buffer()
-    write(manager, transitions)
-    check_items(manager, transitions)
-    truth = pairs(transitions)
+    truth = fill(manager, transitions)
     seen: set[tuple[bytes, bytes]] = set()
     reads = {
         "torch_batches": manager.torch_batches(64, transitions=True),
@@ -368,13 +288,13 @@ def test_bad_frame_stacks_are_refused(make, options: dict[str, Any], message: st
             r"frame_stack=4 needs an observation that is one",
         ),
         (
-            spaces.Box(0, 255, (4, 84, 84), np.uint8),
+            spaces.Dict({"pixels": spaces.Box(0, 255, (4, 8, 8), np.uint8)}),
             "reverb",
-            r"frame_stack=4 \(frames stored once\) is the local backend's",
+            r"frame_stack=4 needs an observation that is one",
         ),
     ],
 )
-def test_nests_and_the_reverb_backend_are_refused(
+def test_nested_observations_are_refused_on_both_backends(
     tmp_path, observation: Any, backend: str, message: str
 ) -> None:
     if backend == "reverb":
@@ -452,9 +372,7 @@ def test_memmap_storage_and_tf_datasets_read_the_envs_stacks(make, episodes) -> 
     still every stack reads back (also through `get_dataset`)."""
     transitions = episodes["reset"][:60]
     manager = make(storage="memmap", capacity=40)
-    manager.create_replay_buffer()
-    write(manager, transitions)
-    truth = pairs(transitions)
+    truth = fill(manager, transitions, check=False)
     observations = items(manager)[1]
     assert len(observations) == 40
     assert {(o[0].tobytes(), o[1].tobytes()) for o in observations} <= truth
@@ -468,9 +386,7 @@ def test_memmap_storage_and_tf_datasets_read_the_envs_stacks(make, episodes) -> 
 def test_a_ring_on_the_gpu_gathers_the_stacks_there(make, episodes) -> None:
     transitions = episodes["zero"][:40]
     manager = make(device="cuda")
-    manager.create_replay_buffer()
-    write(manager, transitions)
-    truth = pairs(transitions)
+    truth = fill(manager, transitions, check=False)
     batch = next(iter(manager.torch_batches(32, transitions=True, device="cuda")))
     assert batch.states.device.type == "cuda"
     got = {

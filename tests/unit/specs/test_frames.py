@@ -1,4 +1,4 @@
-"""`backends.local.frames.FrameStack`: splitting stacks into frames and back, on both axes,
+"""`specs.frames.FrameStack`: splitting stacks into frames and back, on both axes,
 and the checks of what collectors write."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from replay_service.backends.local.frames import FrameStack, check_frame_stack
 from replay_service.errors import ConfigError, SpecMismatchError
+from replay_service.specs.frames import FrameStack, check_frame_stack
 
 pytestmark = pytest.mark.local
 
