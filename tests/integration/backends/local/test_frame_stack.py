@@ -34,6 +34,7 @@ from gymnasium import spaces
 from atari_frames import (
     breakout,
     breakout_manager,
+    channels_last,
     check_items,
     fill,
     items,
