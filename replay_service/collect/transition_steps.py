@@ -61,6 +61,8 @@ class Leaf:
             return [value]
         elif kind is float and self.finite_scalar and size is None:
             return [self.scalar_type(value)]
+        elif kind is int or kind is float or kind is bool:
+            array = np.asarray(value)  # what `to_numpy` gives, without looking for tensors
         else:
             array = to_numpy(value)
         if size is None:

@@ -82,6 +82,7 @@ class LocalWindowWriter:
         self._step_index = -1
         self._longest = max(w.sequence_length for w in self._windows)
         self._frames = self._windows[0].table.frames  # stacked observations: checked
+        self._exact = [(dtype.type, dtype, shape) for _, dtype, shape in self._fields]
 
     def append(self, step: Any) -> None:
         """Appends one step (a nest, or the flat list of its leaves); inserts due windows.
@@ -97,10 +98,23 @@ class LocalWindowWriter:
                 f"a step has {len(leaves)} fields, the table stores {len(fields)} "
                 f"({[path for path, _, _ in fields]})"
             )
+        # What the collectors' fast paths hand over: arrays or numpy scalars of the fields'
+        # dtypes and shapes, taken as they are.
+        for value, (kind, dtype, shape) in zip(leaves, self._exact):  # noqa: B905
+            if (
+                (type(value) is np.ndarray or type(value) is kind)
+                and (value.dtype is dtype or value.dtype == dtype)
+                and value.shape == shape
+            ):
+                continue
+            break
+        else:
+            self._store(list(leaves))
+            return
         arrays = []
         for value, (path, dtype, shape) in zip(leaves, fields, strict=True):
             if type(value) is np.ndarray and value.dtype == dtype and value.shape == shape:
-                arrays.append(value)  # what the collectors' fast paths hand over
+                arrays.append(value)
                 continue
             try:
                 array = np.asarray(value, dtype=dtype)
@@ -111,6 +125,11 @@ class LocalWindowWriter:
                     f"field {path!r}: expected shape {list(shape)}, got {list(array.shape)}"
                 )
             arrays.append(array)
+        self._store(arrays)
+
+    def _store(self, arrays: list[np.ndarray]) -> None:
+        """`append` of a step whose fields are checked and converted: checks its frames and
+        inserts the due windows."""
         if self._frames is not None:
             self._frames.check_step(
                 arrays[self._frames.field],

@@ -265,6 +265,113 @@ class RingReads:
             torch.from_numpy(frames.stacks(nexts)),
         )
 
+    def _pair_plan(self, first: np.ndarray, second: np.ndarray, batch_size: int) -> PairPlan:
+        """What `_pair_frames` needs to gather the stacks of `_stack_pair(first, second)`
+        later, a batch of `batch_size` rows at a time (a host ring of uncompressed frames):
+        each row's K+1 frames as ring positions and as serials (valid while the rows' items
+        are held; the positions until the ring grows), which frames are zeros, and the rows
+        whose second stack is gathered alone (it is not the first shifted by one frame)."""
+        frames = self._frames
+        preds = self._preds
+        assert frames is not None and preds is not None
+        k = frames.k
+        n = len(first)
+        batches = n // batch_size
+        shift = self._written - self._head  # a serial less its ring position (before the head)
+        serials = np.empty((n, k + 1), dtype=np.int64)
+        earlier = serials[:, : k - 1]
+        preds.take(first, axis=0, out=earlier)
+        for column, at in ((k - 1, first), (k, second)):
+            np.add(at, shift, out=serials[:, column])
+            serials[:, column][at >= self._head] -= self._ring_size
+        own, nxt = serials[:, k - 1], serials[:, k]
+        after = preds.take(second, axis=0)
+        chained = (after[:, :-1] == earlier[:, 1:]).all(axis=1) & (after[:, -1] == own)
+        zero = earlier < 0
+        zero_in = [False] * batches
+        if zero.any():
+            np.copyto(earlier, own[:, None], where=zero)  # a frame held, zeroed once gathered
+            zero_in = zero.reshape(batches, batch_size, -1).any(axis=(1, 2)).tolist()
+        alone: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        if not chained.all():
+            rows = np.flatnonzero(~chained)
+            held = after[rows] >= 0
+            stacks = np.concatenate(
+                [np.where(held, after[rows], nxt[rows, None]), nxt[rows, None]], axis=1
+            )
+            batch_of = rows // batch_size
+            for batch in np.unique(batch_of).tolist():
+                inside = batch_of == batch
+                alone[batch] = (rows[inside] - batch * batch_size, stacks[inside], held[inside])
+        positions = self._positions(serials.copy())
+        return PairPlan(
+            positions, serials, self._ring_size, shift % self._ring_size, zero, zero_in, alone
+        )
+
+    def _pair_frames(self, plan: PairPlan, batch: int) -> tuple[Any, Any]:
+        """The stacks of batch `batch` of `plan` (its items held), as `_stack_pair`'s."""
+        frames = self._frames
+        assert frames is not None and self._columns is not None
+        k = frames.k
+        column = self._columns[frames.field]
+        size = len(plan.positions) // len(plan.zero_in)
+        lo, hi = batch * size, (batch + 1) * size
+        ring = self._ring_size
+        if ring == plan.ring_size and (self._written - self._head) % ring == plan.shift:
+            at = plan.positions[lo:hi]  # the ring did not grow since the draw
+        else:
+            at = self._positions(plan.serials[lo:hi].copy())
+        taken = column.take(at, axis=0)  # [size, K+1, *frame]
+        if plan.zero_in[batch]:
+            taken[:, : k - 1][plan.zero[lo:hi]] = 0
+        nexts = taken[:, 1:]
+        alone = plan.alone.get(batch)
+        if alone is not None:
+            rows, serials, held = alone
+            nexts = nexts.copy()
+            stacks = column.take(self._positions(serials.copy()), axis=0)
+            stacks[:, : k - 1][~held] = 0
+            nexts[rows] = stacks
+        return (
+            torch.from_numpy(frames.stacks(taken[:, :k])),
+            torch.from_numpy(frames.stacks(nexts)),
+        )
+
+
+class PairPlan:
+    """Batches of transitions drawn ahead (`RingReads._pair_plan`).
+
+    Attributes:
+      positions: Per row, the ring positions of its K+1 frames, oldest first, `[n, K+1]`.
+      serials: Their serials (the positions again once the ring grew).
+      ring_size: The ring's size when drawn.
+      shift: A serial less its ring position, modulo the ring's size, when drawn.
+      zero: Per row, which of its first K-1 frames are zeros, `[n, K-1]`.
+      zero_in: Per batch, whether any of its frames are zeros.
+      alone: Per batch that has them, the rows (in the batch) whose second stack is gathered
+        alone, the serials of its K frames and which of its first K-1 are held (not zeros).
+    """
+
+    __slots__ = ("alone", "positions", "ring_size", "serials", "shift", "zero", "zero_in")
+
+    def __init__(
+        self,
+        positions: np.ndarray,
+        serials: np.ndarray,
+        ring_size: int,
+        shift: int,
+        zero: np.ndarray,
+        zero_in: list[bool],
+        alone: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    ) -> None:
+        self.positions = positions
+        self.serials = serials
+        self.ring_size = ring_size
+        self.shift = shift
+        self.zero = zero
+        self.zero_in = zero_in
+        self.alone = alone
+
 
 class Deferred:
     """A compressed field's gathered payloads and how to decode them: called (after the

@@ -10,6 +10,7 @@ leading dimensions `[batch, sequence_length]`, the info broadcast along the sequ
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -175,9 +176,12 @@ class LocalSampleSource(PackingSource):
             yield from self.worker_source()._samples(request)
             return
         batch_size, convert, pack = request.batch_size, request.convert, request.pack
-        draws = self.draws_per_call(batch_size)
         # Transitions read only the steps they keep (`Packer.steps`).
         steps = pack.steps if self.sequence_length == TRANSITION_SEQUENCE_LENGTH else None
+        if steps is not None and pack.prepare_steps is not None and self.table.pair_steps(steps):
+            yield from self._pair_samples(request, steps)
+            return
+        draws = self.draws_per_call(batch_size)
         prepare = pack.prepare if steps is None else pack.prepare_steps
         assert prepare is not None
         table, timeout, with_info = self.table, self.sample_timeout, request.with_info
@@ -204,6 +208,70 @@ class LocalSampleSource(PackingSource):
             parts = split_batches(prepare(data), batch_size, draws)
             info_parts = None if infos is None else split_batches(infos, batch_size, draws)
             yield from hand_out(self, pack, parts, info_parts, draws, clears)
+
+    def _pair_samples(
+        self, request: SampleRequest, steps: Sequence[tuple[int, int]]
+    ) -> TorchSamples:
+        """`_samples` of transitions whose stacked observations are drawn ahead
+        (`LocalTable.pair_steps`): `DRAW_BATCHES` batches of indices at a time (within
+        `DRAW_ITEMS` items, and `batches.DRAW_BYTES` of the fields read with them), their
+        frames gathered a batch at a time, as it is handed out. Each batch's draws are counted
+        then, and its info is the table's then; a batch one of whose items left the table
+        since the draw (evicted, cleared) is drawn again, with the batches after it."""
+        from replay_service.sample.batches import (
+            TRANSITION_SEQUENCE_LENGTH,
+            draws_per_call,
+            split_batches,
+        )
+
+        batch_size, convert, pack = request.batch_size, request.convert, request.pack
+        prepare, build = pack.prepare_steps, pack.build
+        assert prepare is not None
+        table, timeout, with_info = self.table, self.sample_timeout, request.with_info
+        assert table.frames is not None
+        field = table.frames.field
+        stacked = table.fields[field]
+        stack_bytes = math.prod(stacked["shape"]) * np.dtype(stacked["dtype"]).itemsize
+        # What is read at the draw: every field but the stacked observation.
+        plain_bytes = table.item_bytes - stack_bytes * TRANSITION_SEQUENCE_LENGTH
+        draws = min(DRAW_BATCHES, draws_per_call(batch_size, max(1, plain_bytes), DRAW_ITEMS))
+        # Where the stacks go among the prepared tensors (the pairs kept come first, in order).
+        at_state, at_next = (steps.index((field, 0)), steps.index((field, 1)))
+        placeholder = torch.empty((batch_size * draws, 0))
+        checked = False
+        while True:
+            closed = self.closed_error()
+            if closed is not None:
+                raise closed
+            if not checked:  # the batch size checked the first time only
+                require_batch_size(
+                    "batch_size", batch_size, table.item_bytes, what=f"table {self.table_name!r}"
+                )
+                checked = True
+            drawn = table.draw_pairs(batch_size, draws, steps, timeout)
+            data = iter(drawn.data if convert is None else [convert(t) for t in drawn.data])
+            read = [placeholder if pair[0] == field else next(data) for pair in steps]
+            prepared = prepare(read)
+            parts = list(zip(*split_batches(prepared, batch_size, draws), strict=True))
+            for k in range(draws):
+                if k:
+                    closed = self.closed_error()
+                    if closed is not None:
+                        raise closed
+                got = table.read_pairs(drawn, k, with_info)
+                if got is None:  # an item left the table: draw again
+                    break
+                (state, next_state), info = got
+                if convert is not None:
+                    state, next_state = convert(state), convert(next_state)
+                batch = list(parts[k])
+                batch[at_state], batch[at_next] = state, next_state
+                yield (
+                    build(batch),
+                    tuple(_info_tensor(info[name]) for name in SampleInfo._fields)
+                    if with_info
+                    else None,
+                )
 
     def draws_per_call(self, batch_size: int) -> int:
         """Batches a torch stream draws per table call: for a table of independent draws

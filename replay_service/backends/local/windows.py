@@ -143,6 +143,17 @@ class WindowInserts(StepRing):
                 self._check_payload_room(encoded.values())
             if self.size >= self.config.capacity:
                 self._evict_oldest(self.size + 1 - self.config.capacity)
+            if (
+                fresh == 1
+                and length > 1
+                and stream is not None
+                and self._frames is not None
+                and self._device is None
+                and not self._compressed
+            ):
+                key = self._insert_next(steps[-1], priority, stream)
+                if key is not None:
+                    return key
             new = length
             keep = -1
             serials: list[int] = []
@@ -230,6 +241,75 @@ class WindowInserts(StepRing):
             self._publish()  # held: its steps and first serial are written
             self.inserts += 1
             self._changed.notify()
+        return key
+
+    def _insert_next(
+        self, step: Sequence[np.ndarray], priority: float, stream: WindowStream
+    ) -> int | None:
+        """`insert_window` of a writer's window of stacked observations that shares all but
+        its last step (`step`) with its previous item (a collector's every step after its
+        first window), on a host ring of uncompressed fields, the lock held and room made:
+        the step's newest frame and other fields written in place. Returns the item's key, or
+        None, having changed nothing but the ring's size, where the window cannot share its
+        steps (`insert_window` then writes it as it writes any)."""
+        chain = stream.frames
+        serials = stream.serials
+        length = self._length
+        if not chain or len(serials) < length - 1 or not self._shares:
+            return None
+        keep = serials[1 - length]
+        if keep < self._oldest or not self._slots.holds(stream.key):
+            return None
+        anchor = self._anchor(keep)  # the oldest serial the item needs
+        if not self._claim(1, anchor):
+            return None
+        frames = self._frames
+        columns, preds = self._columns, self._preds
+        assert frames is not None and columns is not None and preds is not None
+        field, k = frames.field, frames.k
+        size = self._ring_size
+        position, serial = self._head, self._written
+        stack = step[field]
+        newest = frames.part(stack, k - 1, k)
+        # `frames.zero(stack)`, the newest frame already at hand.
+        zero = not np.count_nonzero(bits(newest)) and not np.count_nonzero(bits(stack))
+        row = [-1] * (k - 1) if zero else chain
+        for index, value in enumerate(step):
+            columns[index][position] = newest if index == field else value
+        preds[position] = row
+        if self._gap is not None:
+            self._gap[position] = 1
+        stream.frames = [*row[1:], serial]
+        last = serials[-1]
+        if serial - last != 1:  # interleaved writers
+            self._gaps()[(last - serial + position) % size] = serial - last
+        end = serial + 1
+        self._head = position + 1 if position + 1 < size else 0
+        self._written = end
+        if end - size > self._oldest:
+            self._oldest = end - size
+        stream.serials = [*serials[1 - length :], serial]
+        refs = self._refs
+        at = (anchor - serial + position) % size
+        refs[at] += 1
+        if refs[at] >= 255 and refs.dtype == np.uint8:
+            self._refs = refs.astype(np.int32)
+        slot, key = self._slots.allocate_one()
+        self._first[slot] = keep
+        if keep + length != end:
+            self._consecutives()[slot] = False
+            self._scattered += 1
+        elif self._consecutive is not None:
+            self._consecutive[slot] = True
+        self._times_sampled[slot] = 0
+        if self._priority is not None and self._tree is None:
+            self._priority[slot] = priority
+        elif priority != self._flat_priority or self._tree is not None:
+            self._set_priorities(np.array([slot]), np.array([priority]))
+        stream.key = key
+        self._publish()  # held: its step and first serial are written
+        self.inserts += 1
+        self._changed.notify()
         return key
 
     def _claim_frames(

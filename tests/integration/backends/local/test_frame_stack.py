@@ -519,3 +519,62 @@ def test_payloads_the_memory_cannot_hold_are_refused_whole_keeping_the_buffer(
         np.testing.assert_array_equal(got[: len(want)], want)
     assert len(batches(packed, 2)) == 2  # still readable
     packed.checkpoint()
+
+
+class _CountingRng:
+    """A generator that counts its `integers` calls (one per draw of a table)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.calls = 0
+
+    def integers(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.rng.integers(*args, **kwargs)
+
+
+def test_transition_streams_draw_several_batches_per_table_call(make, episodes) -> None:
+    """A frame-stacked table's transition stream draws 16 batches of indices at once and
+    gathers each batch's frames as it is handed out, counting its draws then."""
+    manager = make()
+    manager.create_replay_buffer()
+    write(manager, episodes["reset"])
+    counting = table(manager)._rng = _CountingRng(table(manager)._rng)
+    truth = pairs(episodes["reset"])
+    with manager.torch_batches(32, transitions=True) as stream:
+        for count, batch in enumerate(itertools.islice(stream, 20), start=1):
+            got = {
+                (s.numpy().tobytes(), n.numpy().tobytes())
+                for s, n in zip(batch.states, batch.next_states, strict=True)
+            }
+            assert got <= truth
+            assert table(manager).samples == 32 * count  # counted as handed out
+    assert counting.calls == 2  # batches 1-16, 17-20
+    assert int(table(manager)._times_sampled.sum()) == 20 * 32
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("padding", ["reset", "zero"])
+def test_batches_drawn_ahead_whose_items_left_are_drawn_again(make, episodes, padding) -> None:
+    """Steps written between batches evict items of batches drawn ahead, and grow the ring:
+    those batches are drawn again, and every batch reads the env's stacks."""
+    transitions = episodes[padding]
+    manager = make(capacity=20)
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    for transition in transitions[:30]:
+        writer.add(*transition)
+    truth = pairs(transitions)
+    counting = table(manager)._rng = _CountingRng(table(manager)._rng)
+    with manager.torch_batches(8, transitions=True, with_info=True) as stream:
+        for transition in transitions[30:]:
+            writer.add(*transition)  # evicts the oldest item
+            batch, info = next(stream)
+            got = {
+                (s.numpy().tobytes(), n.numpy().tobytes())
+                for s, n in zip(batch.states, batch.next_states, strict=True)
+            }
+            assert got <= truth
+            assert (info.table_size == table(manager).size).all()
+    assert counting.calls > 1
+    assert table(manager).samples == 8 * (len(transitions) - 30)
