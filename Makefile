@@ -26,14 +26,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/replay-demo
 
+# `make test` runs the files on TEST_WORKERS pytest-xdist workers, each file whole on one
+# (its module fixtures shared), the system tier first; `TEST_WORKERS=0` runs them in one process.
+TEST_WORKERS ?= 3
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 	@$(MAKE) --no-print-directory test-py312
 
 # The fast tier, for the edit-and-test loop: tests/unit/ and the integration tests not marked
 # `heavy`, listing its 15 slowest tests. `make test` runs every tier and stays the CI command.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not heavy" --durations=15 tests/unit tests/integration
+	$(BIN)/python -m pytest -q -m "not slow and not heavy" --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/unit tests/integration
 
 # Python 3.12, torch path only: the local-backend tests. Without python3.12 this is skipped
 # with a warning, except in CI (CI=true), where it fails.

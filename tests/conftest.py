@@ -57,15 +57,25 @@ TIERS = ("unit", "integration", "system")
 """The tier directories under tests/; each test gets its directory's marker (`-m unit` etc.)."""
 
 
+_TIER_ORDER = {"system": 0, "integration": 1, "unit": 2}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks each test with its tier, the first directory of its path under tests/."""
+    """Marks each test with its tier, the first directory of its path under tests/; in a
+    pytest-xdist worker (`make test` runs `-n`), orders the tiers slowest first (system,
+    integration, unit), each file whole, so that no long file starts last on one worker."""
+    rank = {}
     for item in items:
         path = Path(item.path).resolve()
+        tier = None
         if path.is_relative_to(TESTS_DIR):
             tier = path.relative_to(TESTS_DIR).parts[0]
             if tier in TIERS:
                 item.add_marker(tier)
+        rank[item.nodeid] = _TIER_ORDER.get(tier, len(_TIER_ORDER))
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: rank[item.nodeid])  # stable: files stay whole and in order
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
