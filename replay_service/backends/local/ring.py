@@ -22,11 +22,11 @@ Should a ring at its largest size still be short, it evicts the oldest items unt
 step it overwrites. With a `device` the ring is torch tensors on that device, written from
 host steps and gathered there by index. With `compression=` the frame column of a stacked
 observation and every field of at least `COMPRESS_MIN_BYTES` per step are
-`codecs.CompressedColumn`s (a payload per step, grown by `remap`); an insert whose payloads
-the memory cannot hold is refused whole with a `ConfigError` before it changes anything
-(`_check_payload_room`, `codecs.PayloadBudget`). Reads (`ring_reads`) gather their
-payloads under the table's lock and return `Deferred`s, which the table decodes (`decoded`)
-after releasing it.
+`compressed_column.CompressedColumn`s (a payload per step, grown by `remap`); an insert whose
+payloads the memory cannot hold is refused whole with a `ConfigError` before it changes
+anything (`_check_payload_room`, `compressed_column.PayloadBudget`). Reads (`ring_reads`)
+gather their payloads under the table's lock and return `Deferred`s, which the table decodes
+(`decoded`) after releasing it.
 """
 
 from __future__ import annotations
@@ -39,14 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from replay_service.backends.local.codecs import (
-    COMPRESS_MIN_BYTES,
-    SLOT_OVERHEAD,
-    Codec,
-    CompressedColumn,
-    PayloadBudget,
-    codec,
-)
+from replay_service.backends.local.codecs import COMPRESS_MIN_BYTES, SLOT_OVERHEAD, Codec, codec
+from replay_service.backends.local.compressed_column import CompressedColumn, PayloadBudget
 from replay_service.backends.local.ring_fit import ring_steps
 from replay_service.backends.local.ring_reads import RingReads
 from replay_service.backends.local.scratch import (
@@ -215,7 +209,7 @@ class StepRing(RingReads):
 
     def _check_payload_room(self, payloads: Iterable[bytes]) -> None:
         """Refuses an insert whose compressed `payloads` the memory cannot hold: call it under
-        the table's lock before the insert changes anything (`codecs.PayloadBudget`).
+        the table's lock before the insert changes anything (`compressed_column.PayloadBudget`).
 
         Raises:
           ConfigError: Naming the bytes held, needed and available; nothing is changed.

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from replay_service.backends.local.codecs import CompressedColumn
+from replay_service.backends.local.compressed_column import CompressedColumn
 from replay_service.specs.frames import FrameStack
 
 

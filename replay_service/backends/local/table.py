@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.pair_draws import PairDrawing
 from replay_service.backends.local.ring import STORAGES
-from replay_service.backends.local.ring_reads import PairPlan
 from replay_service.backends.local.shared import (
     CELL_CLOSED,
     CELL_NEXT,
@@ -130,7 +130,7 @@ def check_local_table(config: TableConfig) -> None:
         )
 
 
-class LocalTable(WindowInserts, Shareable):
+class LocalTable(WindowInserts, Shareable, PairDrawing):
     """One table of the local backend (see module docstring): its items, their sampling,
     priorities and checkpoints; its step ring, inserts and move into shared memory are its base
     classes' (`ring.StepRing`, `windows.WindowInserts`, `sharing.Shareable`).
@@ -328,96 +328,6 @@ class LocalTable(WindowInserts, Shareable):
         data = [torch.cat([p[0][j] for p in parts]) for j in range(len(parts[0][0]))]
         info = {name: np.concatenate([p[1][name] for p in parts]) for name in parts[0][1]}
         return data, info
-
-    def pair_steps(self, steps: Sequence[tuple[int, int]]) -> bool:
-        """Whether transitions reading `steps` can be drawn ahead (`draw_pairs`): a uniform
-        table of independent draws whose stacked observations are read at steps 0 and 1 from
-        host frames stored as they are.
-
-        Args:
-          steps: `(field, step)` pairs of a transition (`sample`'s `steps`).
-        """
-        frames = self._frames
-        return (
-            frames is not None
-            and self.config.sampling.independent_draws
-            and isinstance(self._slots, RingSlots)
-            and self._device is None
-            and not self._compressed
-            and self._length == 2
-            and sorted(s for f, s in steps if f == frames.field) == [0, 1]
-        )
-
-    def draw_pairs(
-        self, batch_size: int, draws: int, steps: Sequence[tuple[int, int]], timeout: float | None
-    ) -> PairDraws:
-        """Draws `draws` batches of `batch_size` transitions at once (see `pair_steps`), uniform
-        with replacement, and reads every field but the stacked observation: their frames are
-        gathered a batch at a time by `read_pairs`, which counts the batch's draws.
-
-        Args:
-          batch_size: Items per batch.
-          draws: Batches.
-          steps: `(field, step)` pairs read per item (`sample`'s `steps`).
-          timeout: Seconds to wait for `min_size_to_sample` items; None waits forever.
-
-        Returns:
-          The draws, for `read_pairs`.
-
-        Raises:
-          BufferStateError: If the table does not hold `min_size_to_sample` items within
-            `timeout`.
-          ManagerClosedError: If the table was closed (also while waiting).
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        frames = self._frames
-        assert frames is not None and isinstance(self._slots, RingSlots)
-        field = frames.field
-        plain = [pair for pair in steps if pair[0] != field]
-        total = batch_size * draws
-        with self._changed:
-            self._wait_for_items(deadline, timeout)
-            numbers = self._rng.integers(0, self.size, total) + self._slots.first
-            slots = numbers % self.config.capacity
-            positions = self._step_positions(slots, 1)
-            data = self._read_plain(dict(enumerate(positions)), plain) if plain else []
-            plan = self._pair_plan(positions[0], positions[1], batch_size)
-        oldest = numbers.reshape(draws, batch_size).min(axis=1).tolist()
-        return PairDraws(batch_size, numbers, slots, oldest, data, plan)
-
-    def read_pairs(
-        self, drawn: PairDraws, index: int, with_info: bool
-    ) -> tuple[tuple[torch.Tensor, torch.Tensor], dict[str, np.ndarray]] | None:
-        """Batch `index` of `drawn`: its stacked observations at steps 0 and 1 (as `sample`
-        reads them) and its info (as `sample`'s; an empty dict without `with_info`), its draws
-        counted as samples now; None if one of its items left the table since the draw
-        (nothing counted then).
-
-        Raises:
-          ManagerClosedError: If the table was closed.
-        """
-        size = drawn.batch_size
-        lo = index * size
-        with self._changed:
-            self._require_open()
-            if drawn.oldest[index] < self._slots.first:  # RingSlots: items leave oldest first
-                return None
-            slots = drawn.slots[lo : lo + size]
-            # `_count_draws`, its index and ones made once per draw.
-            counts = torch.from_numpy(self._times_sampled)
-            counts.index_add_(0, drawn.index[lo : lo + size], drawn.ones)
-            self.samples += size
-            info = {}
-            if with_info:
-                info = {
-                    "key": self._slots.keys_for(drawn.numbers[lo : lo + size], slots),
-                    "probability": np.full(size, 1.0 / self.size),
-                    "table_size": np.full(size, self.size, dtype=np.int64),
-                    "priority": self._priorities(slots),
-                    "times_sampled": self._times_sampled.take(slots),
-                }
-            stacks = self._pair_frames(drawn.plan, index)
-        return stacks, info
 
     def _wait_for_items(self, deadline: float | None, timeout: float | None) -> None:
         need = self.config.sampling.min_size_to_sample
@@ -656,41 +566,6 @@ class LocalTable(WindowInserts, Shareable):
         if self._consecutive is None:
             self._consecutive = np.ones(self.config.capacity, dtype=np.bool_)
         return self._consecutive
-
-
-class PairDraws:
-    """Batches of transitions drawn at once by `LocalTable.draw_pairs`.
-
-    Attributes:
-      batch_size: Items per batch.
-      numbers: The items' insertion numbers (`slots.RingSlots`), `[batches * batch_size]`.
-      slots: Their slots.
-      oldest: Per batch, its oldest item's insertion number (held while the table's oldest
-        is not newer).
-      data: The fields but the stacked observation, one tensor per `(field, step)` pair
-        (`[batches * batch_size, ...]`), in the order of the pairs.
-      plan: Where the stacked observations' frames are (`ring_reads.PairPlan`).
-    """
-
-    __slots__ = ("batch_size", "data", "index", "numbers", "oldest", "ones", "plan", "slots")
-
-    def __init__(
-        self,
-        batch_size: int,
-        numbers: np.ndarray,
-        slots: np.ndarray,
-        oldest: list[int],
-        data: list[torch.Tensor],
-        plan: PairPlan,
-    ) -> None:
-        self.batch_size = batch_size
-        self.numbers = numbers
-        self.slots = slots
-        self.oldest = oldest
-        self.data = data
-        self.plan = plan
-        self.index = torch.from_numpy(slots)  # `slots` as the index of `_count_draws`
-        self.ones = torch.ones(batch_size, dtype=torch.int32)
 
 
 def _count_draws(counts: np.ndarray, slots: np.ndarray) -> None:

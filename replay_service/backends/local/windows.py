@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from replay_service.backends.local.codecs import CompressedColumn
+from replay_service.backends.local.compressed_column import CompressedColumn
 from replay_service.backends.local.ring import StepRing
 from replay_service.backends.local.slots import Slots
 from replay_service.backends.local.sum_tree import SumTree
