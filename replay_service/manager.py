@@ -85,9 +85,8 @@ class ReplayBufferManager:
       seed: Local backend: seed of the tables' samplers (an integer >= 0); None: fresh entropy.
       device: Local backend: the torch device the tables' storage lives on and batches are
         gathered on ("cpu", "cuda:1"; needs storage="memory"); None: host memory.
-      frame_stack, frame_axis: Local or embedded Reverb backend: observations are stacks of
-        `frame_stack` frames on axis 0 (gymnasium) or -1 (SB3), each step storing one frame
-        (`specs.frames`, on Reverb `specs.framed`).
+      frame_stack, frame_axis: Observations are stacks of `frame_stack` frames on axis 0
+        (gymnasium) or -1 (SB3), each step storing one frame (`specs.frames`, `specs.framed`).
       compression: Local backend: codec of large fields, "lz4" (recommended), "zstd" or None.
 
     Raises:
