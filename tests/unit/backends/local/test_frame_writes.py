@@ -1,0 +1,60 @@
+"""`frame_writes`: a frame-stacked local table stores each step's newest frame once with the
+serials of its earlier frames, and gives back the stacks it was written, episode starts and
+zero (unknown final) stacks included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from replay_service.backends.local.frame_writes import earlier_serials
+from replay_service.backends.local.table import LocalTable
+from replay_service.config.options import TableConfig
+
+pytestmark = pytest.mark.local
+
+K = 3
+FIELDS = [
+    {"path": "observation", "dtype": "uint8", "shape": [K, 2, 2]},
+    {"path": "reward", "dtype": "float32", "shape": []},
+]
+
+
+def stack(newest: int) -> np.ndarray:
+    """The stack whose frames are filled with `newest - 2`, `newest - 1`, `newest` (clipped
+    at 1: an episode starting at frame 1 repeats it, gymnasium's reset padding)."""
+    return np.stack([np.full((2, 2), max(1, newest - K + 1 + i), np.uint8) for i in range(K)])
+
+
+def test_earlier_serials_are_the_k_minus_1_before_each_row_up_to_a_zero_stack() -> None:
+    zero = np.array([False, False, True, False, False])
+    np.testing.assert_array_equal(
+        earlier_serials(10, 5, zero, 3),
+        # Serial 12's stack is all zeros: it and every frame before it are zero padding.
+        [[8, 9], [9, 10], [-1, -1], [-1, -1], [-1, 13]],
+    )
+    np.testing.assert_array_equal(earlier_serials(0, 2, np.zeros(2, bool), 2), [[-1], [0]])
+
+
+def test_windows_inserted_whole_store_one_frame_per_step_and_read_back_exactly() -> None:
+    table = LocalTable(TableConfig("t", 16, 2, frame_stack=K), FIELDS, seed=0)
+    assert table.frames is not None and table.frames.frame == (1, 2, 2)
+    windows = np.stack([np.stack([stack(i), stack(i + 1)]) for i in range(1, 7)])
+    rewards = np.arange(12, dtype=np.float32).reshape(6, 2)
+    table.insert([windows, rewards], np.ones(6))
+    data, _, _ = table.items()
+    np.testing.assert_array_equal(data[0], windows)
+    np.testing.assert_array_equal(data[1], rewards)
+    # Whole windows (an import, a restore) are written with their first stack's K-1 earlier
+    # frames: K-1 + 2 rows of one frame each per window.
+    assert table._written == 6 * (K - 1 + 2)
+    assert table.step_bytes == 2 * 2 + 4
+
+
+def test_a_zero_stack_reads_back_as_zeros_and_the_next_stack_after_it_is_its_own() -> None:
+    table = LocalTable(TableConfig("t", 8, 2, frame_stack=K), FIELDS, seed=0)
+    zero = np.zeros_like(stack(1))
+    windows = np.stack([np.stack([stack(5), zero]), np.stack([stack(1), stack(2)])])
+    table.insert([windows, np.zeros((2, 2), np.float32)], np.ones(2))
+    data, _, _ = table.items()
+    np.testing.assert_array_equal(data[0], windows)

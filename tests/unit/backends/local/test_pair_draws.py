@@ -1,0 +1,70 @@
+"""`pair_draws`: a frame-stacked table draws several batches of transitions in one call, reads
+each batch's stacks as a plain sample would, counts a batch's draws only when it is read, and
+gives nothing for a batch whose items left the table since the draw."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from replay_service.backends.local.table import LocalTable
+from replay_service.config.options import TableConfig
+
+pytestmark = pytest.mark.local
+
+K = 3
+FIELDS = [
+    {"path": "observation", "dtype": "uint8", "shape": [K, 2, 2]},
+    {"path": "reward", "dtype": "float32", "shape": []},
+]
+STEPS = [(0, 0), (0, 1), (1, 0)]
+
+
+def stack(newest: int) -> np.ndarray:
+    return np.stack([np.full((2, 2), max(1, newest - K + 1 + i), np.uint8) for i in range(K)])
+
+
+def filled(capacity: int = 16, items: int = 10) -> LocalTable:
+    table = LocalTable(TableConfig("t", capacity, 2, frame_stack=K), FIELDS, seed=0)
+    windows = np.stack([np.stack([stack(i), stack(i + 1)]) for i in range(1, items + 1)])
+    rewards = np.arange(1, items + 1, dtype=np.float32)[:, None].repeat(2, 1)
+    table.insert([windows, rewards], np.ones(items))
+    return table
+
+
+def test_only_transitions_of_frame_stacked_uniform_host_tables_are_drawn_ahead() -> None:
+    assert filled().pair_steps(STEPS)
+    assert not filled().pair_steps([(0, 0), (1, 0)])  # no next stack
+    plain = LocalTable(TableConfig("t", 4, 2), FIELDS[1:], seed=0)
+    assert not plain.pair_steps([(0, 0), (0, 1)])
+
+
+def test_drawn_batches_read_the_stacks_of_their_items_and_count_when_read() -> None:
+    table = filled()
+    drawn = table.draw_pairs(4, 3, STEPS, timeout=1.0)
+    assert table.samples == 0 and not table._times_sampled.any()
+    for index in range(3):
+        got = table.read_pairs(drawn, index, with_info=True)
+        assert got is not None
+        (states, next_states), info = got
+        rewards = drawn.data[0][index * 4 : index * 4 + 4].numpy()
+        for state, following, reward in zip(states, next_states, rewards, strict=True):
+            item = int(reward)  # item v: stacks ending at frames v and v + 1
+            np.testing.assert_array_equal(np.asarray(state), stack(item))
+            np.testing.assert_array_equal(np.asarray(following), stack(item + 1))
+        assert info["table_size"].tolist() == [10] * 4
+    assert table.samples == 12 and int(table._times_sampled.sum()) == 12
+
+
+def test_a_batch_whose_items_left_is_not_read_and_not_counted() -> None:
+    table = filled(capacity=10)
+    drawn = table.draw_pairs(5, 2, STEPS, timeout=1.0)
+    table.insert(  # every item drawn is evicted
+        [
+            np.stack([np.stack([stack(i), stack(i + 1)]) for i in range(20, 30)]),
+            np.zeros((10, 2), np.float32),
+        ],
+        np.ones(10),
+    )
+    assert table.read_pairs(drawn, 0, with_info=False) is None
+    assert table.samples == 0
