@@ -28,7 +28,7 @@ demo: $(STAMP)
 
 # `make test` runs the files on TEST_WORKERS pytest-xdist workers, each file whole on one
 # (its module fixtures shared), the system tier first; `TEST_WORKERS=0` runs them in one process.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile

@@ -22,7 +22,7 @@ TABLE = "uniform_table"
 def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """Sample name -> labels -> value, from one GET of /metrics."""
     url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=30) as response:
         assert response.status == 200
         text = response.read().decode()
     values: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
