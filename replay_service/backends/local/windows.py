@@ -217,29 +217,8 @@ class WindowInserts(FrameWrites):
                 first = written
                 if stream is not None:
                     stream.serials = list(range(written, end))
-            refs = self._refs
             anchor = first if frames is None else self._anchor(first)
-            at = (anchor - written + head) % size
-            refs[at] += 1
-            if refs[at] >= 255 and refs.dtype == np.uint8:
-                self._refs = refs.astype(np.int32)
-            slot, key = self._slots.allocate_one()
-            self._first[slot] = first
-            consecutive = first + length == end
-            if not consecutive:
-                self._consecutives()[slot] = False
-                self._scattered += 1
-            elif self._consecutive is not None:
-                self._consecutive[slot] = True
-            self._times_sampled[slot] = 0
-            if self._priority is not None and self._tree is None:
-                self._priority[slot] = priority
-            elif priority != self._flat_priority or self._tree is not None:
-                self._set_priorities(np.array([slot]), np.array([priority]))
-            if stream is not None:
-                stream.key = key
-            self._publish()  # held: its steps and first serial are written
-            self.inserts += 1
+            key = self._hold((anchor - written + head) % size, first, end, priority, stream)
             self._changed.notify()
         return key
 
@@ -289,14 +268,23 @@ class WindowInserts(FrameWrites):
         if end - size > self._oldest:
             self._oldest = end - size
         stream.serials = [*serials[1 - length :], serial]
+        key = self._hold((anchor - serial + position) % size, keep, end, priority, stream)
+        self._changed.notify()
+        return key
+
+    def _hold(
+        self, at: int, first: int, end: int, priority: float, stream: WindowStream | None
+    ) -> int:
+        """Makes the item whose first step is serial `first` (its window ends before serial
+        `end`) held: its count in `_refs` at ring position `at` (its anchor), its slot, key and
+        priority; `stream`'s last item. Returns its key."""
         refs = self._refs
-        at = (anchor - serial + position) % size
         refs[at] += 1
         if refs[at] >= 255 and refs.dtype == np.uint8:
             self._refs = refs.astype(np.int32)
         slot, key = self._slots.allocate_one()
-        self._first[slot] = keep
-        if keep + length != end:
+        self._first[slot] = first
+        if first + self._length != end:
             self._consecutives()[slot] = False
             self._scattered += 1
         elif self._consecutive is not None:
@@ -306,10 +294,10 @@ class WindowInserts(FrameWrites):
             self._priority[slot] = priority
         elif priority != self._flat_priority or self._tree is not None:
             self._set_priorities(np.array([slot]), np.array([priority]))
-        stream.key = key
-        self._publish()  # held: its step and first serial are written
+        if stream is not None:
+            stream.key = key
+        self._publish()  # held: its steps and first serial are written
         self.inserts += 1
-        self._changed.notify()
         return key
 
     def _encode_steps(

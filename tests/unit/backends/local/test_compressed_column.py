@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from codec_cases import NAMES, SHAPE, frames
-from replay_service.backends.local import codecs
+from replay_service.backends.local import codecs, compressed_column
 from replay_service.backends.local.compressed_column import CompressedColumn
 from replay_service.errors import CheckpointError, ConfigError
 
@@ -102,28 +102,30 @@ def test_a_growing_ring_remaps_its_slots() -> None:
 
 def test_the_payload_budget_looks_at_the_memory_only_past_its_grant(monkeypatch) -> None:
     looks: list[int] = []
-    available = [codecs.MEMORY_MARGIN + (8 << 20)]
+    available = [compressed_column.MEMORY_MARGIN + (8 << 20)]
 
     def memory() -> int:
         looks.append(available[0])
         return available[0]
 
-    monkeypatch.setattr(codecs.sizes, "available_memory", memory)
-    budget = codecs.PayloadBudget()
+    monkeypatch.setattr(compressed_column.sizes, "available_memory", memory)
+    budget = compressed_column.PayloadBudget()
     budget.check(0, 1000, "table 't'")  # first insert: looks, grants 1 MiB beyond it
-    assert len(looks) == 1 and budget.limit == 1000 + codecs.MIN_GRANT
+    assert len(looks) == 1 and budget.limit == 1000 + compressed_column.MIN_GRANT
     budget.check(500_000, 500_000, "table 't'")  # within the grant: no look
     assert len(looks) == 1
     budget.check(80 << 20, 1000, "table 't'")  # past it: grants an eighth of what is held ...
     assert len(looks) == 2 and budget.limit == (80 << 20) + 1000 + (8 << 20) - 1000
-    available[0] = codecs.MEMORY_MARGIN + 999  # ... at most what leaves the margin free
+    available[0] = compressed_column.MEMORY_MARGIN + 999  # ... at most what leaves the margin free
     with pytest.raises(ConfigError) as raised:
         budget.check(90 << 20, 1000, "table 't'")
     message = str(raised.value)
     assert "table 't' cannot store 1000 more bytes of compressed payloads" in message
-    assert f"needs {codecs.MEMORY_MARGIN + 1000} bytes" in message
-    assert f"but {codecs.MEMORY_MARGIN + 999} bytes" in message
+    assert f"needs {compressed_column.MEMORY_MARGIN + 1000} bytes" in message
+    assert f"but {compressed_column.MEMORY_MARGIN + 999} bytes" in message
     assert "nothing was written" in message
-    monkeypatch.setattr(codecs.sizes, "available_memory", lambda: None)  # unknown: granted
+    monkeypatch.setattr(
+        compressed_column.sizes, "available_memory", lambda: None
+    )  # unknown: granted
     budget.check(90 << 20, 1000, "table 't'")
     assert budget.limit > 90 << 20
