@@ -4,7 +4,8 @@ One module per tool, each an absl program with a `run()`: `serve` (`replay-serve
 `populate` (`replay-populate`) and `demo` (`replay-demo`). The entry points below, named after
 the tools (`run_server`, `run_populate`, `run_demo`), first say what to install where Reverb is
 missing, then import the tool's module; TensorFlow is imported only once the flags are
-parsed, so `--help` and a bad flag answer in a fraction of a second. No function here shares a
+parsed, so `--help` and a bad flag answer in a fraction of a second (but for `replay-populate`,
+whose starter options import TF-Agents' environments). No function here shares a
 name with a module of this package, so `replay_service.cli.populate` is always the module,
 whatever was imported before.
 
@@ -15,7 +16,7 @@ the tool prints one line naming what it needs instead of an import traceback.
 
 from __future__ import annotations
 
-from replay_service.cli.stack import require_reverb_installed
+from replay_service.cli.stack import require_reverb_imports, require_reverb_installed
 
 
 def run_server() -> None:
@@ -29,6 +30,9 @@ def run_server() -> None:
 def run_populate() -> None:
     """`replay-populate`."""
     require_reverb_installed("replay-populate")
+    # Its starter options load TF-Agents' environments as the module is imported: the stack is
+    # checked whole first, so a broken install is one line here too.
+    require_reverb_imports("replay-populate")
     from replay_service.cli import populate
 
     populate.run()

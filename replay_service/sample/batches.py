@@ -83,7 +83,10 @@ class TransitionBatch:
     holds at most `STEP_COPY_BYTES` per item (vectors, scalars) is a contiguous copy of its
     step (a small network's forward and backward pass over strided views of the windows costs
     more than the copy: measured with the benchmark's training loop); larger ones (images) are
-    views into the sampled windows. `rewards` keeps the spec's shape (`[batch]` for a scalar).
+    views into the sampled windows; with frames stored once (`frame_stack=`) `states` and
+    `next_states` are views of one gather and share their K-1 common frames, so an in-place
+    change of one shows in the other (a cast or a scale copies). `rewards` keeps the spec's
+    shape (`[batch]` for a scalar).
 
     Attributes:
       states: Observations before the action.

@@ -81,6 +81,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = sorted(_MODULE_OF)
+_SUBMODULES = frozenset({*_EXPORTS, "envs", "policies"})
 
 
 def __getattr__(name: str) -> object:
@@ -91,6 +92,8 @@ def __getattr__(name: str) -> object:
     """
     module_name = _MODULE_OF.get(name)
     if module_name is None:
+        if name in _SUBMODULES:  # `replay_service.starter.envs` and the like
+            return importlib.import_module(f"replay_service.starter.{name}")
         raise AttributeError(f"module 'replay_service.starter' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"replay_service.starter.{module_name}"), name)
     globals()[name] = value
@@ -98,4 +101,4 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULE_OF})
+    return sorted({*globals(), *_MODULE_OF, *_SUBMODULES})

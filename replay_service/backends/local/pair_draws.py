@@ -90,13 +90,14 @@ class PairDrawing:
         total = batch_size * draws
         with self._changed:
             self._wait_for_items(deadline, timeout)
-            numbers = self._rng.integers(0, self.size, total) + self._slots.first
+            held = self.size
+            numbers = self._rng.integers(0, held, total) + self._slots.first
             slots = numbers % self.config.capacity
             positions = self._step_positions(slots, 1)
             data = self._read_plain(dict(enumerate(positions)), plain) if plain else []
             plan = self._pair_plan(positions[0], positions[1], batch_size)
         oldest = numbers.reshape(draws, batch_size).min(axis=1).tolist()
-        return PairDraws(batch_size, numbers, slots, oldest, data, plan)
+        return PairDraws(batch_size, numbers, slots, oldest, data, plan, held)
 
     def read_pairs(
         self, drawn: PairDraws, index: int, with_info: bool
@@ -124,8 +125,8 @@ class PairDrawing:
             if with_info:
                 info = {
                     "key": self._slots.keys_for(drawn.numbers[lo : lo + size], slots),
-                    "probability": np.full(size, 1.0 / self.size),
-                    "table_size": np.full(size, self.size, dtype=np.int64),
+                    "probability": np.full(size, 1.0 / drawn.held),
+                    "table_size": np.full(size, drawn.held, dtype=np.int64),
                     "priority": self._priorities(slots),
                     "times_sampled": self._times_sampled.take(slots),
                 }
@@ -145,9 +146,20 @@ class PairDraws:
       data: The fields but the stacked observation, one tensor per `(field, step)` pair
         (`[batches * batch_size, ...]`), in the order of the pairs.
       plan: Where the stacked observations' frames are (`ring_reads.PairPlan`).
+      held: Items the table held at the draw (their probability is its inverse).
     """
 
-    __slots__ = ("batch_size", "data", "index", "numbers", "oldest", "ones", "plan", "slots")
+    __slots__ = (
+        "batch_size",
+        "data",
+        "held",
+        "index",
+        "numbers",
+        "oldest",
+        "ones",
+        "plan",
+        "slots",
+    )
 
     def __init__(
         self,
@@ -157,6 +169,7 @@ class PairDraws:
         oldest: list[int],
         data: list[torch.Tensor],
         plan: PairPlan,
+        held: int,
     ) -> None:
         self.batch_size = batch_size
         self.numbers = numbers
@@ -164,5 +177,6 @@ class PairDraws:
         self.oldest = oldest
         self.data = data
         self.plan = plan
+        self.held = held
         self.index = torch.from_numpy(slots)  # `slots` as the index of `_count_draws`
         self.ones = torch.ones(batch_size, dtype=torch.int32)

@@ -216,8 +216,9 @@ class LocalSampleSource(PackingSource):
         (`LocalTable.pair_steps`): `DRAW_BATCHES` batches of indices at a time (within
         `DRAW_ITEMS` items, and `batches.DRAW_BYTES` of the fields read with them), their
         frames gathered a batch at a time, as it is handed out. Each batch's draws are counted
-        then, and its info is the table's then; a batch one of whose items left the table
-        since the draw (evicted, cleared) is drawn again, with the batches after it."""
+        then, and its info (its probability and table size those of the draw); a batch one of
+        whose items left the table since the draw (evicted, cleared) is drawn again, with the
+        batches after it, fewer at a time while draws go stale."""
         from replay_service.sample.batches import (
             TRANSITION_SEQUENCE_LENGTH,
             draws_per_call,
@@ -237,7 +238,9 @@ class LocalSampleSource(PackingSource):
         draws = min(DRAW_BATCHES, draws_per_call(batch_size, max(1, plain_bytes), DRAW_ITEMS))
         # Where the stacks go among the prepared tensors (the pairs kept come first, in order).
         at_state, at_next = (steps.index((field, 0)), steps.index((field, 1)))
-        placeholder = torch.empty((batch_size * draws, 0))
+        # Batches drawn per call: halved while draws go stale before they are read (a small
+        # table that fast writers turn over), doubled back to `draws` as they are read whole.
+        ahead = draws
         checked = False
         while True:
             closed = self.closed_error()
@@ -248,18 +251,21 @@ class LocalSampleSource(PackingSource):
                     "batch_size", batch_size, table.item_bytes, what=f"table {self.table_name!r}"
                 )
                 checked = True
-            drawn = table.draw_pairs(batch_size, draws, steps, timeout)
+            drawn = table.draw_pairs(batch_size, ahead, steps, timeout)
             data = iter(drawn.data if convert is None else [convert(t) for t in drawn.data])
+            placeholder = torch.empty((batch_size * ahead, 0))
             read = [placeholder if pair[0] == field else next(data) for pair in steps]
             prepared = prepare(read)
-            parts = list(zip(*split_batches(prepared, batch_size, draws), strict=True))
-            for k in range(draws):
+            parts = list(zip(*split_batches(prepared, batch_size, ahead), strict=True))
+            whole = True
+            for k in range(ahead):
                 if k:
                     closed = self.closed_error()
                     if closed is not None:
                         raise closed
                 got = table.read_pairs(drawn, k, with_info)
-                if got is None:  # an item left the table: draw again
+                if got is None:  # an item left the table: draw again, fewer ahead
+                    ahead, whole = max(1, ahead // 2), False
                     break
                 (state, next_state), info = got
                 if convert is not None:
@@ -272,6 +278,8 @@ class LocalSampleSource(PackingSource):
                     if with_info
                     else None,
                 )
+            if whole:
+                ahead = min(draws, ahead * 2)
 
     def draws_per_call(self, batch_size: int) -> int:
         """Batches a torch stream draws per table call: for a table of independent draws

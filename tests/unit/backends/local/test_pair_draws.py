@@ -68,3 +68,20 @@ def test_a_batch_whose_items_left_is_not_read_and_not_counted() -> None:
     )
     assert table.read_pairs(drawn, 0, with_info=False) is None
     assert table.samples == 0
+
+
+def test_a_batch_s_probability_and_table_size_are_those_of_its_draw() -> None:
+    table = filled(capacity=16, items=4)
+    drawn = table.draw_pairs(2, 1, STEPS, timeout=1.0)
+    table.insert(  # the table grows before the batch is read
+        [
+            np.stack([np.stack([stack(i), stack(i + 1)]) for i in range(5, 9)]),
+            np.zeros((4, 2), np.float32),
+        ],
+        np.ones(4),
+    )
+    got = table.read_pairs(drawn, 0, with_info=True)
+    assert got is not None
+    _, info = got
+    assert info["table_size"].tolist() == [4, 4]
+    np.testing.assert_allclose(info["probability"], [0.25, 0.25])
