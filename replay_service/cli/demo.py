@@ -8,11 +8,18 @@ from __future__ import annotations
 import tempfile
 import time
 
+import tensorflow as tf
 from absl import app, flags, logging
+from tf_agents.environments import suite_gym
+from tf_agents.policies import random_py_policy
+from tf_agents.train import actor
+from tf_agents.train.utils import train_utils
 
 from replay_service.cli.parsing import flags_parser, show_flags_in_help, usage_error
 from replay_service.cli.stack import require_reverb_imports
 from replay_service.errors import ConfigError, ReplayServiceError
+from replay_service.manager import ReplayBufferManager
+from replay_service.specs.nests import collect_data_spec
 
 _STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)
 _CAPACITY = flags.DEFINE_integer("capacity", 50_000, "Buffer capacity in items.", lower_bound=1)
@@ -35,15 +42,6 @@ def main(argv: list[str]) -> None:
 
 
 def _demo() -> None:
-    import tensorflow as tf
-    from tf_agents.environments import suite_gym
-    from tf_agents.policies import random_py_policy
-    from tf_agents.train import actor
-    from tf_agents.train.utils import train_utils
-
-    from replay_service.manager import ReplayBufferManager
-    from replay_service.specs.nests import collect_data_spec
-
     checkpoint_dir = _CHECKPOINT_DIR.value or tempfile.mkdtemp(prefix="replay_service_demo_")
     try:
         env = suite_gym.load(_ENV.value)
