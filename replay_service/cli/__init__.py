@@ -4,8 +4,8 @@ One module per tool, each an absl program with a `run()`: `serve` (`replay-serve
 `populate` (`replay-populate`) and `demo` (`replay-demo`). The entry points below, named after
 the tools (`run_server`, `run_populate`, `run_demo`), first say what to install where Reverb is
 missing, then import the tool's module; TensorFlow is imported only once the flags are
-parsed, so `--help` and a bad flag answer in a fraction of a second (`replay-server`; `replay-populate`
-and `replay-demo` import TensorFlow and TF-Agents as their modules load). No function here shares a
+parsed, so `--help` and a bad flag answer in a fraction of a second (`replay-server`;
+`replay-populate` and `replay-demo` import TensorFlow and TF-Agents as their modules load). No function here shares a
 name with a module of this package, so `replay_service.cli.populate` is always the module,
 whatever was imported before.
 
