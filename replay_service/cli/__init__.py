@@ -5,9 +5,9 @@ One module per tool, each an absl program with a `run()`: `serve` (`replay-serve
 the tools (`run_server`, `run_populate`, `run_demo`), first say what to install where Reverb is
 missing, then import the tool's module; TensorFlow is imported only once the flags are
 parsed, so `--help` and a bad flag answer in a fraction of a second (`replay-server`;
-`replay-populate` and `replay-demo` import TensorFlow and TF-Agents as their modules load). No function here shares a
-name with a module of this package, so `replay_service.cli.populate` is always the module,
-whatever was imported before.
+`replay-populate` and `replay-demo` import TensorFlow and TF-Agents as their modules load).
+No function here shares a name with a module of this package, so `replay_service.cli.populate`
+is always the module, whatever was imported before.
 
 `replay-server`, `replay-populate` and `replay-demo` run Reverb servers and TF-Agents policies,
 which exist only on Linux x86_64 with Python <= 3.11. Elsewhere (the local backend's platforms)
