@@ -41,6 +41,7 @@ def run_populate() -> None:
 def run_demo() -> None:
     """`replay-demo`."""
     require_reverb_installed("replay-demo")
+    require_reverb_imports("replay-demo")  # its module imports TF-Agents as it loads
     from replay_service.cli import demo
 
     demo.run()
