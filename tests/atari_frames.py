@@ -135,3 +135,66 @@ def laid_out(transitions: list[tuple[Any, ...]], axis: int) -> list[tuple[Any, .
     checked to hold at least two terminations and one truncation."""
     assert sum(t[4] for t in transitions) >= 2 and sum(t[5] for t in transitions) >= 1
     return transitions if axis == 0 else channels_last(transitions)
+
+
+def scripted(lengths: list[int], padding: str, shape: tuple[int, ...] = (8, 8)) -> list[Any]:
+    """Transitions of episodes of exactly `lengths` steps (the last one terminates each), as
+    gymnasium's `FrameStackObservation` (4 frames, `padding`) stacks the random non-zero
+    frames of a small env: episodes of any length, faster than Atari's."""
+    gym = pytest.importorskip("gymnasium")
+    from gymnasium import spaces
+    from gymnasium.wrappers import FrameStackObservation
+
+    class Scripted(gym.Env):
+        observation_space = spaces.Box(0, 255, shape, np.uint8)
+        action_space = spaces.Discrete(4)
+
+        def __init__(self) -> None:
+            self.rng = np.random.default_rng(0)
+            self.left = list(lengths)
+            self.t = 0
+
+        def frame(self) -> np.ndarray:
+            return self.rng.integers(1, 256, shape, np.uint8)
+
+        def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+            super().reset(seed=seed)
+            self.t = 0
+            return self.frame(), {}
+
+        def step(self, action: Any) -> Any:
+            self.t += 1
+            return self.frame(), 1.0, self.t == self.left[0], False, {}
+
+    env = FrameStackObservation(Scripted(), 4, padding_type=padding)
+    out = []
+    state, _ = env.reset(seed=0)
+    while env.unwrapped.left:
+        action = int(env.unwrapped.t % 4)
+        next_state, reward, terminated, truncated, _ = env.step(action)
+        out.append((state, action, float(reward), next_state, terminated, truncated))
+        state = next_state
+        if terminated:
+            env.unwrapped.left.pop(0)
+            state, _ = env.reset()
+    return out
+
+
+def strided(
+    transitions: list[tuple[Any, ...]], sequence_length: int, stride: int
+) -> list[tuple[bytes, ...]]:
+    """The observation stacks of the items a writer at `stride` makes of `transitions` (one
+    episode after another), as bytes: the last `sequence_length` steps at each step index of
+    an episode from `sequence_length - 1` on where `stride` steps passed since its previous
+    item or, for its first, since the episode started."""
+    out: list[tuple[bytes, ...]] = []
+    steps: list[bytes] = []
+    for state, _, _, next_state, done, cut in transitions:
+        steps.append(state.tobytes())
+        if done or cut:
+            steps.append(next_state.tobytes())
+            first = max(sequence_length, stride) - 1
+            for index in range(first, len(steps), stride):
+                out.append(tuple(steps[index - sequence_length + 1 : index + 1]))
+            steps = []
+    return out

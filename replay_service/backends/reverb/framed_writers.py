@@ -5,9 +5,10 @@ Reverb buffer with `frame_stack=K`). Each step is checked against the episode's 
 (`FrameStack.check_step`: a stack that is not the previous one shifted by one frame, or an
 episode's first one that is not padded, is a `SpecMismatchError` naming the step, and nothing
 of it is written), then appended as one packed row holding its newest frame and its mark
-(`FramedLayout.encode_row`). Its windows are those of `packed_writers.PackedWindowWriter`, each
-item referencing the K-1 steps before its first one too, so that the reader rebuilds every
-stack. Those steps are kept from one episode to the next (a mark hides them); a writer's first
+(`FramedLayout.encode_row`). Its windows are those of `packed_writers.PackedWindowWriter` (the last
+`sequence_length` steps every `stride_length` steps, counted from each episode's first step),
+each item referencing the K-1 steps before its first one too, so that the reader rebuilds
+every stack. Those steps are kept from one episode to the next (a mark hides them); a writer's first
 episode starts after K-1 zero rows.
 """
 
@@ -128,4 +129,7 @@ class FramedWindowWriter(SentWriter):
         """
         self._step = 0
         self._previous = None
+        # The stride is counted from the episode's first step (as the local writers and
+        # TF-Agents count it): an episode's first item is at its step `sequence_length - 1`.
+        self._since = [0] * len(self._windows)
         return True

@@ -6,6 +6,7 @@ storing one frame (`specs.framed`), read back exactly by every read.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from atari_frames import (
     laid_out,
     pairs,
     recordings,
+    scripted,
+    strided,
     write,
 )
 from replay_service import ConfigError, ReplayBufferManager, SpecMismatchError, Timeouts
@@ -222,3 +225,60 @@ def test_epochs_exports_and_imports_give_the_envs_stacks(make, episodes, tmp_pat
         assert {(o[0].tobytes(), o[1].tobytes()) for o in observations} == truth
     finally:
         local.close()
+
+
+# Episodes of 1 step and of lengths that are no multiple of the chunks' `CHUNK_STEPS` rows.
+LENGTHS = [1, 3, 5, 9, 2, 12, 1, 16, 7, 8, 1, 4]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(("padding", "stride"), [("reset", 3), ("zero", 3), ("reset", 1)])
+def test_episodes_of_any_length_give_gymnasiums_stacks_at_every_stride(
+    make_from_spaces, padding: str, stride: int
+) -> None:
+    """The writer counts its stride from each episode's start, as the local backend and
+    TF-Agents do: the items are the windows `strided` names, and every stack of every read is
+    gymnasium's `FrameStackObservation`'s."""
+    transitions = scripted(LENGTHS, padding)
+    want = strided(transitions, 2, stride)
+    truth = set(want)
+    managers = {
+        backend: make_from_spaces(
+            backend,
+            backend,
+            spaces.Box(0, 255, (4, 8, 8), np.uint8),
+            spaces.Discrete(4),
+            capacity=1000,
+            frame_stack=4,
+            stride_length=stride,
+            timeouts=FAST,
+        )
+        for backend in ("reverb", "local")
+    }
+    for manager in managers.values():
+        manager.create_replay_buffer()
+        write(manager, transitions)
+        observations = items(manager)[1]
+        assert sorted((o[0].tobytes(), o[1].tobytes()) for o in observations) == sorted(want)
+    manager = managers["reverb"]
+    seen: set[tuple[bytes, bytes]] = set()
+    for batch in itertools.islice(manager.torch_batches(16, transitions=True), 10):
+        got = stacks(batch.states.numpy(), batch.next_states.numpy())
+        assert got <= truth
+        seen |= got
+    epoch: set[tuple[bytes, bytes]] = set()
+    for batch in manager.epoch_batches(8, transitions=True):
+        epoch |= stacks(batch.states.numpy(), batch.next_states.numpy())
+    assert epoch == truth
+    mixed = manager.mixed_torch_batches(16, {manager.table_name: 1.0}, transitions=True)
+    batch = next(iter(mixed))
+    assert stacks(batch.states.numpy(), batch.next_states.numpy()) <= truth
+    windows = next(iter(manager.torch_batches(16))).observation.numpy()
+    assert stacks(windows[:, 0], windows[:, 1]) <= truth
+    trajectory = next(iter(manager.get_dataset(batch_size=16)))[0]
+    observation = trajectory.observation.numpy()
+    assert stacks(observation[:, 0], observation[:, 1]) <= truth
+    replay_buffer, _ = manager.get_replay_buffer_and_observer()
+    trajectory, _ = next(iter(replay_buffer.as_dataset(sample_batch_size=16, num_steps=2)))
+    observation = trajectory.observation.numpy()
+    assert stacks(observation[:, 0], observation[:, 1]) <= truth
