@@ -29,6 +29,7 @@ from replay_service.backends.local import checkpoint as local_checkpoint
 from replay_service.backends.local import codecs
 from replay_service.backends.local import sampling as local_sampling
 from replay_service.backends.local.client import LocalClient
+from replay_service.backends.local.compressed_column import PayloadBudget
 from replay_service.backends.local.ring_fit import check_tables_fit
 from replay_service.backends.local.scratch import check_scratch_dir
 from replay_service.backends.local.table import LocalTable, check_device, check_local_table
@@ -157,6 +158,9 @@ class LocalBackend(Backend):
         # the only scratch files its `close()` deletes.
         self._scratch_made: set[str] = set()
         self.restored_from: Checkpoint | None = None
+        # One budget for the compressed payloads of every table: none is granted memory that
+        # another was granted already.
+        self._payload_budget = PayloadBudget()
         for config in self._configs:  # refuse Reverb-only options before touching the disk
             check_local_table(config)
 
@@ -381,6 +385,7 @@ class LocalBackend(Backend):
             key_stride=len(self._configs),
             key_offset=index,
             compression=self._compression,
+            payload_budget=self._payload_budget,
         )
 
     def _start(self) -> None:

@@ -328,6 +328,20 @@ def estimated_bytes(value_bytes: int, compression: str) -> int:
     return -(-value_bytes // implementation.ratio) + SLOT_OVERHEAD
 
 
+def payload_bound(value_bytes: int) -> int:
+    """The most bytes a payload of a `value_bytes`-byte value takes with any of `CODECS`
+    (an incompressible value: lz4's `LZ4_COMPRESSBOUND`, zstd's `ZSTD_COMPRESSBOUND` with its
+    frame header), what an insert counts for a payload it encodes only under the table's lock.
+
+    Args:
+      value_bytes: Bytes of the value.
+
+    Returns:
+      An upper bound of its payload's bytes.
+    """
+    return value_bytes + (value_bytes >> 7) + 64
+
+
 def codec(name: str) -> Codec:
     """The codec called `name`.
 

@@ -15,12 +15,14 @@ its slots does not fragment (`nbytes` counts each object's header and the slot's
 checkpoint stores the compressed bytes (`to_arrays`, `from_arrays`). As a ring fills,
 `PayloadBudget` looks at the memory available whenever its payloads have grown past what was
 granted, so an insert the memory cannot hold is refused with a `ConfigError` before anything of
-it is stored.
+it is stored; one budget serves every table of a backend.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,53 +41,76 @@ from replay_service.specs import sizes
 
 
 class PayloadBudget:
-    """How far a ring's compressed payloads may grow before the memory available is looked at
-    again: the payloads of an insert are allocated one `bytes` object at a time, so without a
-    look a ring whose payloads outgrow the memory would be killed by the kernel (or fail with a
-    bare `MemoryError`) part-way through a write.
+    """How far the compressed payloads of a backend's tables may grow before the memory
+    available is looked at again: the payloads of an insert are allocated one `bytes` object at
+    a time, so without a look a ring whose payloads outgrow the memory would be killed by the
+    kernel (or fail with a bare `MemoryError`) part-way through a write.
 
-    `check` is called under the table's lock before an insert changes anything: while the
-    payloads held plus the insert's stay under the bytes granted it returns at once; past them
-    it reads `sizes.available_memory()` and grants the insert's bytes plus an eighth of what is
-    held (at least `MIN_GRANT`, at most what leaves `MEMORY_MARGIN` free), or refuses the
-    insert. A ring that overwrites its slots stops growing, and looks no more.
+    One budget is shared by every table of a backend (each table passes itself as `owner`), so
+    that two tables are never granted the same free memory: the bytes granted cover what all
+    of them hold. `check` is called under the table's lock before an insert changes anything:
+    while the payloads the tables hold plus the insert's stay under the bytes granted it
+    returns at once; past them it reads `sizes.available_memory()` and grants the insert's
+    bytes plus an eighth of what is held (at least `MIN_GRANT`, at most what leaves
+    `MEMORY_MARGIN` free), or refuses the insert. Rings that overwrite their slots stop
+    growing, and look no more. Thread-safe (tables insert under locks of their own).
     """
 
-    __slots__ = ("limit",)
+    __slots__ = ("_held", "_lock", "limit")
 
     def __init__(self) -> None:
         self.limit = 0
+        self._lock = threading.Lock()
+        # Per table, what it holds once its last checked insert is stored (at most).
+        self._held: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
-    def check(self, held: int, incoming: int, what: str) -> None:
+    def check(self, held: int, incoming: int, what: str, owner: Any = None) -> None:
         """Refuses an insert of `incoming` payload bytes that the memory cannot hold.
 
         Args:
-          held: Bytes the ring's compressed columns hold (`CompressedColumn.nbytes`, summed).
+          held: Bytes the table's compressed columns hold (`CompressedColumn.nbytes`, summed).
           incoming: Bytes the insert adds (its payloads and `SLOT_OVERHEAD` each), at most.
           what: The table, for the error.
+          owner: The table (weakly referenced): the budget counts what every owner holds;
+            None: `held` is all there is.
 
         Raises:
           ConfigError: Naming the bytes held, needed and available, if `incoming` plus
             `MEMORY_MARGIN` exceeds the available memory (the insert must then change nothing).
         """
-        if held + incoming <= self.limit:
-            return
+        with self._lock:
+            total = held
+            if owner is not None:
+                self._held[owner] = held
+                total = sum(self._held.values())
+            if total + incoming > self.limit:
+                self._grant(total, held, incoming, what)
+            if owner is not None:
+                self._held[owner] = held + incoming
+
+    def _grant(self, total: int, held: int, incoming: int, what: str) -> None:
+        """Looks at the memory: raises `check`'s error, or grants `incoming` and more."""
         available = sizes.available_memory()
-        grant = max(MIN_GRANT, held // 8)
+        grant = max(MIN_GRANT, total // 8)
         if available is not None:
             needed = incoming + MEMORY_MARGIN
             if needed > available:
+                others = (
+                    ""
+                    if total == held
+                    else f" (the backend's tables hold {total} bytes, {sizes.human(total)})"
+                )
                 raise ConfigError(
                     f"{what} cannot store {incoming} more bytes of compressed payloads: it "
-                    f"holds {held} bytes ({sizes.human(held)}) of them, and the insert needs "
-                    f"{needed} bytes ({sizes.human(needed)}, with {MEMORY_MARGIN} bytes kept "
-                    f"free for reads) but {available} bytes ({sizes.human(available)}) of "
+                    f"holds {held} bytes ({sizes.human(held)}) of them{others}, and the insert "
+                    f"needs {needed} bytes ({sizes.human(needed)}, with {MEMORY_MARGIN} bytes "
+                    f"kept free for reads) but {available} bytes ({sizes.human(available)}) of "
                     "memory are available. The insert was refused and nothing was written (the "
                     "items held stay readable): lower the table's capacity, free memory, or use "
                     "a codec that compresses these values better"
                 )
             grant = min(grant, available - needed)
-        self.limit = held + incoming + grant
+        self.limit = total + incoming + grant
 
 
 class CompressedColumn:

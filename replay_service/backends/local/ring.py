@@ -23,10 +23,11 @@ step it overwrites. With a `device` the ring is torch tensors on that device, wr
 host steps and gathered there by index. With `compression=` the frame column of a stacked
 observation and every field of at least `COMPRESS_MIN_BYTES` per step are
 `compressed_column.CompressedColumn`s (a payload per step, grown by `remap`); an insert whose
-payloads the memory cannot hold is refused whole with a `ConfigError` before it changes
-anything (`_check_payload_room`, `compressed_column.PayloadBudget`). Reads (`ring_reads`)
-gather their payloads under the table's lock and return `Deferred`s, which the table decodes
-(`decoded`) after releasing it.
+payloads the memory cannot hold (those it encodes under the table's lock counted at their
+largest) is refused whole with a `ConfigError` before it changes anything
+(`_check_payload_room`, `compressed_column.PayloadBudget`, one for the backend's tables).
+Reads (`ring_reads`) gather their payloads under the table's lock and return `Deferred`s,
+which the table decodes (`decoded`) after releasing it.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class StepRing(RingReads):
         device: torch.device | None,
         frames: FrameStack | None = None,
         compression: str | None = None,
+        budget: PayloadBudget | None = None,
     ) -> None:
         """Sets up an empty ring (its storage is allocated at the first insert, or now by the
         table for "memmap", see `_allocate`).
@@ -107,6 +109,8 @@ class StepRing(RingReads):
           compression: Codec of the large fields (`codecs.CODECS`; "memory" storage on the
             host only, checked by the backend): the frame column and every field of at
             least `COMPRESS_MIN_BYTES` per step become `CompressedColumn`s; None: none.
+          budget: The `PayloadBudget` of the backend's tables (one for all of them, so that
+            two tables are never granted the same memory); None: one of the table's own.
         """
         length = self._length
         self._device = device
@@ -131,8 +135,9 @@ class StepRing(RingReads):
                 or int(np.prod(shape)) * dtype.itemsize >= COMPRESS_MIN_BYTES
             )
         )
-        # How far the compressed columns may grow before the memory is looked at again.
-        self._budget = PayloadBudget()
+        # How far the compressed columns (the backend's tables') may grow before the memory is
+        # looked at again.
+        self._budget = PayloadBudget() if budget is None else budget
         self._storage_kind = storage
         self._scratch_dir = scratch_dir
         self._ring_size = ring_steps(capacity, length, storage, frames and frames.k)
@@ -207,23 +212,28 @@ class StepRing(RingReads):
         )
         return data + gap + self._refs.nbytes + preds
 
-    def _check_payload_room(self, payloads: Iterable[bytes]) -> None:
-        """Refuses an insert whose compressed `payloads` the memory cannot hold: call it under
-        the table's lock before the insert changes anything (`compressed_column.PayloadBudget`).
+    def _check_payload_room(self, payloads: Iterable[bytes], unencoded: int = 0) -> None:
+        """Refuses an insert whose compressed payloads the memory cannot hold: call it under
+        the table's lock before the insert changes anything (`compressed_column.PayloadBudget`,
+        shared by the backend's tables).
+
+        Args:
+          payloads: The payloads encoded before the lock was taken.
+          unencoded: Bytes of the payloads the insert may encode under the lock (a window's
+            first stack's K-1 earlier frames, steps its writer's last window held), at their
+            most (`codecs.payload_bound`) with their `SLOT_OVERHEAD`.
 
         Raises:
           ConfigError: Naming the bytes held, needed and available; nothing is changed.
         """
         if not self._compressed or self._columns is None:
             return
-        incoming = 0
-        count = 0
+        incoming = unencoded
         for payload in payloads:
-            incoming += len(payload)
-            count += 1
+            incoming += len(payload) + SLOT_OVERHEAD
         columns = self._columns
         held = sum(columns[index].nbytes for index in self._compressed)
-        self._budget.check(held, incoming + count * SLOT_OVERHEAD, f"table {self.name!r}")
+        self._budget.check(held, incoming, f"table {self.name!r}", owner=self)
 
     def _claim(self, count: int, keep: int) -> bool:
         """Makes room for `count` new steps at the head of the ring: grows it while the

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.compressed_column import PayloadBudget
 from replay_service.backends.local.pair_draws import PairDrawing
 from replay_service.backends.local.ring import STORAGES
 from replay_service.backends.local.shared import (
@@ -148,6 +149,8 @@ class LocalTable(WindowInserts, Shareable, PairDrawing):
         keys are never another table's (`slots.item_keys`).
       key_offset: The table's index among the buffer's tables.
       compression: Codec of the large fields (`ring.StepRing`, `codecs.CODECS`); None: none.
+      payload_budget: The backend's `compressed_column.PayloadBudget`, shared by its tables;
+        None: one of the table's own.
 
     Raises:
       ConfigError: If the sampling is Reverb-only (`check_local_table`), `storage` unknown,
@@ -166,6 +169,7 @@ class LocalTable(WindowInserts, Shareable, PairDrawing):
         key_stride: int = 1,
         key_offset: int = 0,
         compression: str | None = None,
+        payload_budget: PayloadBudget | None = None,
     ) -> None:
         check_local_table(config)
         if storage not in STORAGES:
@@ -197,6 +201,7 @@ class LocalTable(WindowInserts, Shareable, PairDrawing):
             device=checked,
             frames=FrameStack.for_table(config.frame_stack, config.frame_axis, self.fields),
             compression=compression,
+            budget=payload_budget,
         )
         # Per item slot: its first step's serial and samples; its priority once items differ
         # (before: `_flat_priority`, every item's); whether its steps are consecutive serials

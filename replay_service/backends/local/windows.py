@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.codecs import SLOT_OVERHEAD, payload_bound
 from replay_service.backends.local.compressed_column import CompressedColumn
 from replay_service.backends.local.frame_writes import FrameWrites, earlier_serials
 from replay_service.backends.local.slots import Slots
@@ -139,8 +140,9 @@ class WindowInserts(FrameWrites):
                 self._require_open()
             if self._columns is None:
                 self._allocate()
-            if encoded:
-                self._check_payload_room(encoded.values())
+            if self._compressed:
+                unencoded = self._unencoded_bytes(steps, length if fresh is None else fresh, stream)
+                self._check_payload_room(encoded.values(), unencoded)
             if self.size >= self.config.capacity:
                 self._evict_oldest(self.size + 1 - self.config.capacity)
             if (
@@ -319,6 +321,32 @@ class WindowInserts(FrameWrites):
                     value = frames.part(value, frames.k - 1, frames.k)
                 encoded[at, index] = encode(np.ascontiguousarray(value))
         return encoded
+
+    def _unencoded_bytes(
+        self, steps: Sequence[Sequence[np.ndarray]], fresh: int, stream: WindowStream | None
+    ) -> int:
+        """Bytes of the payloads `insert_window` may encode under the lock (`_payload`), at
+        their most (`codecs.payload_bound`, with their `SLOT_OVERHEAD`): the compressed fields
+        of the window's steps its writer's last window held (written again where the window
+        cannot share them) and, stacked, its first stack's K-1 earlier frames unless it starts
+        an episode with a padded stack (`_claim_frames`)."""
+        frames = self._frames
+        sizes = {
+            index: int(np.prod(self._step_shapes[index])) * self._dtypes[index].itemsize
+            for index in self._compressed
+        }
+        held = len(steps) - fresh
+        total = held * sum(payload_bound(size) + SLOT_OVERHEAD for size in sizes.values())
+        if frames is not None:
+            starts = (
+                stream is not None
+                and stream.frames == []
+                and fresh == len(steps)
+                and frames.padding(np.asarray(steps[0][frames.field])) is not None
+            )
+            if not starts:
+                total += (frames.k - 1) * (payload_bound(sizes[frames.field]) + SLOT_OVERHEAD)
+        return total
 
     def _payload(
         self,

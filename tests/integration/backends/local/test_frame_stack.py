@@ -25,6 +25,8 @@ import pytest
 import torch
 
 from replay_service import ConfigError, ReplayBufferManager, SpecMismatchError, Timeouts
+from replay_service.backends.local import compressed_column as compressed
+from replay_service.config.options import TableConfig
 from replay_service.specs import sizes
 
 gym = pytest.importorskip("gymnasium")
@@ -578,3 +580,36 @@ def test_batches_drawn_ahead_whose_items_left_are_drawn_again(make, episodes, pa
             assert (info.table_size == table(manager).size).all()
     assert counting.calls > 1
     assert table(manager).samples == 8 * (len(transitions) - 30)
+
+
+@pytest.mark.heavy
+def test_two_compressed_tables_share_one_grant_of_memory(make, monkeypatch) -> None:
+    """The tables of a backend are granted the free memory once between them: the payloads
+    both hold never outgrow what the memory had room for."""
+    manager = make(
+        "two",
+        compression="lz4",
+        extra_tables=(TableConfig("other", 1000, 2, frame_stack=4),),
+    )
+    manager.create_replay_buffer()
+    client = manager._backend.client
+    tables = [client.table(manager.table_name), client.table("other")]
+
+    def held() -> int:
+        return sum(t._columns[t.frames.field].nbytes for t in tables if t._columns is not None)
+
+    room = 3 << 19  # 1.5 MiB: the memory shrinks as the payloads of both tables grow
+    monkeypatch.setattr(sizes, "available_memory", lambda: compressed.MEMORY_MARGIN + room - held())
+    rng = np.random.default_rng(0)
+    state = np.repeat(rng.integers(1, 256, (1, 84, 84), np.uint8), 4, axis=0)
+    writer = manager.transition_writer()
+    peak = 0
+    with pytest.raises(ConfigError, match="cannot store"):
+        for _ in range(400):  # noise frames: about 7 KB each, in each table
+            next_state = np.concatenate([state[1:], rng.integers(1, 256, (1, 84, 84), np.uint8)])
+            writer.add(state, 1, 0.0, next_state, False)
+            state = next_state
+            peak = max(peak, held())
+    assert room // 2 < peak <= room + (64 << 10)  # the slots' pointers are not granted
+    assert tables[0].size > 100 and tables[0].size == tables[1].size
+    assert len(batches(manager, 1)) == 1  # refused: the tables as they were, readable

@@ -7,9 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from replay_service.backends.local.codecs import MEMORY_MARGIN, SLOT_OVERHEAD
 from replay_service.backends.local.frame_writes import earlier_serials
 from replay_service.backends.local.table import LocalTable
 from replay_service.config.options import TableConfig
+from replay_service.errors import ConfigError
+from replay_service.specs import sizes
 
 pytestmark = pytest.mark.local
 
@@ -58,3 +61,23 @@ def test_a_zero_stack_reads_back_as_zeros_and_the_next_stack_after_it_is_its_own
     table.insert([windows, np.zeros((2, 2), np.float32)], np.ones(2))
     data, _, _ = table.items()
     np.testing.assert_array_equal(data[0], windows)
+
+
+def test_an_insert_counts_the_earlier_frames_it_encodes_under_the_lock(monkeypatch) -> None:
+    fields = [{**FIELDS[0], "shape": [K, 16, 16]}, FIELDS[1]]
+    table = LocalTable(TableConfig("t", 16, 2, frame_stack=K), fields, seed=0, compression="lz4")
+    frames = np.random.default_rng(0).integers(1, 256, (K + 1, 16, 16), np.uint8)
+    # A window from the middle of an episode (no padded first stack, no writer's stream):
+    # its first stack's K-1 earlier frames are written, and encoded under the lock, too.
+    steps = [[frames[:K], np.float32(0)], [frames[1:], np.float32(1)]]
+    encoded = table._encode_steps(steps, 2)
+    window = sum(len(p) + SLOT_OVERHEAD for p in encoded.values())
+    monkeypatch.setattr(sizes, "available_memory", lambda: MEMORY_MARGIN + window + 64)
+    with pytest.raises(ConfigError, match=r"table 't' cannot store \d+ more bytes"):
+        table.insert_window(steps, 1.0)
+    assert table.size == 0 and table._written == 0  # refused whole
+    monkeypatch.setattr(sizes, "available_memory", lambda: MEMORY_MARGIN + (1 << 20))
+    table.insert_window(steps, 1.0)
+    held = table._columns[0].nbytes
+    assert table._written == K + 1 and held <= table._budget.limit
+    np.testing.assert_array_equal(table.items()[0][0][0], np.stack([frames[:K], frames[1:]]))
