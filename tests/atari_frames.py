@@ -6,6 +6,7 @@ import from it): each test module makes its `episodes` fixture of `recordings()`
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -198,3 +199,40 @@ def strided(
                 out.append(tuple(steps[index - sequence_length + 1 : index + 1]))
             steps = []
     return out
+
+
+def interleave(manager: Any, lengths: list[int]) -> set[tuple[bytes, bytes]]:
+    """Creates the manager's buffer and writes episodes of `lengths` steps ("reset" padding)
+    and of the same lengths reversed ("zero" padding, `scripted`) through two writers whose
+    steps alternate.
+
+    Returns:
+      The transitions' `pairs`, every `(state, next state)` of the items written.
+    """
+    first, second = scripted(lengths, "reset"), scripted(lengths[::-1], "zero")
+    manager.create_replay_buffer()
+    writers = [manager.transition_writer(), manager.transition_writer()]
+    for both in itertools.zip_longest(first, second):
+        for writer, transition in zip(writers, both, strict=True):
+            if transition is not None:
+                writer.add(*transition)
+    for writer in writers:
+        writer.close()
+    return pairs(first) | pairs(second)
+
+
+def stored(manager: Any) -> tuple[int, int]:
+    """Steps written into the ring of the manager's local table, and the bytes it holds."""
+    ring = manager._backend.client.table(manager.table_name)
+    return ring._written, ring.nbytes
+
+
+def reads(manager: Any) -> tuple[list[np.ndarray], set[tuple[bytes, bytes]]]:
+    """Every item of the manager's table in order, and the `(state, next state)` stacks of an
+    epoch of its transitions."""
+    epoch = {
+        (s.numpy().tobytes(), n.numpy().tobytes())
+        for batch in manager.epoch_batches(16, seed=0, transitions=True)
+        for s, n in zip(batch.states, batch.next_states, strict=True)
+    }
+    return items(manager), epoch

@@ -1,16 +1,19 @@
 """Writing items into a local table: each step is written once, however many items hold it.
 
 Steps are written as the items that hold them are inserted: a collector's writer
-(`WindowStream`, one per writer and table) writes only the steps its previous item did not
-hold (one per item at stride 1), `insert` of whole windows (an import, a restore) writes every
-step of each item except those it shares with the item before it (the previous window shifted
-by one step, compared byte for byte). A writer shares steps only with its last item while that
-item is held, so no item holds steps older than every held item's. An item is the serial number
-of its first step plus, where the writers of a table interleave their steps, the distance from
-each step to its writer's next one (the ring's `_gap`, made when writers first interleave).
-Compressed fields (`compression=`) are encoded before the table's lock is taken and their
-payloads stored under it; an insert whose payloads the memory cannot hold is refused whole
-before it changes anything (`ring.StepRing._check_payload_room`).
+(`WindowStream`, one per writer and table) writes only the steps its previous item did not hold
+(one per item at stride 1), `insert` of whole windows (an import, a restore) writes every step
+of each item except those it shares with the item before it (the previous window shifted by one
+step, compared byte for byte); stacked observations are laid out as the writers lay them out
+(`frame_writes.plan_windows`: each step once, even where writers' windows interleave, and each
+earlier frame shared), so a restored table holds the frames its checkpoint's did. A writer
+shares steps only with its last item while that item is held, so no item holds steps older than
+every held item's. An item is the serial number of its first step plus, where the writers of a
+table interleave their steps, the distance from each step to its writer's next one (the ring's
+`_gap`, made when writers first interleave). Compressed fields (`compression=`) are encoded
+before the table's lock is taken and their payloads stored under it; an insert whose payloads
+the memory cannot hold is refused whole before it changes anything
+(`ring.StepRing._check_payload_room`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 
 from replay_service.backends.local.codecs import SLOT_OVERHEAD, payload_bound
 from replay_service.backends.local.compressed_column import CompressedColumn
-from replay_service.backends.local.frame_writes import FrameWrites, earlier_serials
+from replay_service.backends.local.frame_writes import FrameWrites, plan_windows
 from replay_service.backends.local.slots import Slots
 from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
@@ -398,34 +401,34 @@ class WindowInserts(FrameWrites):
             count = capacity
         data = [np.ascontiguousarray(a) for a in data]
         frames = self._frames
+        plan = None
         if frames is not None:
             frames.check_windows(data[frames.field], self.name)
-        # Item i shares its first steps with item i-1 when it is that window shifted by one.
-        shared = np.zeros(count, dtype=np.bool_)
-        if length > 1 and count > 1:
-            shared[1:] = True
-            for array in data:
-                rows = array.reshape(count, length, -1).view(np.uint8)
-                shared[1:] &= (rows[1:, :-1] == rows[:-1, 1:]).all(axis=(1, 2))
-        # Stacked observations: a window that shares nothing is preceded by its first step's
-        # earlier frames, as steps of their own (`_framed_windows`).
-        extra = 0 if frames is None else frames.k - 1
-        if extra:
-            # Per row written: an all-zero stack (zero padding of a zero frame after it).
-            zero = ~bits(data[frames.field]).reshape(count, length, -1).any(axis=2)
-            zero = np.concatenate([np.zeros((count, extra), np.bool_), zero], axis=1)
+            # Each step once, earlier frames shared (`plan_windows`); the windows laid out with
+            # their first stack's earlier frames first (`_framed_windows`).
+            plan = plan_windows(data, frames, length)
             data = self._framed_windows(data)
-        width = length + extra
-        new_steps = np.where(shared, 1, width)
-        total = int(new_steps.sum())
-        keep = np.ones((count, width), dtype=np.bool_)
-        keep[shared, :-1] = False
-        keep = keep.reshape(-1)
+            width = length + frames.k - 1
+            source = plan.rows
+        else:
+            # Item i shares its first steps with item i-1 when it is that window shifted by one.
+            shared = np.zeros(count, dtype=np.bool_)
+            if length > 1 and count > 1:
+                shared[1:] = True
+                for array in data:
+                    rows = array.reshape(count, length, -1).view(np.uint8)
+                    shared[1:] &= (rows[1:, :-1] == rows[:-1, 1:]).all(axis=(1, 2))
+            width = length
+            keep = np.ones((count, width), dtype=np.bool_)
+            keep[shared, :-1] = False
+            source = np.flatnonzero(keep)
+            new_steps = np.where(shared, 1, width)
+        total = len(source)
         # Compressed fields: every step's payload, encoded before the lock is taken.
         encoded = {
             index: [
                 self._codec.encode(row)
-                for row in data[index].reshape(count * width, *self._step_shapes[index])[keep]
+                for row in data[index].reshape(count * width, *self._step_shapes[index])[source]
             ]
             for index in sorted(self._compressed)
             if self._codec is not None
@@ -448,28 +451,38 @@ class WindowInserts(FrameWrites):
                 if isinstance(column, CompressedColumn):
                     column.store(positions, encoded[index])
                     continue
-                steps = array.reshape(count * width, *shape)[keep]
+                steps = array.reshape(count * width, *shape)[source]
                 if self._device is None:
                     column[positions] = steps
                 else:
                     column[self._index(positions)] = torch.from_numpy(steps).to(self._device)
-            if self._gap is not None:
+            if plan is not None and len(plan.gaps):
+                gap = self._gaps()
+                gap[positions] = 1
+                gap[positions[plan.gaps[:, 0]]] = plan.gaps[:, 1]
+            elif self._gap is not None:
                 self._gap[positions] = 1
-            firsts = written + np.cumsum(new_steps) - length
+            if plan is None:
+                firsts = written + np.cumsum(new_steps) - length
+            else:
+                firsts = written + plan.firsts
             self._head = (self._head + total) % size
             self._written = written + total
             self._oldest = max(self._oldest, self._written - size)
-            if frames is not None:
-                self._preds[positions] = earlier_serials(
-                    written, total, zero.reshape(-1)[keep], frames.k
-                )
+            if plan is not None:
+                assert self._preds is not None
+                self._preds[positions] = np.where(plan.preds < 0, -1, plan.preds + written)
             at = self._positions(self._anchors(firsts))  # distinct: the first serials grow
             if self._refs.dtype == np.uint8 and int(self._refs[at].max()) >= 254:
                 self._refs = self._refs.astype(np.int32)
             self._refs[at] += 1
             slots, keys = self._slots.allocate(count)
             self._first[slots] = firsts
-            if self._consecutive is not None:
+            if plan is not None and not plan.consecutive.all():
+                # Interleaved writers' windows: each step's next one is found through `_gap`.
+                self._consecutives()[slots] = plan.consecutive
+                self._scattered += int(np.count_nonzero(~plan.consecutive))
+            elif self._consecutive is not None:
                 self._consecutive[slots] = True
             self._times_sampled[slots] = 0
             self._set_priorities(slots, np.asarray(priorities, dtype=np.float64))

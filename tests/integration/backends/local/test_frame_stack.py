@@ -39,10 +39,13 @@ from atari_frames import (
     channels_last,
     check_items,
     fill,
+    interleave,
     items,
     laid_out,
     pairs,
+    reads,
     recordings,
+    stored,
     write,
 )
 
@@ -50,6 +53,8 @@ pytestmark = pytest.mark.local
 
 FAST = Timeouts(connect=5.0, write=10.0, sample=2.0, checkpoint=60.0)
 FRAME_BYTES = 84 * 84
+# Episodes of 1 step and of lengths that are no multiple of 8.
+LENGTHS = [1, 3, 5, 9, 2, 12, 1, 16, 7, 8, 1, 4]
 
 
 @pytest.fixture(scope="module")
@@ -613,3 +618,42 @@ def test_two_compressed_tables_share_one_grant_of_memory(make, monkeypatch) -> N
     assert room // 2 < peak <= room + (64 << 10)  # the slots' pointers are not granted
     assert tables[0].size > 100 and tables[0].size == tables[1].size
     assert len(batches(manager, 1)) == 1  # refused: the tables as they were, readable
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_restores_and_imports_store_each_step_once_as_the_writers_did(
+    make_from_spaces, tmp_path, compression: str | None
+) -> None:
+    """Two writers interleave episodes of 1 to 16 steps (both paddings): a checkpoint
+    restored and an export imported hold the frames and bytes the writers' table held, and
+    read back the same stacks (episode starts and terminal transitions)."""
+    make_one = functools.partial(
+        make_from_spaces,
+        "local",
+        observation=spaces.Box(0, 255, (4, 8, 8), np.uint8),
+        action=spaces.Discrete(4),
+        capacity=1000,
+        frame_stack=4,
+        compression=compression,
+        timeouts=FAST,
+    )
+    source = make_one("source")
+    truth = interleave(source, LENGTHS)
+    before, epoch = reads(source)
+    assert epoch == truth
+    steps, nbytes = stored(source)
+    assert steps == 2 * (sum(LENGTHS) + len(LENGTHS))  # each step once
+    source.checkpoint()
+    source.export(tmp_path / "export")
+    source.close()
+    restored = make_one("source")
+    restored.load_replay_buffer()
+    imported = make_one("imported")
+    imported.import_buffer(tmp_path / "export")
+    for copy in (restored, imported):
+        assert stored(copy) == (steps, nbytes)
+        got, got_epoch = reads(copy)
+        assert got_epoch == truth
+        for array, want in zip(got, before, strict=True):
+            np.testing.assert_array_equal(array, want)

@@ -18,11 +18,14 @@ from atari_frames import (
     breakout_manager,
     check_items,
     fill,
+    interleave,
     items,
     laid_out,
     pairs,
+    reads,
     recordings,
     scripted,
+    stored,
     strided,
     write,
 )
@@ -282,3 +285,29 @@ def test_episodes_of_any_length_give_gymnasiums_stacks_at_every_stride(
     trajectory, _ = next(iter(replay_buffer.as_dataset(sample_batch_size=16, num_steps=2)))
     observation = trajectory.observation.numpy()
     assert stacks(observation[:, 0], observation[:, 1]) <= truth
+
+
+@pytest.mark.heavy
+def test_an_import_of_a_reverb_export_stores_each_step_once(make_from_spaces, tmp_path) -> None:
+    """Two writers interleave episodes of any length on Reverb: its export imported into a
+    local table holds the frames and bytes the local writers' table holds for the same steps,
+    and reads back the same stacks."""
+    make = functools.partial(
+        make_from_spaces,
+        observation=spaces.Box(0, 255, (4, 8, 8), np.uint8),
+        action=spaces.Discrete(4),
+        capacity=1000,
+        frame_stack=4,
+        timeouts=FAST,
+    )
+    reverb, written = make("reverb", "reverb"), make("local", "written")
+    truth = interleave(reverb, LENGTHS)
+    assert interleave(written, LENGTHS) == truth
+    reverb.export(tmp_path / "export")
+    imported = make("local", "imported")
+    imported.import_buffer(tmp_path / "export")
+    assert stored(imported) == stored(written)
+    got, epoch = reads(imported)
+    assert epoch == truth
+    want = items(reverb)
+    assert sorted(o.tobytes() for o in got[1]) == sorted(o.tobytes() for o in want[1])

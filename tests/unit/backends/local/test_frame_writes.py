@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from replay_service.backends.local.codecs import MEMORY_MARGIN, SLOT_OVERHEAD
-from replay_service.backends.local.frame_writes import earlier_serials
 from replay_service.backends.local.table import LocalTable
 from replay_service.config.options import TableConfig
 from replay_service.errors import ConfigError
@@ -29,16 +28,6 @@ def stack(newest: int) -> np.ndarray:
     return np.stack([np.full((2, 2), max(1, newest - K + 1 + i), np.uint8) for i in range(K)])
 
 
-def test_earlier_serials_are_the_k_minus_1_before_each_row_up_to_a_zero_stack() -> None:
-    zero = np.array([False, False, True, False, False])
-    np.testing.assert_array_equal(
-        earlier_serials(10, 5, zero, 3),
-        # Serial 12's stack is all zeros: it and every frame before it are zero padding.
-        [[8, 9], [9, 10], [-1, -1], [-1, -1], [-1, 13]],
-    )
-    np.testing.assert_array_equal(earlier_serials(0, 2, np.zeros(2, bool), 2), [[-1], [0]])
-
-
 def test_windows_inserted_whole_store_one_frame_per_step_and_read_back_exactly() -> None:
     table = LocalTable(TableConfig("t", 16, 2, frame_stack=K), FIELDS, seed=0)
     assert table.frames is not None and table.frames.frame == (1, 2, 2)
@@ -48,9 +37,9 @@ def test_windows_inserted_whole_store_one_frame_per_step_and_read_back_exactly()
     data, _, _ = table.items()
     np.testing.assert_array_equal(data[0], windows)
     np.testing.assert_array_equal(data[1], rewards)
-    # Whole windows (an import, a restore) are written with their first stack's K-1 earlier
-    # frames: K-1 + 2 rows of one frame each per window.
-    assert table._written == 6 * (K - 1 + 2)
+    # The windows share no step (their rewards differ), but each one's first stack continues
+    # a step written before (the first one's is padded): 2 rows of one frame each per window.
+    assert table._written == 6 * 2
     assert table.step_bytes == 2 * 2 + 4
 
 
