@@ -563,6 +563,13 @@ def write(first, count):
     writer.flush()
 
 
+def check():
+    batch = next(iter(manager.torch_batches(256, transitions=True)))
+    states, following = batch.states.numpy(), batch.next_states.numpy()
+    assert (states == states[:, :1]).all() and (following == states + 1).all(), "a wrong item"
+    print("items", manager.num_frames(), "batch", tuple(batch.states.shape), flush=True)
+
+
 write(0, 10)  # the first items are in: the storage exists
 fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
 for size in (65536, 4096, 1):  # every free byte of the disk
@@ -574,15 +581,22 @@ for size in (65536, 4096, 1):  # every free byte of the disk
 os.close(fd)
 stats = os.statvfs(root)
 print("free after filling", stats.f_bavail * stats.f_frsize, flush=True)
-write(10, capacity + 50)  # every slot written, the oldest ones twice
-batch = next(iter(manager.torch_batches(32, transitions=True)))
-print("items", manager.num_frames(), "batch", tuple(batch.states.shape), flush=True)
+# Every slot written, the oldest ones twice: episodes of 10 transitions take 11 steps, more
+# than the ring's `capacity + 1`, which cannot grow on the full disk.
+write(10, capacity + 50)
+check()
+os.unlink(ballast)
+write(capacity + 60, 2 * capacity)  # the ring grows again once written round
+check()
 manager.close()
 """
 
 
 @pytest.mark.heavy
 def test_memmap_storage_survives_the_disk_filling_after_the_table_was_created(tmpfs):
+    """Files reserved, no write through the mapping can SIGBUS; a ring that must grow on the
+    full disk logs a warning and evicts its oldest items instead (every item read back is one
+    written), and grows to hold its capacity again once the disk has room."""
     result = subprocess.run(
         [
             sys.executable,
@@ -600,7 +614,11 @@ def test_memmap_storage_survives_the_disk_filling_after_the_table_was_created(tm
     assert result.returncode >= 0, f"killed by signal {-result.returncode}: {output}"
     assert result.returncode == 0, output
     assert "free after filling 0" in output, output
-    assert f"items {MEMMAP_CAPACITY} batch (32, 64)" in output, output
+    held = [int(line.split()[1]) for line in result.stdout.splitlines() if line[:5] == "items"]
+    assert len(held) == 2 and 0.8 * MEMMAP_CAPACITY < held[0] < MEMMAP_CAPACITY, output
+    assert held[1] == MEMMAP_CAPACITY, output
+    assert "memory-mapped step ring cannot grow" in result.stderr, output
+    assert "batch (256, 64)" in output, output
 
 
 def test_periodic_checkpoints_run_in_the_background(make, tmp_path):
