@@ -85,10 +85,7 @@ def check_tables_fit(
       ConfigError: Naming the bytes per step and the largest fields with their shapes, each
         table's steps, the total and the bytes available.
     """
-    rings = [
-        (c.name, ring_steps(c.capacity, c.sequence_length, c.frame_stack), c)
-        for c in configs
-    ]
+    rings = [(c.name, ring_steps(c.capacity, c.sequence_length, c.frame_stack), c) for c in configs]
     if storage == "memmap":
         files = [
             (
