@@ -540,6 +540,42 @@ def test_memmap_storage_larger_than_the_free_space_takes_no_block_of_it(make, tm
     assert not memmap_files(root), "a refused table left memory-mapped files"
 
 
+def test_a_memmap_load_whose_ring_cannot_grow_is_a_config_error_keeping_the_checkpoint(make, tmpfs):
+    """Interleaved writers' items are restored each window whole (`capacity * 2` steps): on a
+    disk that holds the table's first files but not the grown ones the load is refused with a
+    `ConfigError`, the checkpoint is not taken for damaged, nothing is left in `.memmap`, and
+    it loads once the disk has room."""
+    root = tmpfs.path / "ckpt"
+    options = dict(observation_space=BIG, storage="memmap", capacity=MEMMAP_CAPACITY)
+    manager = make(root, **options)
+    manager.create_replay_buffer()
+    writers = [manager.transition_writer() for _ in range(2)]
+    for i in range(MEMMAP_CAPACITY // 2 + 10):
+        for w, writer in enumerate(writers):
+            state = np.full(64, 1000 * w + i, np.float32)
+            writer.add(state, [0], 1.0, state + 1, False)
+    for writer in writers:
+        writer.flush()
+    path = Path(manager.checkpoint())
+    saved = checkpoint_names(root)
+    manager.close()
+    assert not memmap_files(root)
+
+    first = (MEMMAP_CAPACITY + 1) * 280  # the first files: `capacity + 1` steps of 280 bytes
+    tmpfs.leave_free(first + 16 * BLOCK)
+    loading = make(root, **options)
+    with pytest.raises(ConfigError, match="cannot grow.*Nothing was inserted"):
+        loading.load_replay_buffer()
+    loading.close()
+    assert checkpoint_names(root) == saved
+    assert not (root / CORRUPT).exists() or not any((root / CORRUPT).iterdir())
+    assert not memmap_files(root), "a refused load left memory-mapped files"
+    tmpfs.release()
+    loaded = make(root, **options)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == recorded_items(path) == MEMMAP_CAPACITY
+
+
 FILL_THE_DISK_THEN_WRITE = """
 import os, sys
 import numpy as np
