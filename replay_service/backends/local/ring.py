@@ -11,13 +11,20 @@ distance to its writer's next step (`_gap`; None: every gap 1).
 The ring starts at `capacity + sequence_length - 1` steps, what one writer's overlapping
 windows need, and grows (the storage is copied in step order, by an eighth of its size or more)
 whenever the step it would overwrite next still belongs to an item (`_claim`), so `capacity`
-items fit whatever the writers, strides and padding. Its storage is in RAM (`torch.empty`,
-committed as it fills), growing up to `capacity * sequence_length**2` steps, or, with
-"memmap", tensordict `MemoryMappedTensor` files (for buffers larger than RAM) created with the
-table for `capacity * sequence_length` steps (`capacity` windows that share nothing), their
-whole size reserved on disk then (`scratch.reserve_files`: a full disk is a `ConfigError`
-there, never a SIGBUS at a later write); its writers do not share steps between windows (each
-window is written whole into a ring of `capacity` windows, so `capacity` items fit there too).
+items fit whatever the writers, strides and padding, up to `capacity * sequence_length**2`
+steps. Its storage is in RAM (`torch.empty`, committed as it fills) or, with "memmap",
+tensordict `MemoryMappedTensor` files (for buffers larger than RAM), written the same way:
+each step once, the same bytes per step. The files are created with the table for the
+starting ring, their whole size reserved on disk then (`scratch.reserve_files`: a full disk is
+a `ConfigError` there, never a SIGBUS at a later write). A growing memory-mapped ring moves
+into new files (`scratch.spare_file`), their whole size reserved before anything is copied;
+its steps are copied oldest first from mapping to mapping (through the page cache, no copy
+in RAM) and the new files renamed over the old ones. Files reserved up front at the largest
+size would hold the disk at `sequence_length**2` times the starting ring's size for a ring
+that rarely grows past an eighth more. Where the disk cannot hold the larger files the ring
+keeps its size, logs a warning, and evicts instead (below) until it has been written round
+once more, when growing is tried again; an insert of more steps than the ring holds
+(`insert` of many windows, a restore) is refused whole then with a `ConfigError`.
 Should a ring at its largest size still be short, it evicts the oldest items until none holds a
 step it overwrites. With a `device` the ring is torch tensors on that device, written from
 host steps and gathered there by index. With `compression=` the frame column of a stacked
@@ -32,7 +39,9 @@ which the table decodes (`decoded`) after releasing it.
 
 from __future__ import annotations
 
+import logging
 import mmap
+import os
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -46,11 +55,16 @@ from replay_service.backends.local.ring_fit import ring_steps
 from replay_service.backends.local.ring_reads import RingReads
 from replay_service.backends.local.scratch import (
     prepare_scratch_dir,
+    remove_files,
     reserve_files,
     scratch_file,
+    spare_file,
 )
 from replay_service.backends.local.shared import SharedTable
+from replay_service.errors import ConfigError
 from replay_service.specs.frames import FrameStack
+
+_log = logging.getLogger(__name__)
 
 STORAGES = ("memory", "memmap")
 # A growing step ring takes at least this fraction of its size more.
@@ -77,6 +91,7 @@ class StepRing(RingReads):
     _first: np.ndarray
     _consecutive: np.ndarray | None
     _scattered: int
+    fields: list[dict[str, Any]]
     _shared: SharedTable | None
     _evict_oldest: Callable[[int], None]
 
@@ -140,12 +155,15 @@ class StepRing(RingReads):
         self._budget = PayloadBudget() if budget is None else budget
         self._storage_kind = storage
         self._scratch_dir = scratch_dir
-        self._ring_size = ring_steps(capacity, length, storage, frames and frames.k)
+        self._ring_size = ring_steps(capacity, length, frames and frames.k)
         self._max_steps = capacity * span * span
-        # Files cannot grow: reserved once, for `capacity` windows that share no step.
-        self._shares = storage == "memory"
-        if storage == "memmap":
-            self._max_steps = self._ring_size
+        # Whether a writer's windows share steps (not once in shared memory, see `sharing`).
+        self._shares = True
+        # "memmap": the directory of the files (made by `_allocate`); None: none yet.
+        self._memmap_dir: str | None = None
+        # Files that could not grow: the ring grows again once this serial is written.
+        self._grow_after = 0
+        self._grow_refused = ""
         # numpy views of `_tensors`, or with a `device` the tensors themselves.
         self._columns: list[Any] | None = None
         self._tensors: list[torch.Tensor] = []
@@ -239,12 +257,16 @@ class StepRing(RingReads):
         """Makes room for `count` new steps at the head of the ring: grows it while the
         oldest steps they would overwrite are an item's (or at serial `keep` >= 0 or later).
 
-        At its largest size, the oldest items are evicted instead until none of them starts
-        in the overwritten steps.
+        At its largest size, or where its memory-mapped files cannot grow (`_grow`), the
+        oldest items are evicted instead until none of them starts in the overwritten steps.
 
         Returns:
-          False (nothing changed) if the steps from `keep` on cannot be kept. `count` steps
-          always fit (`count` is at most the largest size).
+          False (nothing changed but the ring's size) if the steps from `keep` on cannot be
+          kept. `count` steps always fit (`count` is at most the largest size).
+
+        Raises:
+          ConfigError: If `count` is more steps than the ring holds and its files cannot grow
+            (the disk is full); nothing is changed.
         """
         while True:
             size = self._ring_size
@@ -262,10 +284,16 @@ class StepRing(RingReads):
                 used = bool(self._refs[self._positions(lost)].any())
             if not used:
                 return True
-            if size < self._max_steps:
+            if size < self._max_steps and (count > size or self._written >= self._grow_after):
                 needed = self._written - self._oldest + count
-                self._grow(min(self._max_steps, max(needed, size + int(size * _GROWTH) + 1)))
-                continue
+                if self._grow(min(self._max_steps, max(needed, size + int(size * _GROWTH) + 1))):
+                    continue
+            if count > size:
+                raise ConfigError(
+                    f"table {self.name!r}: {count} new steps need more than its {size} steps, "
+                    f"and its memory-mapped files cannot grow: {self._grow_refused}. Nothing "
+                    "was inserted"
+                )
             if 0 <= keep < cutoff:
                 return False
             # Oldest first, as the FIFO remover, until no held item starts in those steps.
@@ -274,19 +302,59 @@ class StepRing(RingReads):
                 self._evict_oldest(1)
             return True
 
-    def _grow(self, steps: int) -> None:
+    def _grow(self, steps: int) -> bool:
         """Makes the ring `steps` steps long: in place inside `_reserved` (the steps written
         before the head's wrap move up by the growth, a block at a time: no second copy of
-        the ring), or by moving it into a larger one, oldest step first."""
+        the ring), or by moving it into a larger one, oldest step first ("memmap": into new
+        files, `_spare_files`).
+
+        Returns:
+          False, the ring unchanged and a warning logged, if its memory-mapped files cannot
+          grow (the disk cannot hold the larger ones): `_claim` evicts instead until the ring
+          has been written round once more.
+        """
         assert self._columns is not None
         assert self._shared is None, "a shared ring has its largest size"
         if self._reserved is not None and steps <= len(self._reserved[0]):
             self._grow_in_place(steps)
-            return
+            return True
+        files = None
+        if self._memmap_dir is not None:
+            try:
+                files = self._spare_files(steps)
+            except ConfigError as e:
+                self._grow_after = self._written + self._ring_size
+                self._grow_refused = str(e)
+                _log.warning(
+                    "table %r: its memory-mapped step ring cannot grow from %d to %d steps "
+                    "(%s); it keeps its size and evicts its oldest items where a step it "
+                    "overwrites still belongs to one (it holds fewer than its capacity of %d "
+                    "items meanwhile), and tries to grow again after %d more steps",
+                    self.name,
+                    self._ring_size,
+                    steps,
+                    e,
+                    len(self._first),
+                    self._ring_size,
+                )
+                return False
+        try:
+            self._move(steps, files)
+        except BaseException:
+            if files is not None:
+                self._drop_spare_files()
+            raise
+        return True
+
+    def _move(self, steps: int, files: list[torch.Tensor] | None) -> None:
+        """`_grow` into new storage of `steps` steps: `files` (the spare files of
+        `_spare_files`, renamed over the ring's own once the steps are copied) or, None, new
+        tensors in RAM or on the device."""
+        assert self._columns is not None
         held = self._written - self._oldest
         order = self._positions(np.arange(self._oldest, self._written, dtype=np.int64))
         columns, tensors = [], []
-        for column, old in zip(self._columns, self._tensors, strict=True):
+        for index, (column, old) in enumerate(zip(self._columns, self._tensors, strict=True)):
             if isinstance(column, CompressedColumn):
                 column.remap(order, steps)
                 columns.append(column)
@@ -297,13 +365,24 @@ class StepRing(RingReads):
                 tensor[:held] = column[self._index(order)]
                 columns.append(tensor)
             else:
-                tensor = torch.empty(
-                    (steps, *column.shape[1:]), dtype=torch.from_numpy(column[:0]).dtype
+                tensor = (
+                    files[index]
+                    if files is not None
+                    else torch.empty(
+                        (steps, *column.shape[1:]), dtype=torch.from_numpy(column[:0]).dtype
+                    )
                 )
                 grown = tensor.numpy()
-                np.take(column, order, axis=0, out=grown[:held])
+                # The held steps are at most two runs of the ring: copied slice by slice.
+                start = int(order[0]) if held else 0
+                first = min(held, len(column) - start)
+                grown[:first] = column[start : start + first]
+                grown[first:held] = column[: held - first]
                 columns.append(grown)
             tensors.append(tensor)
+        if files is not None:
+            tensors = self._swap_files(tensors, steps)
+            columns = [tensor.numpy() for tensor in tensors]
         self._tensors = tensors
         if self._gap is not None:
             gap = np.ones(steps, dtype=np.int32)
@@ -319,6 +398,72 @@ class StepRing(RingReads):
         self._reserved = None
         self._ring_size = steps
         self._head = held % steps
+
+    def _map_files(self, paths: Sequence[str], steps: int) -> list[torch.Tensor]:
+        """Creates the files `paths` (one per field, none existing) for `steps` steps, their
+        whole size reserved on disk first (`scratch.reserve_files`), and maps them.
+
+        Raises:
+          ConfigError: If the disk cannot hold them; none of them is left then.
+        """
+        from tensordict import MemoryMappedTensor
+
+        shapes = list(zip(self._step_shapes, self._dtypes, strict=True))
+        reserve_files(
+            [
+                (path, steps * int(np.prod(shape)) * dtype.itemsize)
+                for path, (shape, dtype) in zip(paths, shapes, strict=True)
+            ],
+            f"the memory-mapped storage of table {self.name!r} ({steps} steps of "
+            f"{self.step_bytes} bytes)",
+            self.fields,
+        )
+        try:
+            return [
+                MemoryMappedTensor.empty(
+                    (steps, *shape),
+                    dtype=torch.from_numpy(np.zeros(0, dtype)).dtype,
+                    filename=path,
+                    existsok=True,  # reserved above
+                )
+                for path, (shape, dtype) in zip(paths, shapes, strict=True)
+            ]
+        except BaseException:
+            remove_files(paths)
+            raise
+
+    def _spare_files(self, steps: int) -> list[torch.Tensor]:
+        """New files for the memory-mapped ring at `steps` steps (`scratch.spare_file`),
+        mapped, their space reserved: `_swap_files` makes them the ring's own.
+
+        Raises:
+          ConfigError: If the disk cannot hold them, or a file of that name exists (this
+            process created none: it is kept); none of them is left then.
+        """
+        assert self._memmap_dir is not None
+        paths = [spare_file(self._memmap_dir, i) for i in range(len(self._step_shapes))]
+        return self._map_files(paths, steps)
+
+    def _swap_files(self, tensors: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
+        """Renames the spare files of `tensors` (`_spare_files`, written) over the ring's
+        own, whose blocks are freed once their mappings are dropped, and maps them again under
+        their new names (which workers in other processes open). Returns the new mappings."""
+        from tensordict import MemoryMappedTensor
+
+        assert self._memmap_dir is not None
+        mapped = []
+        for index, tensor in enumerate(tensors):
+            path = scratch_file(self._memmap_dir, index)
+            os.replace(spare_file(self._memmap_dir, index), path)
+            mapped.append(
+                MemoryMappedTensor.from_filename(path, tensor.dtype, (steps, *tensor.shape[1:]))
+            )
+        return mapped
+
+    def _drop_spare_files(self) -> None:
+        """Deletes the spare files of `_spare_files` that are still there (a failed move)."""
+        if self._memmap_dir is not None:
+            remove_files([spare_file(self._memmap_dir, i) for i in range(len(self._step_shapes))])
 
     def _grow_in_place(self, steps: int) -> None:
         """`_grow` inside `_reserved`: positions `[head, size)` that hold steps still in the
@@ -382,35 +527,28 @@ class StepRing(RingReads):
 
         RAM: `torch.empty` (pages are committed as steps are written; `share_memory` makes
         its own ring in shared memory). "memmap": tensordict's `MemoryMappedTensor` files
-        under `scratch_dir` (shared mappings), so the buffer can exceed RAM, their whole size
-        reserved on disk first (`scratch.reserve_files`).
+        under `scratch_dir` (shared mappings; `share_memory` moves the ring into files of its
+        own), so the buffer can exceed RAM, their whole size reserved on disk first
+        (`_map_files`).
 
         Raises:
           ConfigError: If the disk of `scratch_dir` cannot hold the memory-mapped files.
           CheckpointError: If `scratch_dir` cannot be used (`scratch.prepare_scratch_dir`).
         """
         steps = self._ring_size
-        directory = None
+        files = None
         if self._storage_kind == "memmap":
             if self._scratch_dir is None:
                 directory = tempfile.mkdtemp(prefix="replay_memmap_")
             else:
                 directory = self._scratch_dir
                 prepare_scratch_dir(directory)
-            reserve_files(
-                [
-                    (scratch_file(directory, index), steps * int(np.prod(shape)) * dtype.itemsize)
-                    for index, (shape, dtype) in enumerate(
-                        zip(self._step_shapes, self._dtypes, strict=True)
-                    )
-                ],
-                f"the memory-mapped storage of table {self.name!r} ({steps} steps of "
-                f"{self.step_bytes} bytes)",
-                self.fields,
-            )
+            self._memmap_dir = directory
+            paths = [scratch_file(directory, i) for i in range(len(self._step_shapes))]
+            files = self._map_files(paths, steps)
         columns, tensors = [], []
         reserved = None
-        if directory is None and self._device is None and not self._compressed:
+        if files is None and self._device is None and not self._compressed:
             reserved = self._reserve()
         for index, (shape, dtype) in enumerate(zip(self._step_shapes, self._dtypes, strict=True)):
             torch_dtype = torch.from_numpy(np.zeros(0, dtype)).dtype
@@ -421,15 +559,8 @@ class StepRing(RingReads):
                 continue
             if reserved is not None:
                 tensor = torch.from_numpy(reserved[index][:steps])
-            elif directory is not None:
-                from tensordict import MemoryMappedTensor
-
-                tensor = MemoryMappedTensor.empty(
-                    (steps, *shape),
-                    dtype=torch_dtype,
-                    filename=scratch_file(directory, index),
-                    existsok=True,  # reserved above
-                )
+            elif files is not None:
+                tensor = files[index]
             else:
                 tensor = torch.empty((steps, *shape), dtype=torch_dtype, device=self._device)
             columns.append(tensor if self._device is not None else tensor.numpy())

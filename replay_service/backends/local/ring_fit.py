@@ -15,17 +15,12 @@ from replay_service.errors import ConfigError
 from replay_service.specs import sizes
 
 
-def ring_steps(
-    capacity: int, sequence_length: int, storage: str, frame_stack: int | None = None
-) -> int:
-    """Steps of a table's step ring when it is made: `capacity + sequence_length - 1` in RAM
-    (windows of one writer share steps; it grows if writers interleave), `capacity *
-    sequence_length` in files ("memmap": reserved once, for windows that share no step).
-    Stacked observations (`frame_stack` K): an item also needs its first step's K-1 earlier
-    frames, K-1 steps more per window."""
+def ring_steps(capacity: int, sequence_length: int, frame_stack: int | None = None) -> int:
+    """Steps of a table's step ring when it is made, in RAM or in files ("memmap") alike:
+    `capacity + sequence_length - 1` (windows of one writer share steps; the ring grows if
+    writers interleave, `ring.StepRing._claim`). Stacked observations (`frame_stack` K): an
+    item also needs its first step's K-1 earlier frames, K-1 steps more."""
     span = sequence_length + (frame_stack - 1 if frame_stack else 0)
-    if storage == "memmap":
-        return capacity * span
     return capacity + span - 1
 
 
@@ -73,9 +68,11 @@ def check_tables_fit(
     twice what Atari frames take with "lz4" or "zstd"; "none" at its raw bytes); payloads that
     outgrow the estimate are refused at the insert that does not fit
     (`ring.StepRing._check_payload_room`), before it changes anything.
-    "memmap": every table's files must fit on the disk of `scratch_root` (`scratch.check_free`,
-    which `reserve_files` applies again to each table's files when they are made). Unknown
-    amounts (another platform) pass.
+    "memmap": every table's files, the same `ring_steps` x the step's bytes, must fit on the
+    disk of `scratch_root` (`scratch.check_free`, which `reserve_files` applies again to each
+    table's files when they are made; a ring that grows later takes its larger files then, or
+    evicts its oldest items where the disk cannot hold them, see `ring`). Unknown amounts
+    (another platform) pass.
 
     Args:
       configs: The tables (capacity, sequence length, name).
@@ -88,10 +85,7 @@ def check_tables_fit(
       ConfigError: Naming the bytes per step and the largest fields with their shapes, each
         table's steps, the total and the bytes available.
     """
-    rings = [
-        (c.name, ring_steps(c.capacity, c.sequence_length, storage, c.frame_stack), c)
-        for c in configs
-    ]
+    rings = [(c.name, ring_steps(c.capacity, c.sequence_length, c.frame_stack), c) for c in configs]
     if storage == "memmap":
         files = [
             (

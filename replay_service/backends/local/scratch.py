@@ -1,11 +1,13 @@
 """The memory-mapped storage's files: their directory, checked and emptied, and their disk space.
 
 A "memmap" table keeps its step ring in files `field<N>.memmap` under a scratch directory of its
-own (`<checkpoint_dir>/.memmap/<table name>`, or a temporary one). Those files are the only
-entries this module ever deletes: a directory that is a symbolic link, sits under one, or holds
-anything else is refused before anything changes (`check_scratch_dir`). The files' whole size is
-reserved on disk when they are created (`reserve_files`), so a full disk is a `ConfigError`
-then, never a SIGBUS at a later write through the mapping.
+own (`<checkpoint_dir>/.memmap/<table name>`, or a temporary one); a ring that grows moves into
+`field<N>.grow.memmap` files, renamed over its own once its steps are copied (`spare_file`).
+Those files are the only entries this module ever deletes: a directory that is a symbolic link,
+sits under one, or holds anything else is refused before anything changes
+(`check_scratch_dir`). The files' whole size is reserved on disk when they are created
+(`reserve_files`), so a full disk is a `ConfigError` then, never a SIGBUS at a later write
+through the mapping.
 """
 
 from __future__ import annotations
@@ -21,13 +23,28 @@ from replay_service.errors import CheckpointError, ConfigError
 from replay_service.specs import sizes
 from replay_service.storage.file_modes import DIR_MODE, make_dirs
 
-# The files of a table's memory-mapped storage (`scratch_file`): the only ones it ever deletes.
-_SCRATCH_FILE = re.compile(r"field[0-9]+\.memmap")
+# The files of a table's memory-mapped storage (`scratch_file`, `spare_file`): the only ones it
+# ever deletes.
+_SCRATCH_FILE = re.compile(r"field[0-9]+(\.grow)?\.memmap")
 
 
 def scratch_file(directory: str, index: int) -> str:
     """The path of the memory-mapped file of field `index` in `directory`."""
     return os.path.join(directory, f"field{index}.memmap")
+
+
+def spare_file(directory: str, index: int) -> str:
+    """The path of the file a growing ring moves field `index` into, in `directory`: renamed
+    over `scratch_file` once the ring's steps are copied there."""
+    return os.path.join(directory, f"field{index}.grow.memmap")
+
+
+def remove_files(paths: Sequence[str]) -> None:
+    """Deletes the files `paths` that exist (a symbolic link itself, never its target): only
+    files this process created (`reserve_files`)."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def check_scratch_dir(directory: str) -> None:
@@ -40,7 +57,8 @@ def check_scratch_dir(directory: str) -> None:
     Raises:
       CheckpointError: If the directory's name is not a plain file name, if it or its parent
         is a symbolic link or not a directory, or if it holds anything but the files of an
-        earlier buffer (`field<N>.memmap` regular files); the message names the path.
+        earlier buffer (`field<N>.memmap`, `field<N>.grow.memmap` regular files); the message
+        names the path.
     """
     name, parent = os.path.basename(directory), os.path.dirname(directory)
     if name in ("", ".", ".."):
@@ -84,8 +102,9 @@ def prepare_scratch_dir(directory: str) -> None:
     """Makes `directory` an empty, real directory (mode `DIR_MODE`) for memory-mapped files.
 
     Its parent (`<checkpoint_dir>/.memmap`) is created (mode `DIR_MODE`) if missing. Files that
-    an earlier buffer of this directory left there (`field<N>.memmap` regular files: a closed
-    buffer, a failed restore, a crash; their items live in the checkpoints) are deleted;
+    an earlier buffer of this directory left there (`field<N>.memmap`, `field<N>.grow.memmap`
+    regular files: a closed buffer, a failed restore, a crash; their items live in the
+    checkpoints) are deleted;
     nothing else is ever deleted, and no symbolic link is followed.
 
     Args:
@@ -154,9 +173,8 @@ def reserve_files(
             finally:
                 os.close(fd)
     except OSError as e:
-        for done in created:
-            with contextlib.suppress(OSError):
-                os.unlink(done)
+        with contextlib.suppress(OSError):
+            remove_files(created)
         left = free_bytes(os.path.dirname(path) or ".")
         free = "free space unknown" if left is None else f"{left} bytes free there"
         raise ConfigError(
@@ -216,7 +234,7 @@ def check_free(
 
 
 def scratch_file_bytes(directory: str) -> int:
-    """Bytes of the `field<N>.memmap` regular files an earlier buffer left in `directory`
+    """Bytes of the memory-mapped regular files an earlier buffer left in `directory`
     (which `prepare_scratch_dir` deletes); 0 where there are none or it cannot be listed."""
     total = 0
     with contextlib.suppress(OSError):

@@ -1,8 +1,9 @@
 """Moving a local table into shared memory for DataLoader worker processes: `share_memory`.
 
 The owner's side of `shared.SharedTable`: `share_memory()` gives the step ring its largest
-size in shared memory and copies the held items into it, one whole window each, then moves the
-per-item metadata that readers need there too. Everything is allocated before anything of the
+size in shared memory ("memmap": in new files, their space reserved on disk first) and copies
+the held items into it, one whole window each, then moves the per-item metadata that readers
+need there too. Everything is allocated before anything of the
 table changes: a table that does not fit (a small /dev/shm, as Docker's 64 MB default) is
 refused with the bytes it needs and those free, and stays as it was, writable, sampled and
 checkpointed in its process.
@@ -52,9 +53,10 @@ class Shareable(StepRing):
         workers, forked or spawned) and returns what they read it through.
 
         Once shared, the step ring has its largest size, `capacity * sequence_length` steps
-        (the memory-mapped layout: every window written whole, so `capacity` items always
-        fit), in shared memory (`Tensor.share_memory_`; "memmap" files are shared mappings
-        already); the items held are copied into it, keys, priorities and order unchanged.
+        (every window written whole, so `capacity` items always fit), in shared memory
+        (`Tensor.share_memory_`; "memmap": new files, which are shared mappings, renamed over
+        the ring's own, `ring.StepRing._spare_files`); the items held are copied into it,
+        keys, priorities and order unchanged.
         The per-item metadata that readers need (first step, priority, times sampled) and
         the cell of counters (size, closed, the insertion numbers of the oldest held and of the
         next item, which give the held slots and keys) move to shared memory too. Writes stay
@@ -68,8 +70,9 @@ class Shareable(StepRing):
           ConfigError: If the table's sampling changes the table when sampled or needs state
             of this process: a sampler other than "uniform", or `max_times_sampled`; or if
             shared memory cannot hold the table (the message names the bytes needed and those
-            free in /dev/shm). Nothing is changed then: the table stays as it was, writable,
-            sampled and checkpointed in this process.
+            free in /dev/shm), or, "memmap", the disk cannot hold the ring's new files. Nothing
+            is changed then: the table stays as it was, writable, sampled and checkpointed in
+            this process.
           ManagerClosedError: If the table was closed.
         """
         sampling = self.config.sampling
@@ -105,10 +108,13 @@ class Shareable(StepRing):
                 return self._shared
             # Everything is allocated first, then swapped in: a failure (too little shared
             # memory) leaves the table exactly as it was, still writable and checkpointable.
-            ring = self._new_shared_ring() if self._storage_kind == "memory" else None
-            tensors = self._new_shared_metadata(ring)
-            if ring is not None:
-                self._install_shared_ring(ring)
+            ring = self._new_shared_ring()
+            try:
+                tensors = self._new_shared_metadata(ring)
+            except BaseException:
+                self._drop_spare_files()
+                raise
+            self._install_shared_ring(ring)
             for name, tensor in tensors.items():
                 unsigned = (
                     getattr(self, name) is not None and getattr(self, name).dtype == np.uint64
@@ -132,7 +138,7 @@ class Shareable(StepRing):
 
     def _shared_bytes(self) -> int:
         """Bytes `share_memory` places in shared memory: the RAM ring at its largest size
-        ("memmap" files are shared already) and the per-slot metadata."""
+        ("memmap": in files on disk instead) and the per-slot metadata."""
         capacity = self.config.capacity
         ring = capacity * self._length * self.step_bytes if self._storage_kind == "memory" else 0
         per_slot = sum(
@@ -157,14 +163,16 @@ class Shareable(StepRing):
         )
 
     def _new_shared_ring(self) -> tuple[list[torch.Tensor], np.ndarray, np.ndarray, int]:
-        """The RAM ring at its largest size in shared memory, the held items copied into it
+        """The ring at its largest size in shared memory ("memmap": in spare files, which
+        `_install_shared_ring` renames over the ring's own), the held items copied into it
         oldest first, one whole window each; nothing of the table changes (the lock held).
 
         Returns:
           The ring's tensors, its `_refs`, the held slots (oldest first) and their steps.
 
         Raises:
-          ConfigError: If shared memory cannot hold the ring (`_share_failure`).
+          ConfigError: If shared memory cannot hold the ring (`_share_failure`), or the disk
+            its files ("memmap", `ring.StepRing._spare_files`); none of them is left then.
         """
         length = self._length
         steps = self.config.capacity * length
@@ -173,6 +181,16 @@ class Shareable(StepRing):
             raise self._share_failure(None)
         held = self._slots.ordered()
         count = len(held) * length
+        if self._storage_kind == "memmap":
+            tensors = self._spare_files(steps)
+            try:
+                self._copy_windows(tensors, held, count)
+            except BaseException:
+                self._drop_spare_files()
+                raise
+            refs = np.zeros(steps, dtype=np.uint8)
+            refs[np.arange(len(held), dtype=np.int64) * length] = 1
+            return tensors, refs, held, count
         try:
             tensors = [
                 torch.empty(
@@ -183,15 +201,22 @@ class Shareable(StepRing):
             refs = np.zeros(steps, dtype=np.uint8)
         except (RuntimeError, MemoryError) as e:
             raise self._share_failure(e) from e
-        if self._columns is not None and count:
-            positions = self._window_positions(held).reshape(count)
-            for tensor, column in zip(tensors, self._columns, strict=True):
-                if self._device is not None:
-                    tensor[:count] = column[self._index(positions)]
-                else:
-                    np.take(column, positions, axis=0, out=tensor.numpy()[:count])
+        self._copy_windows(tensors, held, count)
         refs[np.arange(len(held), dtype=np.int64) * length] = 1
         return tensors, refs, held, count
+
+    def _copy_windows(self, tensors: list[torch.Tensor], held: np.ndarray, count: int) -> None:
+        """Copies the windows of the items of slots `held` into the first `count` steps of
+        `tensors`, one whole window each, oldest first."""
+        if self._columns is None or not count:
+            return
+        positions = self._window_positions(held).reshape(count)
+        for tensor, column in zip(tensors, self._columns, strict=True):
+            if self._device is not None:
+                tensor[:count] = column[self._index(positions)]
+            else:
+                # mode="clip": written straight into `tensor`, not through a whole copy.
+                np.take(column, positions, axis=0, out=tensor.numpy()[:count], mode="clip")
 
     def _new_shared_metadata(
         self, ring: tuple[list[torch.Tensor], np.ndarray, np.ndarray, int] | None
@@ -225,6 +250,8 @@ class Shareable(StepRing):
         """Swaps in the ring of `_new_shared_ring` (nothing here can fail)."""
         tensors, refs, _, count = ring
         steps = len(refs)
+        if self._storage_kind == "memmap":
+            tensors = self._swap_files(tensors, steps)
         self._shares = False  # the shared ring never grows: each window is written whole
         self._ring_size = self._max_steps = steps
         self._tensors = tensors

@@ -103,7 +103,9 @@ class WindowInserts(FrameWrites):
         Raises:
           SpecMismatchError: If a field's shape or dtype differs from the table's.
           ConfigError: If the memory cannot hold the compressed payloads
-            (`ring.StepRing._check_payload_room`); nothing is inserted then.
+            (`ring.StepRing._check_payload_room`), or the items need more steps than the
+            ring holds and its memory-mapped files cannot grow (`ring.StepRing._claim`);
+            nothing is inserted then.
         """
         return self._insert_windows(data, priorities)[0]
 
@@ -438,6 +440,9 @@ class WindowInserts(FrameWrites):
             if self._columns is None:
                 self._allocate()
             self._check_payload_room(itertools.chain.from_iterable(encoded.values()))
+            if total > self._ring_size and self._memmap_dir is not None:
+                # Files that cannot grow refuse the insert before anything is evicted.
+                self._claim(total, -1)
             self._evict_oldest(self.size + count - capacity)
             self._claim(total, -1)
             columns = self._columns

@@ -376,8 +376,8 @@ def test_filling_grows_the_ring_without_a_second_copy(tmp_path) -> None:
 
 @pytest.mark.heavy
 def test_memmap_storage_and_tf_datasets_read_the_envs_stacks(make, episodes) -> None:
-    """Files cannot grow: each window is written with its first step's earlier frames, and
-    still every stack reads back (also through `get_dataset`)."""
+    """Memory-mapped files store each frame once as the RAM ring does, and every stack reads
+    back (also through `get_dataset`)."""
     transitions = episodes["reset"][:60]
     manager = make(storage="memmap", capacity=40)
     truth = fill(manager, transitions, check=False)

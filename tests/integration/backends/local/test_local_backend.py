@@ -540,6 +540,42 @@ def test_memmap_storage_larger_than_the_free_space_takes_no_block_of_it(make, tm
     assert not memmap_files(root), "a refused table left memory-mapped files"
 
 
+def test_a_memmap_load_whose_ring_cannot_grow_is_a_config_error_keeping_the_checkpoint(make, tmpfs):
+    """Interleaved writers' items are restored each window whole (`capacity * 2` steps): on a
+    disk that holds the table's first files but not the grown ones the load is refused with a
+    `ConfigError`, the checkpoint is not taken for damaged, nothing is left in `.memmap`, and
+    it loads once the disk has room."""
+    root = tmpfs.path / "ckpt"
+    options = dict(observation_space=BIG, storage="memmap", capacity=MEMMAP_CAPACITY)
+    manager = make(root, **options)
+    manager.create_replay_buffer()
+    writers = [manager.transition_writer() for _ in range(2)]
+    for i in range(MEMMAP_CAPACITY // 2 + 10):
+        for w, writer in enumerate(writers):
+            state = np.full(64, 1000 * w + i, np.float32)
+            writer.add(state, [0], 1.0, state + 1, False)
+    for writer in writers:
+        writer.flush()
+    path = Path(manager.checkpoint())
+    saved = checkpoint_names(root)
+    manager.close()
+    assert not memmap_files(root)
+
+    first = (MEMMAP_CAPACITY + 1) * 280  # the first files: `capacity + 1` steps of 280 bytes
+    tmpfs.leave_free(first + 16 * BLOCK)
+    loading = make(root, **options)
+    with pytest.raises(ConfigError, match="cannot grow.*Nothing was inserted"):
+        loading.load_replay_buffer()
+    loading.close()
+    assert checkpoint_names(root) == saved
+    assert not (root / CORRUPT).exists() or not any((root / CORRUPT).iterdir())
+    assert not memmap_files(root), "a refused load left memory-mapped files"
+    tmpfs.release()
+    loaded = make(root, **options)
+    loaded.load_replay_buffer()
+    assert loaded.num_frames() == recorded_items(path) == MEMMAP_CAPACITY
+
+
 FILL_THE_DISK_THEN_WRITE = """
 import os, sys
 import numpy as np
@@ -563,6 +599,13 @@ def write(first, count):
     writer.flush()
 
 
+def check():
+    batch = next(iter(manager.torch_batches(256, transitions=True)))
+    states, following = batch.states.numpy(), batch.next_states.numpy()
+    assert (states == states[:, :1]).all() and (following == states + 1).all(), "a wrong item"
+    print("items", manager.num_frames(), "batch", tuple(batch.states.shape), flush=True)
+
+
 write(0, 10)  # the first items are in: the storage exists
 fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
 for size in (65536, 4096, 1):  # every free byte of the disk
@@ -574,15 +617,22 @@ for size in (65536, 4096, 1):  # every free byte of the disk
 os.close(fd)
 stats = os.statvfs(root)
 print("free after filling", stats.f_bavail * stats.f_frsize, flush=True)
-write(10, capacity + 50)  # every slot written, the oldest ones twice
-batch = next(iter(manager.torch_batches(32, transitions=True)))
-print("items", manager.num_frames(), "batch", tuple(batch.states.shape), flush=True)
+# Every slot written, the oldest ones twice: episodes of 10 transitions take 11 steps, more
+# than the ring's `capacity + 1`, which cannot grow on the full disk.
+write(10, capacity + 50)
+check()
+os.unlink(ballast)
+write(capacity + 60, 2 * capacity)  # the ring grows again once written round
+check()
 manager.close()
 """
 
 
 @pytest.mark.heavy
 def test_memmap_storage_survives_the_disk_filling_after_the_table_was_created(tmpfs):
+    """Files reserved, no write through the mapping can SIGBUS; a ring that must grow on the
+    full disk logs a warning and evicts its oldest items instead (every item read back is one
+    written), and grows to hold its capacity again once the disk has room."""
     result = subprocess.run(
         [
             sys.executable,
@@ -600,7 +650,11 @@ def test_memmap_storage_survives_the_disk_filling_after_the_table_was_created(tm
     assert result.returncode >= 0, f"killed by signal {-result.returncode}: {output}"
     assert result.returncode == 0, output
     assert "free after filling 0" in output, output
-    assert f"items {MEMMAP_CAPACITY} batch (32, 64)" in output, output
+    held = [int(line.split()[1]) for line in result.stdout.splitlines() if line[:5] == "items"]
+    assert len(held) == 2 and 0.8 * MEMMAP_CAPACITY < held[0] < MEMMAP_CAPACITY, output
+    assert held[1] == MEMMAP_CAPACITY, output
+    assert "memory-mapped step ring cannot grow" in result.stderr, output
+    assert "batch (256, 64)" in output, output
 
 
 def test_periodic_checkpoints_run_in_the_background(make, tmp_path):

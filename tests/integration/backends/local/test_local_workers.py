@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -180,6 +181,35 @@ def test_memmap_tables_are_shared_too(make) -> None:
     deadline = time.monotonic() + 30
     while check_written(next(batches), {0, 1}) != {1}:
         assert time.monotonic() < deadline, "the workers never saw the new items only"
+
+
+@pytest.mark.heavy
+def test_a_grown_memmap_table_is_shared_with_spawned_workers(make) -> None:
+    """Interleaved writers grow a memory-mapped ring (steps shared between windows, items
+    scattered): sharing moves it into files of whole windows, which a spawned worker opens by
+    name, and every item it yields is one written, new ones included."""
+    manager = make(storage="memmap", seed=3)
+    writers = [manager.transition_writer() for _ in range(2)]
+    for index in range(40):
+        for episode, writer in enumerate(writers):
+            state = np.array([episode, index, 0, 0], np.float32)
+            writer.add(state, [index % 2], float(episode * 1000 + index), state + NEXT, index == 39)
+    for writer in writers:
+        writer.flush()
+    table = manager._backend.client.table(manager.table_name)
+    assert table.step_capacity > 64 + 1  # it grew
+    loader = manager.torch_dataset(BATCH, transitions=True).data_loader(
+        num_workers=1, multiprocessing_context="spawn"
+    )
+    batches = iter(loader)
+    assert check_written(next(batches), {0, 1})
+    assert table.step_capacity == 64 * 2  # whole windows once shared
+    scratch = Path(manager._backend._scratch_dir(manager.table_name))
+    assert all(".grow." not in p.name for p in scratch.iterdir())
+    write(writers[0], 2, 70)  # wraps the ring: only episode 2 is held
+    deadline = time.monotonic() + 30
+    while check_written(next(batches), {0, 1, 2}) != {2}:
+        assert time.monotonic() < deadline, "the spawned worker never saw the new items only"
 
 
 def test_the_table_keeps_working_after_sharing(make, tmp_path) -> None:

@@ -418,6 +418,211 @@ def test_a_memory_mapped_table_of_interleaved_writers_holds_its_newest_windows(t
     assert data[0].tolist() == windows[-capacity:]
 
 
+# ------------------------------------------------------------------- memory-mapped files
+
+
+PIXELS = spaces.Box(0, 255, (8, 8), np.uint8)
+STACKED = spaces.Box(0, 255, (4, 8, 8), np.uint8)
+
+
+@pytest.fixture()
+def make_pixels(tmp_path) -> Iterator[Callable[..., ReplayBufferManager]]:
+    """Local managers of 8x8 uint8 frames (`frame_stack=4`: stacks of 4), Discrete(2)
+    actions; every one is closed at teardown."""
+    made: list[ReplayBufferManager] = []
+
+    def factory(name: str, frame_stack: int | None, **options: Any) -> ReplayBufferManager:
+        if frame_stack:
+            options["frame_stack"] = frame_stack
+        manager = ReplayBufferManager.from_spaces(
+            STACKED if frame_stack else PIXELS,
+            ACTION,
+            checkpoint_dir=str(tmp_path / name),
+            backend="local",
+            timeouts=FAST,
+            seed=0,
+            **options,
+        )
+        made.append(manager)
+        return manager
+
+    yield factory
+    for manager in made:
+        manager.close()
+
+
+class PixelWriter:
+    """One env's transitions through a transition writer: frame `n` of writer `w` is all
+    `(w * 100 + n) % 251 + 1`; a stack holds the 4 newest frames, its episode's first one
+    repeated at the start (`padding_type="reset"`). Every pair written is kept (`pairs`)."""
+
+    def __init__(self, manager: ReplayBufferManager, writer_id: int, stacked: bool) -> None:
+        self.writer = manager.transition_writer()
+        self.id, self.stacked, self.frame = writer_id, stacked, 0
+        self.frames: list[np.ndarray] = []
+        self.state = self._reset()
+        self.pairs: set[tuple[bytes, bytes]] = set()
+
+    def _next_frame(self) -> np.ndarray:
+        self.frame += 1
+        return np.full((8, 8), (self.id * 100 + self.frame) % 251 + 1, np.uint8)
+
+    def _reset(self) -> np.ndarray:
+        first = self._next_frame()
+        self.frames = [first] * 4
+        return np.stack(self.frames) if self.stacked else first
+
+    def add(self, done: bool) -> None:
+        frame = self._next_frame()
+        self.frames = [*self.frames[1:], frame]
+        following = np.stack(self.frames) if self.stacked else frame
+        self.writer.add(self.state, [self.frame % 2], float(self.frame), following, done)
+        self.pairs.add((self.state.tobytes(), following.tobytes()))
+        self.state = self._reset() if done else following
+
+
+def memmap_files(manager: ReplayBufferManager) -> dict[str, int]:
+    """Size of each file of the manager's table's memory-mapped directory, by name."""
+    directory = Path(manager._backend._scratch_dir(manager.table_name))
+    return {p.name: p.stat().st_size for p in directory.iterdir()}
+
+
+def local_table(manager: ReplayBufferManager) -> LocalTable:
+    return manager._backend.client.table(manager.table_name)
+
+
+def read_pairs(manager: ReplayBufferManager, batch_size: int) -> set[tuple[bytes, bytes]]:
+    batch = next(iter(manager.torch_batches(batch_size, transitions=True)))
+    return {
+        (s.numpy().tobytes(), n.numpy().tobytes())
+        for s, n in zip(batch.states, batch.next_states, strict=True)
+    }
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("frame_stack", [None, 4], ids=["transitions", "frame_stack"])
+def test_a_memory_mapped_table_stores_each_step_once_as_memory_does(make_pixels, frame_stack):
+    """One env's transitions past the capacity: the memory-mapped files hold the steps the RAM
+    ring holds, `capacity + span - 1`, each step once (its newest frame, stacked), not a
+    window per item."""
+    capacity = 50
+    span = 2 + (frame_stack - 1 if frame_stack else 0)
+    tables = {}
+    for storage in ("memory", "memmap"):
+        manager = make_pixels(storage, frame_stack, capacity=capacity, storage=storage)
+        manager.create_replay_buffer()
+        env = PixelWriter(manager, 0, bool(frame_stack))
+        for _ in range(capacity + 30):
+            env.add(False)
+        env.writer.flush()
+        assert manager.num_frames() == capacity
+        assert read_pairs(manager, 64) <= env.pairs
+        tables[storage] = manager
+    memory, memmap = (local_table(tables[s]) for s in ("memory", "memmap"))
+    assert memmap.step_capacity == memory.step_capacity == capacity + span - 1
+    files = memmap_files(tables["memmap"])
+    assert sum(files.values()) == memory.step_capacity * memmap.step_bytes
+    assert memmap.nbytes == memory.nbytes
+    for saved, mapped in zip(memory.items()[0], memmap.items()[0], strict=True):
+        np.testing.assert_array_equal(mapped, saved)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("frame_stack", [None, 4], ids=["transitions", "frame_stack"])
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+def test_interleaved_writers_past_a_memory_mapped_tables_capacity_read_back_exactly(
+    make_pixels, frame_stack, sampler
+):
+    """Two envs taking uneven turns, past the capacity, their episodes ending apart: the
+    memory-mapped ring grows into new files as the RAM ring grows, and every item sampled,
+    exported and restored from a checkpoint is a transition that was written."""
+    capacity = 60
+    options = dict(capacity=capacity, sampling=SamplingConfig(sampler=sampler))
+    rings = {}
+    for storage in ("memory", "memmap"):
+        manager = make_pixels(storage, frame_stack, storage=storage, **options)
+        manager.create_replay_buffer()
+        envs = [PixelWriter(manager, w, bool(frame_stack)) for w in range(2)]
+        for turn in range(200):
+            for w, env in enumerate(envs):
+                for _ in range(1 + (turn + w) % 3):
+                    env.add(done=env.frame % (17 + 6 * w) == 0)
+        for env in envs:
+            env.writer.flush()
+        written = envs[0].pairs | envs[1].pairs
+        assert manager.num_frames() == capacity
+        for _ in range(3):
+            assert read_pairs(manager, 128) <= written
+        rings[storage] = manager
+    memory, memmap = (local_table(rings[s]) for s in ("memory", "memmap"))
+    # The same ring as in RAM, grown past its first size, in files of that size only.
+    assert memmap.step_capacity == memory.step_capacity > capacity + 1 + (frame_stack or 1) - 1
+    files = memmap_files(rings["memmap"])
+    assert all(".grow." not in name for name in files), files
+    assert sum(files.values()) == memmap.step_capacity * memmap.step_bytes
+    held = memmap.items()
+    for saved, mapped in zip(memory.items()[0], held[0], strict=True):
+        np.testing.assert_array_equal(mapped, saved)
+    rings["memmap"].checkpoint()
+    rings["memmap"].close()
+    loaded = make_pixels("memmap", frame_stack, storage="memmap", **options)
+    loaded.load_replay_buffer()
+    for saved, restored in zip(held[0], local_table(loaded).items()[0], strict=True):
+        np.testing.assert_array_equal(restored, saved)
+    assert read_pairs(loaded, 128) <= written
+
+
+def test_a_memory_mapped_ring_whose_files_cannot_grow_evicts_and_refuses_what_cannot_fit(
+    tmp_path, monkeypatch, caplog
+):
+    """Files that cannot grow (the disk is full): a writer's windows evict the oldest items
+    instead, with a warning, and read back exactly; an insert of more steps than the ring
+    holds is refused whole with a `ConfigError`, nothing evicted; once the ring has been
+    written round, it grows again."""
+    from replay_service.backends.local import ring
+
+    capacity, length = 6, 2
+    table = LocalTable(
+        TableConfig("t", capacity, length),
+        [{"path": "step", "dtype": "int64", "shape": []}],
+        storage="memmap",
+        scratch_dir=str(tmp_path / "memmap"),
+    )
+    reserve = ring.reserve_files
+
+    def full(files: Any, what: str, fields: Any) -> None:
+        raise ConfigError(f"cannot reserve bytes on disk for {what}: the disk is full")
+
+    monkeypatch.setattr(ring, "reserve_files", full)
+    streams = [table.stream() for _ in range(2)]
+    last = [-1, -2]  # each writer's last step
+    windows = []
+    value = 0
+    for turn in range(6):  # two writers' interleaved steps: more than capacity + 1 held
+        for writer, stream in enumerate(streams):
+            value += 1
+            window = [last[writer], value]
+            table.insert_window([[np.int64(v)] for v in window], 1.0, stream, 1 if turn else None)
+            last[writer] = value
+            windows.append(window)
+    assert "memory-mapped step ring cannot grow" in caplog.text
+    assert table.step_capacity == capacity + length - 1
+    data, _, _ = table.items()
+    assert 0 < table.size < capacity
+    assert data[0].tolist() == windows[-table.size :]
+    before = data[0].tolist()
+    apart = np.arange(2 * capacity, dtype=np.int64).reshape(capacity, length) * 10
+    with pytest.raises(ConfigError, match="cannot grow.*Nothing was inserted"):
+        table.insert([apart], np.ones(capacity))
+    assert table.items()[0][0].tolist() == before
+    assert not [p.name for p in (tmp_path / "memmap").iterdir() if ".grow." in p.name]
+    monkeypatch.setattr(ring, "reserve_files", reserve)
+    table.insert([apart], np.ones(capacity))  # the disk has room again: the ring grows
+    assert table.items()[0][0].tolist() == apart.tolist()
+    assert table.step_capacity >= capacity * length
+    assert sorted(p.name for p in (tmp_path / "memmap").iterdir()) == ["field0.memmap"]
+
+
 # -------------------------------------------------------------------------------- keys
 
 

@@ -30,19 +30,18 @@ FRAMES = [
 
 
 @pytest.mark.parametrize(
-    ("capacity", "length", "storage", "k", "steps"),
+    ("capacity", "length", "k", "steps"),
     [
-        (100, 1, "memory", None, 100),
-        (100, 2, "memory", None, 101),
-        (100, 2, "memmap", None, 200),
-        (100, 2, "memory", 4, 104),  # the first step's 3 earlier frames
-        (100, 2, "memmap", 4, 500),
+        (100, 1, None, 100),
+        (100, 2, None, 101),
+        (100, 2, 4, 104),  # the first step's 3 earlier frames
     ],
 )
 def test_ring_steps_hold_capacity_windows_and_their_earlier_frames(
-    capacity: int, length: int, storage: str, k: int | None, steps: int
+    capacity: int, length: int, k: int | None, steps: int
 ) -> None:
-    assert ring_steps(capacity, length, storage, k) == steps
+    """In RAM and in files ("memmap") alike: each step once."""
+    assert ring_steps(capacity, length, k) == steps
 
 
 def test_rings_that_fit_in_memory_pass(tmp_path) -> None:
@@ -79,9 +78,27 @@ def test_memory_mapped_rings_larger_than_the_disk_are_refused_naming_the_directo
 ) -> None:
     root = tmp_path / ".memmap"
     with pytest.raises(ConfigError, match=r"cannot reserve \d+ bytes .* on disk") as raised:
-        check_tables_fit([TableConfig("t", 2_000_000_000, 1000)], SMALL, "memmap", str(root))
+        check_tables_fit([TableConfig("t", 2_000_000_000, 1000)], WIDE, "memmap", str(root))
     assert str(root) in str(raised.value)
     assert not root.exists()  # nothing was made
+
+
+@pytest.mark.parametrize("k", [None, 4])
+def test_memory_mapped_rings_need_each_step_once_on_disk(tmp_path, k: int | None) -> None:
+    """The disk must hold `capacity + span - 1` steps, as RAM would: a transition table's or
+    a frame-stacked one's files (each step's newest frame) are not sized for windows that
+    share no step."""
+    capacity = 2_000_000_000
+    fields = [
+        {"path": "observation", "dtype": "float32", "shape": [1000] if k is None else [k, 1000]},
+        {"path": "reward", "dtype": "float32", "shape": []},
+    ]
+    config = TableConfig("t", capacity, 2, frame_stack=k)
+    with pytest.raises(ConfigError) as raised:
+        check_tables_fit([config], fields, "memmap", str(tmp_path / ".memmap"))
+    needed = int(str(raised.value).split("cannot reserve ")[1].split(" bytes")[0])
+    span = 2 + (k - 1 if k else 0)
+    assert needed == (capacity + span - 1) * 4004, raised.value
 
 
 ATARI = [  # a DQN transition step of Breakout, frame_stack=4
