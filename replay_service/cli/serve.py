@@ -28,7 +28,7 @@ from absl import app, flags, logging
 
 from replay_service.cli.parsing import flags_parser, show_flags_in_help, usage_error
 from replay_service.cli.stack import require_reverb_imports
-from replay_service.config.files import load_config
+from replay_service.config.files import ServiceConfig, load_config
 from replay_service.errors import ReplayServiceError, ServerUnavailableError
 
 _CONFIG = flags.DEFINE_string("config", None, "TOML config file (see configs/). Default: built-in.")
@@ -144,15 +144,22 @@ def _serve() -> int:
     )
     restore = True if _RESTORE.value else (None if _RESTORE_IF_EXISTS.value else False)
     # Every flag is checked, and the metrics port bound, before the checkpoint directory is
-    # touched: a bad flag must not cost the checkpoints that --overwrite deletes.
+    # touched: a bad flag must not cost the checkpoints that --overwrite deletes. What needs no
+    # Reverb is refused before TensorFlow loads, in a fraction of a second.
     _check_exporter_flags()
-    require_reverb_imports("replay-server")
-    from replay_service.backends.reverb.server import serve_config
-    from replay_service.starter.envs import load_env
-
-    data_spec = config.data_spec.build(load_env)
     stats = _LateStats()
     metrics = _start_metrics(stats)
+    try:
+        _check_before_imports(config, restore)
+        require_reverb_imports("replay-server")
+        from replay_service.backends.reverb.server import serve_config
+        from replay_service.starter.envs import load_env
+
+        data_spec = config.data_spec.build(load_env)
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
     stop = _StopFlag()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -205,6 +212,29 @@ def _serve() -> int:
         return 0
     finally:
         _ignore_stop_signals()
+
+
+def _check_before_imports(config: ServiceConfig, restore: bool | None) -> None:
+    """Refuses, before the Reverb stack loads, what `serve_config` would refuse without it: a
+    busy --port and, for a new buffer, a checkpoint directory that holds checkpoints (without
+    --overwrite) or that is not replay_service's. `serve_config` checks them again.
+
+    Args:
+      config: The server's config.
+      restore: As `serve_config`'s.
+
+    Raises:
+      PortInUseError: If the port is taken.
+      CheckpointExistsError, CheckpointError: As `CheckpointStore.check_new`.
+    """
+    from replay_service.backends.reverb.connection import check_port_free
+    from replay_service.storage.store import CheckpointStore
+
+    if config.server.port is not None:
+        check_port_free(config.server.port)
+    store = CheckpointStore(config.server.checkpoint_dir, keep=config.server.keep_checkpoints)
+    if restore is False or (restore is None and not store.has_checkpoints()):
+        store.check_new(_OVERWRITE.value)
 
 
 def _ignore_stop_signals() -> None:

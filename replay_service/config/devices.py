@@ -9,11 +9,12 @@ not at the first batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from replay_service.errors import ConfigError
+
+if TYPE_CHECKING:  # imported where a device is checked: a replay-server loads no torch
+    import torch
 
 # Accelerator kinds torch may have, each a `torch.<kind>` module with `is_available()`.
 _ACCELERATORS = ("cuda", "xpu", "mps")
@@ -22,6 +23,8 @@ _LABELS = {"cuda": "CUDA", "xpu": "XPU", "mps": "MPS"}
 
 def _count(kind: str) -> int:
     """Devices of `kind` available here (0: none, or the kind is unknown to this torch)."""
+    import torch
+
     module: Any = getattr(torch, kind, None)
     try:
         if module is None or not module.is_available():
@@ -63,6 +66,8 @@ def require_device(
         a kind not in `kinds`, or is not available here; the message names the device and the
         devices available.
     """
+    import torch
+
     try:
         target = torch.device(device)  # type: ignore[arg-type]
     except (RuntimeError, TypeError, ValueError) as e:

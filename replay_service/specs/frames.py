@@ -17,12 +17,14 @@ the frame.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from replay_service.errors import ConfigError, SpecMismatchError
+
+if TYPE_CHECKING:  # torch loads with the first stack assembled: a replay-server needs none
+    import torch
 
 OBSERVATION = "observation"
 AXES = (0, -1)
@@ -147,7 +149,7 @@ class FrameStack:
         """`[..., K, *frame]` gathered frames -> `[..., *stacked]` stacks."""
         lead = frames.shape[: frames.dim() - 1 - len(self.frame)]
         at = len(lead)
-        moved = torch.movedim(frames, at, at + self.axis)
+        moved = frames.movedim(at, at + self.axis)
         return moved.reshape(*lead, *self.stacked)
 
     # ---------------------------------------------------------------------------- checks
