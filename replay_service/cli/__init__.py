@@ -30,9 +30,6 @@ def run_server() -> None:
 def run_populate() -> None:
     """`replay-populate`."""
     require_reverb_installed("replay-populate")
-    # Its starter options load TF-Agents' environments as the module is imported: the stack is
-    # checked whole first, so a broken install is one line here too.
-    require_reverb_imports("replay-populate")
     from replay_service.cli import populate
 
     populate.run()

@@ -15,9 +15,8 @@ from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.specs.nests import check_collect_spec, collect_data_spec, trajectory_spec
 from replay_service.starter.checks import env_errors
 from replay_service.starter.envs import BUILDING_ENV_ID, load_env
+from replay_service.starter.options import DATA_SPEC_ENV_PREFIX
 from replay_service.starter.policies import POLICY_CHOICES, load_policy
-
-DATA_SPEC_ENV_PREFIX = "env:"
 
 
 def make_envs_and_policies(
