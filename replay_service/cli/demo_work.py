@@ -1,5 +1,8 @@
-"""The demo's work, with TensorFlow and TF-Agents imported as it loads: collect, sample,
-checkpoint, restore (`replay-demo`, `cli/demo.py`, imports it once its flags are checked)."""
+"""The demo's work, with TensorFlow and TF-Agents imported as it loads.
+
+It collects, samples, checkpoints and restores; `replay-demo` (`cli/demo.py`) imports it once
+its flags are checked, before absl's `app.run` starts its `main`.
+"""
 
 from __future__ import annotations
 

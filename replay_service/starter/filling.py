@@ -25,7 +25,7 @@ from tf_agents.policies import py_policy
 from replay_service.config.options import Timeouts
 from replay_service.errors import CheckpointError, ReplayServiceError
 from replay_service.manager import ReplayBufferManager
-from replay_service.starter.checks import check_target, describe_collection
+from replay_service.starter.checks import PopulateTarget, check_target, describe_collection
 from replay_service.starter.copying import copy_buffer
 from replay_service.starter.envs import BuildingEnv
 from replay_service.starter.options import SEED_RANGE, PopulateConfig, check_capacity, max_new_items
@@ -34,7 +34,6 @@ from replay_service.starter.results import PopulateResult, StepRecorder
 from replay_service.starter.sources import make_envs_and_policies, starter_data_spec
 from replay_service.starter.staging import PARTIAL_TAG, hidden_sibling, install, locked_if_store
 from replay_service.storage.files import remove_path
-from replay_service.storage.metadata import StoreMetadata
 
 STARTER_KEEP_CHECKPOINTS = 1
 
@@ -43,16 +42,10 @@ Progress = Callable[[int, int], None]
 
 
 @dataclasses.dataclass(frozen=True)
-class _PopulatePlan:
+class _PopulatePlan(PopulateTarget):
     """A checked `PopulateConfig` with everything resolved, before anything is written."""
 
     config: PopulateConfig
-    output_dir: str
-    path: str
-    plot_path: str
-    stored: StoreMetadata | None
-    capacity: int
-    sequence_length: int
     seed: int
     envs: list[py_environment.PyEnvironment]
     policies: list[py_policy.PyPolicy]
@@ -143,13 +136,8 @@ def _make_plan(config: PopulateConfig) -> _PopulatePlan:
     seed = config.seed if config.seed is not None else secrets.randbelow(SEED_RANGE)
     envs, policies = make_envs_and_policies(config.env, config.policy, config.num_envs, seed)
     return _PopulatePlan(
+        **vars(target),
         config=config,
-        output_dir=target.output_dir,
-        path=target.path,
-        plot_path=target.plot_path,
-        stored=target.stored,
-        capacity=target.capacity,
-        sequence_length=target.sequence_length,
         seed=seed,
         envs=envs,
         policies=policies,

@@ -107,38 +107,27 @@ def test_importing_a_tool_module_loads_no_tensorflow(module: str) -> None:
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
 
 
-def _existing_buffer(root: Path) -> list[str]:
-    CheckpointStore(str(root / "out" / "b")).prepare_new(metadata())
-    return ["--buffer-name=b", f"--output-dir={root / 'out'}"]
-
-
-# replay-populate's refusals that need no TensorFlow: (arguments, what the line names).
+# replay-populate's refusals that need no TensorFlow: (more arguments, what the line names).
 POPULATE_REFUSALS = {
-    "existing_buffer": (_existing_buffer, "already exists and is never modified silently"),
+    "existing_buffer": ([], "already exists and is never modified silently"),
     "unknown_env": (
-        lambda root: ["--buffer-name=b", f"--output-dir={root}", "--env=NoSuchEnv-v0"],
+        ["--env=NoSuchEnv-v0"],
         "unknown environment id 'NoSuchEnv-v0': expected 'building' or a registered gym id",
     ),
-    "capacity_too_small": (
-        lambda root: ["--buffer-name=b", f"--output-dir={root}", "--capacity=10"],
-        "capacity 10 is too small",
-    ),
-    "data_spec_without_copy_to": (
-        lambda root: ["--buffer-name=b", f"--output-dir={root}", "--data-spec=env:building"],
-        "applies only with --copy-to",
-    ),
-    "append_with_copy_to": (
-        lambda root: ["--buffer-name=b", f"--copy-to={root / 'run'}", "--append"],
-        "cannot be combined with --append",
-    ),
+    "capacity_too_small": (["--capacity=10"], "capacity 10 is too small"),
+    "data_spec_without_copy_to": (["--data-spec=env:building"], "applies only with --copy-to"),
+    "append_with_copy_to": (["--copy-to={root}/run", "--append"], "cannot be combined"),
 }
 
 
 @pytest.mark.skipif(not HAS_REVERB, reason="the entry point needs the Reverb stack installed")
 @pytest.mark.parametrize("case", sorted(POPULATE_REFUSALS))
 def test_populate_refuses_before_loading_tensorflow(case: str, tmp_path: Path) -> None:
-    arguments, named = POPULATE_REFUSALS[case]
-    args = arguments(tmp_path)
+    more, named = POPULATE_REFUSALS[case]
+    args = ["--buffer-name=b", f"--output-dir={tmp_path / 'out'}"]
+    args += [arg.format(root=tmp_path) for arg in more]
+    if case == "existing_buffer":
+        CheckpointStore(str(tmp_path / "out" / "b")).prepare_new(metadata())
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     probe = run_entry_point("replay-populate", args, tmp_path)
     assert probe.code == 2, probe
