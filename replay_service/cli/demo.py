@@ -5,21 +5,18 @@ replay-demo [--steps=500] [--checkpoint_dir=DIR]   (also python -m replay_servic
 
 from __future__ import annotations
 
-import tempfile
-import time
+import importlib
+import sys
+from collections.abc import Sequence
 
-import tensorflow as tf
 from absl import app, flags, logging
-from tf_agents.environments import suite_gym
-from tf_agents.policies import random_py_policy
-from tf_agents.train import actor
-from tf_agents.train.utils import train_utils
 
 from replay_service.cli.parsing import flags_parser, show_flags_in_help, usage_error
 from replay_service.cli.stack import require_reverb_imports
-from replay_service.errors import ConfigError, ReplayServiceError
-from replay_service.manager import ReplayBufferManager
-from replay_service.specs.nests import collect_data_spec
+from replay_service.errors import ReplayServiceError
+
+WORK_MODULE = "replay_service.cli.demo_work"
+"""The module that does the demo's work, importing TensorFlow and TF-Agents as it loads."""
 
 _STEPS = flags.DEFINE_integer("steps", 500, "Environment steps to collect.", lower_bound=1)
 _CAPACITY = flags.DEFINE_integer("capacity", 50_000, "Buffer capacity in items.", lower_bound=1)
@@ -30,69 +27,60 @@ _CHECKPOINT_DIR = flags.DEFINE_string(
 _ENV = flags.DEFINE_string("env", "CartPole-v0", "A gym environment id for suite_gym.")
 
 
+def check_flags(argv: Sequence[str]) -> None:
+    """Refuses, without TensorFlow, unexpected arguments and an --env gym's registry lacks.
+
+    Args:
+      argv: The arguments left after parsing the flags, program name first.
+
+    Raises:
+      SystemExit: Exit status 2, after one line on stderr naming the value (`usage_error`).
+    """
+    if len(argv) > 1:
+        raise usage_error("replay-demo", f"unexpected arguments {list(argv[1:])!r}; see --help")
+    import gym
+
+    try:
+        gym.spec(_ENV.value)  # what suite_gym.load looks up first
+    except Exception as e:  # gym raises several kinds for an unknown or broken id
+        message = f"--env={_ENV.value!r} cannot be loaded: {e}"
+        raise usage_error("replay-demo", message) from None
+
+
 def main(argv: list[str]) -> None:
     """Runs the demo; a bad value or a refused buffer is one line on stderr and exit 2."""
-    if len(argv) > 1:
-        raise usage_error("replay-demo", f"unexpected arguments {argv[1:]!r}; see --help")
+    check_flags(argv)
     require_reverb_imports("replay-demo")
+    from replay_service.cli.demo_work import run_demo
+
     try:
-        _demo()
+        run_demo(
+            env_id=_ENV.value,
+            steps=_STEPS.value,
+            capacity=_CAPACITY.value,
+            batch_size=_BATCH.value,
+            checkpoint_dir=_CHECKPOINT_DIR.value,
+        )
     except ReplayServiceError as e:
         raise usage_error("replay-demo", str(e)) from None
 
 
-def _demo() -> None:
-    checkpoint_dir = _CHECKPOINT_DIR.value or tempfile.mkdtemp(prefix="replay_service_demo_")
-    try:
-        env = suite_gym.load(_ENV.value)
-    except Exception as e:  # gym raises several kinds for an unknown or broken id
-        raise ConfigError(f"--env={_ENV.value!r} cannot be loaded: {e}") from e
-    policy = random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec())
-    data_spec = collect_data_spec(env, policy)
-
-    with ReplayBufferManager(data_spec, _CAPACITY.value, checkpoint_dir, 2) as manager:
-        _, observer = manager.create_replay_buffer()
-        collect_actor = actor.Actor(
-            env,
-            policy,
-            train_utils.create_train_step(),
-            steps_per_run=_STEPS.value,
-            observers=[observer],
-        )
-        start = time.perf_counter()
-        collect_actor.run()
-        observer.flush()
-        elapsed = time.perf_counter() - start
-        frames = manager.num_frames()
-        print(
-            f"collected  {_STEPS.value} {_ENV.value} steps -> {frames} items "
-            f"(2-step windows) in {elapsed:.2f} s"
-        )
-
-        dataset = manager.get_dataset(batch_size=_BATCH.value, num_steps=2)
-        batch, _ = next(iter(dataset))
-        print(
-            f"sampled    a batch of {_BATCH.value}: observation {batch.observation.shape}, "
-            f"mean reward {float(tf.reduce_mean(batch.reward)):.2f}"
-        )
-        path = manager.checkpoint()
-        print(f"saved      checkpoint {path}")
-
-    with ReplayBufferManager(data_spec, _CAPACITY.value, checkpoint_dir, 2) as restored:
-        restored.load_replay_buffer()
-        count = restored.num_frames()
-        same = "same" if count == frames else "DIFFERENT"
-        print(f"restored   {count} items into a new manager ({same} count)")
-        if count != frames:
-            raise SystemExit(f"restore mismatch: wrote {frames} items, restored {count}")
-    print(f"done       buffer kept in {checkpoint_dir}")
-
-
 def run() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    The flags are parsed and checked first, without TensorFlow: `--help` and a bad flag or
+    value answer at once. TensorFlow and TF-Agents (`WORK_MODULE`) are then imported before
+    absl's `app.run` starts `main`: imported inside it, the demo's tf.data dataset would
+    compare tensors as TF1 does and fail.
+    """
     logging.set_verbosity(logging.WARNING)
     show_flags_in_help(__doc__, _STEPS)
-    app.run(main, flags_parser=flags_parser("replay-demo"))
+    app.define_help_flags()  # `--help` and its spellings, as `app.run` defines them
+    remaining = flags_parser("replay-demo")(sys.argv)
+    check_flags(remaining)
+    require_reverb_imports("replay-demo")
+    importlib.import_module(WORK_MODULE)
+    app.run(main, flags_parser=lambda _argv: remaining)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ spelled with hyphens or underscores (--buffer-name or --buffer_name). Exit statu
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn, TextIO
 
 import tqdm
@@ -32,7 +34,10 @@ from replay_service.cli.stack import require_reverb_imports
 from replay_service.config.options import DEFAULT_TABLE_NAME
 from replay_service.errors import ConfigError, ReplayServiceError
 from replay_service.specs.layouts import NESTED
-from replay_service.starter import (
+from replay_service.starter.checks import check_target
+from replay_service.starter.envs import BUILDING_ENV_ID
+from replay_service.starter.naming import starter_buffer_path
+from replay_service.starter.options import (
     DATA_SPEC_ENV_PREFIX,
     DEFAULT_CAPACITY,
     DEFAULT_ENV,
@@ -43,17 +48,19 @@ from replay_service.starter import (
     DEFAULT_SEQUENCE_LENGTH,
     DEFAULT_STEPS_PER_RUN,
     PopulateConfig,
-    copy_buffer,
-    format_summary,
-    load_data_spec,
-    populate,
-    starter_buffer_path,
 )
-from replay_service.starter.envs import BUILDING_ENV_ID
 from replay_service.storage.store import CheckpointStore
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+WORK_MODULES = (
+    "replay_service.starter.copying",
+    "replay_service.starter.filling",
+    "replay_service.starter.results",
+    "replay_service.starter.sources",
+)
+"""The modules that do the work, imported (with TensorFlow and TF-Agents) once the flags are
+checked; `run` imports them before absl's `app.run` starts `main`, as TensorFlow needs."""
 REFRESH_S = 0.1
 PLAIN_REFRESH_S = 10.0
 _FLAG_ARG = re.compile(r"(--?)([A-Za-z][\w-]*)(=.*)?", re.DOTALL)
@@ -363,6 +370,50 @@ def _required_buffer_name() -> str:
     return _BUFFER_NAME.value
 
 
+def check_flags(argv: Sequence[str]) -> PopulateConfig | None:
+    """Checks the parsed flags and everything they name that needs no TensorFlow.
+
+    Refused here: unexpected arguments, --append or no --buffer-name with --copy-to,
+    --data-spec without it, a bad value (`config_from_flags`), and what `populate` checks before
+    it builds anything (`starter.checks.check_target`: the output directory, an existing buffer
+    without --overwrite or --append, the sizes, the capacity, the env id).
+
+    Args:
+      argv: The arguments left after parsing the flags, program name first.
+
+    Returns:
+      The config to populate, or None to copy (--copy-to).
+
+    Raises:
+      ConfigError: If an argument or a value is invalid; the message names it.
+      CheckpointExistsError: If the buffer exists and neither --overwrite nor --append is given.
+      NoCheckpointError: If --append is given and there is no complete buffer to add to.
+      CheckpointError: If the output directory cannot be written or holds a foreign directory
+        of that name.
+    """
+    if len(argv) > 1:
+        raise ConfigError(f"unexpected arguments {list(argv[1:])!r}; see --help")
+    if _COPY_TO.value is not None:
+        _check_copy_flags()
+        return None
+    if _DATA_SPEC.value is not None:
+        raise ConfigError(
+            f"--data-spec {_DATA_SPEC.value!r} applies only with --copy-to (populating takes "
+            "the spec from --env and --policy)"
+        )
+    config = config_from_flags()
+    check_target(config)
+    return config
+
+
+def _check_copy_flags() -> None:
+    if _APPEND.value:
+        raise ConfigError(
+            f"--copy-to {_COPY_TO.value!r} copies a buffer; it cannot be combined with --append"
+        )
+    _required_buffer_name()
+
+
 def copy_from_flags() -> str:
     """Copies the starter buffer named by the flags to --copy-to and describes the copy.
 
@@ -374,10 +425,10 @@ def copy_from_flags() -> str:
       CheckpointError: If the copy is refused or fails (see `copy_buffer`).
       SpecMismatchError: If the buffer does not hold the --data-spec spec.
     """
-    if _APPEND.value:
-        raise ConfigError(
-            f"--copy-to {_COPY_TO.value!r} copies a buffer; it cannot be combined with --append"
-        )
+    from replay_service.starter.copying import copy_buffer
+    from replay_service.starter.sources import load_data_spec
+
+    _check_copy_flags()
     name = _required_buffer_name()
     source = starter_buffer_path(_OUTPUT_DIR.value, name)
     data_spec = None if _DATA_SPEC.value is None else load_data_spec(_DATA_SPEC.value)
@@ -416,34 +467,52 @@ def _fail(message: str, notes: Sequence[str] = (), code: int = EXIT_ERROR) -> No
     sys.exit(code)
 
 
-def main(argv: Sequence[str]) -> None:
-    """Populates the starter buffer, or copies it with --copy-to, and prints a summary."""
-    logging.set_verbosity(_VERBOSITY.value if _VERBOSITY.value >= 0 else logging.WARNING)
+@contextlib.contextmanager
+def _errors_reported() -> Iterator[None]:
+    """Reports a `ReplayServiceError` or an interrupt as one line (`_fail`) and exits."""
     try:
-        if len(argv) > 1:
-            raise ConfigError(f"unexpected arguments {list(argv[1:])!r}; see --help")
-        require_reverb_imports("replay-populate")
-        if _COPY_TO.value is not None:
-            print(copy_from_flags())
-            return
-        if _DATA_SPEC.value is not None:
-            raise ConfigError(
-                f"--data-spec {_DATA_SPEC.value!r} applies only with --copy-to (populating takes "
-                "the spec from --env and --policy)"
-            )
-        config = config_from_flags()
-        with ProgressBar(sys.stderr) as progress:
-            result = populate(config, progress=progress)
-        print(format_summary(result))
+        yield
     except ReplayServiceError as e:
         _fail(str(e), getattr(e, "__notes__", ()))
     except KeyboardInterrupt as e:
         _fail("interrupted", getattr(e, "__notes__", ()), EXIT_INTERRUPTED)
 
 
+def main(argv: Sequence[str]) -> None:
+    """Populates the starter buffer, or copies it with --copy-to, and prints a summary.
+
+    Every check that needs no TensorFlow (`check_flags`) runs before TensorFlow is imported.
+    """
+    logging.set_verbosity(_VERBOSITY.value if _VERBOSITY.value >= 0 else logging.WARNING)
+    with _errors_reported():
+        config = check_flags(argv)
+        require_reverb_imports("replay-populate")
+        if config is None:
+            print(copy_from_flags())
+            return
+        from replay_service.starter.filling import populate
+        from replay_service.starter.results import format_summary
+
+        with ProgressBar(sys.stderr) as progress:
+            result = populate(config, progress=progress)
+        print(format_summary(result))
+
+
 def run() -> None:
-    """Console-script entry point (`replay-populate`)."""
-    app.run(main, flags_parser=parse_flags)
+    """Console-script entry point (`replay-populate`).
+
+    The flags are parsed and checked first, without TensorFlow: `--help`, a bad flag and every
+    refusal of `check_flags` answer at once. TensorFlow, TF-Agents, Reverb and `WORK_MODULES`
+    are then imported before absl's `app.run` starts `main`: imported inside it, TensorFlow's
+    tf.data functions would compare tensors as TF1 does.
+    """
+    remaining = parse_flags(sys.argv)
+    with _errors_reported():
+        check_flags(remaining)
+    require_reverb_imports("replay-populate")
+    for module in WORK_MODULES:
+        importlib.import_module(module)
+    app.run(main, flags_parser=lambda _argv: remaining)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "validate_buffer_name",
     ),
     "options": (
+        "DATA_SPEC_ENV_PREFIX",
         "DEFAULT_CAPACITY",
         "DEFAULT_ENV",
         "DEFAULT_NUM_ENVS",
@@ -66,7 +67,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "format_summary",
     ),
     "sources": (
-        "DATA_SPEC_ENV_PREFIX",
         "load_data_spec",
         "make_envs_and_policies",
         "starter_data_spec",

@@ -23,38 +23,17 @@ from tf_agents.environments import py_environment
 from tf_agents.policies import py_policy
 
 from replay_service.config.options import Timeouts
-from replay_service.errors import (
-    CheckpointError,
-    CheckpointExistsError,
-    ConfigError,
-    NoCheckpointError,
-    ReplayServiceError,
-)
+from replay_service.errors import CheckpointError, ReplayServiceError
 from replay_service.manager import ReplayBufferManager
+from replay_service.starter.checks import PopulateTarget, check_target, describe_collection
 from replay_service.starter.copying import copy_buffer
 from replay_service.starter.envs import BuildingEnv
-from replay_service.starter.naming import SUMMARY_PLOT_SUFFIX, starter_buffer_path
-from replay_service.starter.options import (
-    DEFAULT_CAPACITY,
-    DEFAULT_SEQUENCE_LENGTH,
-    SEED_RANGE,
-    PopulateConfig,
-    check_capacity,
-    max_new_items,
-)
+from replay_service.starter.options import SEED_RANGE, PopulateConfig, check_capacity, max_new_items
 from replay_service.starter.plots import write_summary_plot
 from replay_service.starter.results import PopulateResult, StepRecorder
 from replay_service.starter.sources import make_envs_and_policies, starter_data_spec
-from replay_service.starter.staging import (
-    PARTIAL_TAG,
-    check_own_entries,
-    hidden_sibling,
-    install,
-    locked_if_store,
-)
+from replay_service.starter.staging import PARTIAL_TAG, hidden_sibling, install, locked_if_store
 from replay_service.storage.files import remove_path
-from replay_service.storage.metadata import StoreMetadata
-from replay_service.storage.store import CheckpointStore
 
 STARTER_KEEP_CHECKPOINTS = 1
 
@@ -63,16 +42,10 @@ Progress = Callable[[int, int], None]
 
 
 @dataclasses.dataclass(frozen=True)
-class _PopulatePlan:
+class _PopulatePlan(PopulateTarget):
     """A checked `PopulateConfig` with everything resolved, before anything is written."""
 
     config: PopulateConfig
-    output_dir: str
-    path: str
-    plot_path: str
-    stored: StoreMetadata | None
-    capacity: int
-    sequence_length: int
     seed: int
     envs: list[py_environment.PyEnvironment]
     policies: list[py_policy.PyPolicy]
@@ -80,8 +53,7 @@ class _PopulatePlan:
 
     @property
     def description(self) -> str:
-        c = self.config
-        return f"{c.num_envs} env(s) x {c.num_runs} run(s) x {c.steps_per_run} steps"
+        return describe_collection(self.config)
 
     @property
     def new_items(self) -> int:
@@ -160,28 +132,17 @@ def populate(
 
 def _make_plan(config: PopulateConfig) -> _PopulatePlan:
     """Checks everything that can be checked without writing and resolves the defaults."""
-    output_dir = os.path.abspath(config.output_dir)
-    path = starter_buffer_path(output_dir, config.buffer_name)
-    _check_output_dir(output_dir)
-    stored = _check_existing(path, config)
-    capacity, sequence_length = _resolve_sizes(config, stored, path)
+    target = check_target(config)
     seed = config.seed if config.seed is not None else secrets.randbelow(SEED_RANGE)
     envs, policies = make_envs_and_policies(config.env, config.policy, config.num_envs, seed)
-    plan = _PopulatePlan(
+    return _PopulatePlan(
+        **vars(target),
         config=config,
-        output_dir=output_dir,
-        path=path,
-        plot_path=path + SUMMARY_PLOT_SUFFIX,
-        stored=stored,
-        capacity=capacity,
-        sequence_length=sequence_length,
         seed=seed,
         envs=envs,
         policies=policies,
         data_spec=starter_data_spec(envs[0], policies[0]),
     )
-    check_capacity(capacity, 0, plan.new_items, plan.description)
-    return plan
 
 
 def _build(
@@ -247,62 +208,11 @@ def _result(plan: _PopulatePlan, collected: _Collected) -> PopulateResult:
     )
 
 
-def _check_output_dir(output_dir: str) -> None:
-    """Checks, without writing, that `output_dir` is (or can be created as) a writable dir."""
-    existing = output_dir
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        blocker = "" if existing == output_dir else f" ({existing!r} is a file)"
-        raise CheckpointError(f"output dir {output_dir!r} is not a directory{blocker}")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise CheckpointError(f"output dir {output_dir!r} is not writable ({existing!r})")
-
-
 def _make_dirs(path: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise CheckpointError(f"cannot create output dir {path!r}: {e}") from e
-
-
-def _check_existing(final: str, config: PopulateConfig) -> StoreMetadata | None:
-    """Returns the metadata of an existing buffer that may be replaced or extended, else None."""
-    if not os.path.lexists(final) or (os.path.isdir(final) and not os.listdir(final)):
-        if config.append:
-            raise NoCheckpointError(f"there is no starter buffer {final!r} to append to")
-        return None
-    store = CheckpointStore(final)
-    metadata = store.read_metadata()
-    if not (config.overwrite or config.append):
-        raise CheckpointExistsError(
-            f"starter buffer {final!r} already exists and is never modified silently; pass "
-            "--overwrite (overwrite=True) to replace it, --append (append=True) to add to it, or "
-            "choose another buffer name"
-        )
-    check_own_entries(final)
-    if config.append and store.latest() is None:
-        raise NoCheckpointError(f"starter buffer {final!r} holds no complete checkpoint")
-    return metadata
-
-
-def _resolve_sizes(
-    config: PopulateConfig, stored: StoreMetadata | None, final: str
-) -> tuple[int, int]:
-    """Returns `(capacity, sequence_length)`: the config's, or the stored ones when appending."""
-    if not config.append or stored is None:
-        return (
-            config.capacity or DEFAULT_CAPACITY,
-            config.sequence_length or DEFAULT_SEQUENCE_LENGTH,
-        )
-    for name in ("capacity", "sequence_length"):
-        requested, kept = getattr(config, name), getattr(stored, name)
-        if requested is not None and requested != kept:
-            raise ConfigError(
-                f"cannot append to {final!r} with {name} {requested}: the buffer has {name} "
-                f"{kept} (leave it out to use the buffer's)"
-            )
-    return stored.capacity, stored.sequence_length
 
 
 def _open_observers(manager: ReplayBufferManager, count: int, *, append: bool) -> list[Any]:

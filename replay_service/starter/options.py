@@ -20,6 +20,9 @@ DEFAULT_OUTPUT_DIR = "starter_buffers"
 
 SEED_RANGE = 2**31
 
+DATA_SPEC_ENV_PREFIX = "env:"
+"""`load_data_spec`'s prefix of an environment id: `env:<id>` is the spec that env collects."""
+
 
 @dataclasses.dataclass(frozen=True)
 class PopulateConfig:

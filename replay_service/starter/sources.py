@@ -13,10 +13,10 @@ from tf_agents.specs import tensor_spec
 
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.specs.nests import check_collect_spec, collect_data_spec, trajectory_spec
+from replay_service.starter.checks import env_errors
 from replay_service.starter.envs import BUILDING_ENV_ID, load_env
+from replay_service.starter.options import DATA_SPEC_ENV_PREFIX
 from replay_service.starter.policies import POLICY_CHOICES, load_policy
-
-DATA_SPEC_ENV_PREFIX = "env:"
 
 
 def make_envs_and_policies(
@@ -49,12 +49,8 @@ def make_envs_and_policies(
 
 
 def _load_env(name: str, seed: int) -> py_environment.PyEnvironment:
-    try:
+    with env_errors(name):
         return load_env(name, seed)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    except Exception as e:
-        raise ConfigError(f"cannot create environment {name!r}: {type(e).__name__}: {e}") from e
 
 
 def _load_policy(

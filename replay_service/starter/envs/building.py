@@ -27,12 +27,13 @@ from tf_agents.environments import py_environment
 from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
 
-STEP_MINUTES = 15
-STEP_HOURS = STEP_MINUTES / 60.0
-STEPS_PER_HOUR = 60 // STEP_MINUTES
-STEPS_PER_DAY = 24 * STEPS_PER_HOUR
-DAYS_PER_WEEK = 7
-STEPS_PER_WEEK = DAYS_PER_WEEK * STEPS_PER_DAY
+from replay_service.starter.envs.constants import (
+    DAYS_PER_WEEK,
+    STEP_HOURS,
+    STEPS_PER_DAY,
+    STEPS_PER_HOUR,
+    STEPS_PER_WEEK,
+)
 
 OBS_FIELDS = (
     "zone_temp",
