@@ -157,7 +157,12 @@ def test_python_adopts_an_sbsim_buffer_with_the_managers_data_spec(
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("spec_arg", ["env:CartPole-v0", "sbsim_spec:cartpole_spec"])
+# Each form of --data-spec is also loaded in-process (test_load_data_spec_forms_give_the_
+# collect_spec); the command runs with the module form in `make test-slow`.
+@pytest.mark.parametrize(
+    "spec_arg",
+    ["env:CartPole-v0", pytest.param("sbsim_spec:cartpole_spec", marks=pytest.mark.slow)],
+)
 def test_replay_populate_adopts_an_sbsim_buffer_with_data_spec(
     sbsim_root: Path, tmp_path: Path, data_spec: Any, spec_arg: str
 ) -> None:
@@ -204,7 +209,12 @@ def test_the_printed_training_line_loads_a_table_not_named_uniform_table(
 
 @pytest.mark.parametrize(
     "settings",
-    [{"pad_end_of_episode": True}, {"layout": "packed"}, {"table_name": "experience"}],
+    # A table name is also in test_the_printed_training_line_loads_a_table_not_named_uniform_table.
+    [
+        {"pad_end_of_episode": True},
+        {"layout": "packed"},
+        pytest.param({"table_name": "experience"}, marks=pytest.mark.slow),
+    ],
     ids=["padded", "packed", "named"],
 )
 def test_the_printed_training_line_loads_a_copy_of_other_stored_settings(

@@ -996,7 +996,8 @@ def run_embedded_kill_point(collectors, make_manager, tmp_path: Path, seed: int)
     manager.close()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+# One kill point in `make test`; the soak below and seed 1 in `make test-slow`.
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_kill_9_of_an_embedded_manager_restores_its_newest_checkpoint(
     collectors, make_manager, tmp_path, seed
 ):
