@@ -207,6 +207,7 @@ def test_the_printed_training_line_loads_a_table_not_named_uniform_table(
         manager.close()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "settings",
     # A table name is also in test_the_printed_training_line_loads_a_table_not_named_uniform_table.

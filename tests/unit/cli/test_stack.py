@@ -38,6 +38,7 @@ def test_the_installed_check_names_the_missing_module_or_passes() -> None:
     assert "No module named" in message and "backend='local'" in message
 
 
+@pytest.mark.heavy  # two processes per tool
 @pytest.mark.parametrize("tool", TOOLS)
 def test_each_installed_tool_answers_help_at_once_or_names_what_it_needs(tool: str) -> None:
     script = Path(sys.executable).parent / tool
@@ -151,6 +152,7 @@ def test_demo_refuses_an_unknown_env_before_loading_tensorflow(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.heavy  # each run imports TensorFlow
 @pytest.mark.skipif(not HAS_REVERB, reason="needs the Reverb stack installed")
 @pytest.mark.parametrize("tool", TOOLS)
 def test_a_broken_install_is_one_line_naming_what_failed(tool: str, tmp_path: Path) -> None:
