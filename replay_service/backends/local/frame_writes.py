@@ -167,6 +167,27 @@ class FramedPlan(NamedTuple):
     gaps: np.ndarray
 
 
+def continues_previous(data: Sequence[np.ndarray], length: int) -> np.ndarray:
+    """Which of whole windows `data` (`[count, length, ...]` per field) are the window before
+    them shifted by one step, so that they share its last `length - 1` steps.
+
+    Args:
+      data: Every field's windows.
+      length: Steps per window.
+
+    Returns:
+      `[count]` booleans (the first window: False).
+    """
+    count = len(data[0])
+    shared = np.zeros(count, dtype=np.bool_)
+    if length > 1 and count > 1:
+        shared[1:] = True
+        for array in data:
+            rows = array.reshape(count, length, -1).view(np.uint8)
+            shared[1:] &= (rows[1:, :-1] == rows[:-1, 1:]).all(axis=(1, 2))
+    return shared
+
+
 def plan_windows(data: Sequence[np.ndarray], frames: FrameStack, length: int) -> FramedPlan:
     """The steps-once layout of whole windows of stacked observations (an import, a restore):
     each step written once and each earlier frame shared, as the collectors' writers lay out
@@ -195,12 +216,7 @@ def plan_windows(data: Sequence[np.ndarray], frames: FrameStack, length: int) ->
     width = length + extra
     stacks = data[frames.field]
     # Window i is window i-1 shifted by one step (the common case, found without hashing).
-    shared = np.zeros(count, dtype=np.bool_)
-    if length > 1 and count > 1:
-        shared[1:] = True
-        for array in data:
-            rows = array.reshape(count, length, -1).view(np.uint8)
-            shared[1:] &= (rows[1:, :-1] == rows[:-1, 1:]).all(axis=(1, 2))
+    shared = continues_previous(data, length)
     # A window whose next one does not continue it may be continued by a later one.
     open_end = np.ones(count, dtype=np.bool_)
     open_end[:-1] = ~shared[1:]

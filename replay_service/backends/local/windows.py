@@ -28,7 +28,11 @@ import torch
 
 from replay_service.backends.local.codecs import SLOT_OVERHEAD, payload_bound
 from replay_service.backends.local.compressed_column import CompressedColumn
-from replay_service.backends.local.frame_writes import FrameWrites, plan_windows
+from replay_service.backends.local.frame_writes import (
+    FrameWrites,
+    continues_previous,
+    plan_windows,
+)
 from replay_service.backends.local.slots import Slots
 from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
@@ -414,12 +418,7 @@ class WindowInserts(FrameWrites):
             source = plan.rows
         else:
             # Item i shares its first steps with item i-1 when it is that window shifted by one.
-            shared = np.zeros(count, dtype=np.bool_)
-            if length > 1 and count > 1:
-                shared[1:] = True
-                for array in data:
-                    rows = array.reshape(count, length, -1).view(np.uint8)
-                    shared[1:] &= (rows[1:, :-1] == rows[:-1, 1:]).all(axis=(1, 2))
+            shared = continues_previous(data, length)
             width = length
             keep = np.ones((count, width), dtype=np.bool_)
             keep[shared, :-1] = False

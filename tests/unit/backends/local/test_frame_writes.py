@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from replay_service.backends.local.codecs import MEMORY_MARGIN, SLOT_OVERHEAD
+from replay_service.backends.local.frame_writes import continues_previous
 from replay_service.backends.local.table import LocalTable
 from replay_service.config.options import TableConfig
 from replay_service.errors import ConfigError
@@ -70,3 +71,17 @@ def test_an_insert_counts_the_earlier_frames_it_encodes_under_the_lock(monkeypat
     held = table._columns[0].nbytes
     assert table._written == K + 1 and held <= table._budget.limit
     np.testing.assert_array_equal(table.items()[0][0][0], np.stack([frames[:K], frames[1:]]))
+
+
+def test_continues_previous_finds_windows_shifted_by_one_step() -> None:
+    steps = np.arange(10, dtype=np.int64)
+    windows = np.stack([steps[i : i + 3] for i in (0, 1, 2, 5, 6, 0)])  # [6, 3]
+    other = windows * 10
+    assert continues_previous([windows, other], 3).tolist() == [
+        False, True, True, False, True, False,
+    ]  # fmt: skip
+    other[2, 0] = -1  # a field that differs breaks the chain
+    assert continues_previous([windows, other], 3).tolist() == [
+        False, True, False, False, True, False,
+    ]  # fmt: skip
+    assert continues_previous([windows[:, :1]], 1).tolist() == [False] * 6
