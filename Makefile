@@ -34,8 +34,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 	@$(MAKE) --no-print-directory test-py312
 
-# The fast tier, for the edit-and-test loop: tests/unit/ and the integration tests not marked
-# `heavy`, listing its 15 slowest tests. `make test` runs every tier and stays the CI command.
+# The fast tier, for the edit-and-test loop: the tests of tests/unit/ and tests/integration/ not
+# marked `heavy`, listing its 15 slowest tests. `make test` runs every tier and stays the CI command.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not heavy" --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/unit tests/integration
 
