@@ -29,7 +29,7 @@ from absl import app, flags, logging
 from replay_service.cli.parsing import flags_parser, show_flags_in_help, usage_error
 from replay_service.cli.stack import require_reverb_imports
 from replay_service.config.files import ServiceConfig, load_config
-from replay_service.errors import ReplayServiceError, ServerUnavailableError
+from replay_service.errors import ConfigError, ReplayServiceError, ServerUnavailableError
 
 _CONFIG = flags.DEFINE_string("config", None, "TOML config file (see configs/). Default: built-in.")
 _PORT = flags.DEFINE_integer("port", None, "Port to listen on; overrides server.port.")
@@ -147,6 +147,11 @@ def _serve() -> int:
     # touched: a bad flag must not cost the checkpoints that --overwrite deletes. What needs no
     # Reverb is refused before TensorFlow loads, in a fraction of a second.
     _check_exporter_flags()
+    if _METRICS_PORT.value is not None and _METRICS_PORT.value == config.server.port:
+        raise ConfigError(
+            f"--metrics_port={_METRICS_PORT.value} is the server's port too; choose another "
+            "--metrics_port"
+        )
     stats = _LateStats()
     metrics = _start_metrics(stats)
     try:

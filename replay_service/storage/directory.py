@@ -327,13 +327,20 @@ def check_root(root: str) -> None:
 
     Raises:
       CheckpointError: If resolving it fails for another reason than its absence, e.g. a
-        symbolic link that points to itself (ELOOP), naming the path.
+        symbolic link that points to itself (ELOOP), or it is a symbolic link to nothing,
+        naming the path.
       ConfigError: If the path holds a NUL character, naming it.
     """
     validate_path(root, "checkpoint_dir")
     try:
         os.stat(root)
     except FileNotFoundError:
+        if os.path.islink(root):  # a link to nothing: no directory can be made through it
+            raise CheckpointError(
+                f"checkpoint_dir {root!r} is a symbolic link to {os.readlink(root)!r}, which "
+                "does not exist; create the directory it points to, or choose another "
+                "checkpoint_dir"
+            ) from None
         return
     except OSError as e:
         if e.errno == errno.ELOOP:

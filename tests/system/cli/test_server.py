@@ -276,6 +276,7 @@ def test_refusals_come_before_tensorflow_loads_and_keep_the_checkpoints(start_se
     before = tree_digest(root)
     assert os.listdir(root / CHECKPOINTS_DIR)
     (tmp_path / "a_file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
         busy.listen()
@@ -292,6 +293,8 @@ def test_refusals_come_before_tensorflow_loads_and_keep_the_checkpoints(start_se
             ([*overwrite, f"--port={taken}"], f"port {taken}"),
             ([f"--checkpoint_dir={root}", f"--port={port}"], "--overwrite"),
             ([f"--checkpoint_dir={tmp_path / 'a_file'}", f"--port={port}"], "a_file"),
+            ([f"--checkpoint_dir={tmp_path / 'dangling'}", f"--port={port}"], "does not exist"),
+            ([*overwrite, f"--port={port}", f"--metrics_port={port}"], "--metrics_port"),
         ]  # fmt: skip
         for args, named in cases:
             result = subprocess.run(
@@ -306,4 +309,4 @@ def test_refusals_come_before_tensorflow_loads_and_keep_the_checkpoints(start_se
             assert own[0].startswith("replay-server: error:") and named in own[0], (args, own)
             assert "loaded: []" in result.stderr, (args, result.stderr)
     assert tree_digest(root) == before, cases
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "server_ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "dangling", "server_ckpt"]

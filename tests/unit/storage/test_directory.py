@@ -236,3 +236,12 @@ def test_foreign_message_lists_five_entries_and_recognises_a_bare_reverb_root(tm
     assert "It is a bare Reverb checkpoint root" in message
     assert f"--buffer-name {tmp_path.name} --output-dir {tmp_path.parent}" in message
     assert message.endswith("files that are not replay_service's are never deleted.")
+
+
+def test_a_checkpoint_dir_that_links_to_nothing_is_refused_naming_the_link(tmp_path):
+    link = tmp_path / "replay"
+    link.symlink_to(tmp_path / "mount" / "replay")
+    with pytest.raises(CheckpointError, match=r"is a symbolic link to .*mount/replay.*does not"):
+        check_root(str(link))
+    check_root(str(tmp_path / "new"))  # a path that does not exist yet is fine
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replay"]
