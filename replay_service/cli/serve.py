@@ -221,8 +221,9 @@ def _serve() -> int:
 
 def _check_before_imports(config: ServiceConfig, restore: bool | None) -> None:
     """Refuses, before the Reverb stack loads, what `serve_config` would refuse without it: a
-    busy --port and, for a new buffer, a checkpoint directory that holds checkpoints (without
-    --overwrite) or that is not replay_service's. `serve_config` checks them again.
+    busy --port; for a new buffer, a checkpoint directory that holds checkpoints (without
+    --overwrite) or that is not replay_service's; for a restore, one that holds no store.
+    `serve_config` checks them again.
 
     Args:
       config: The server's config.
@@ -231,6 +232,7 @@ def _check_before_imports(config: ServiceConfig, restore: bool | None) -> None:
     Raises:
       PortInUseError: If the port is taken.
       CheckpointExistsError, CheckpointError: As `CheckpointStore.check_new`.
+      NoCheckpointError, CheckpointError: As `CheckpointStore.read_metadata`.
     """
     from replay_service.backends.reverb.connection import check_port_free
     from replay_service.storage.store import CheckpointStore
@@ -240,6 +242,8 @@ def _check_before_imports(config: ServiceConfig, restore: bool | None) -> None:
     store = CheckpointStore(config.server.checkpoint_dir, keep=config.server.keep_checkpoints)
     if restore is False or (restore is None and not store.has_checkpoints()):
         store.check_new(_OVERWRITE.value)
+    else:  # a directory that is missing, empty, foreign or not one: refused as a restore does
+        store.read_metadata()
 
 
 def _ignore_stop_signals() -> None:

@@ -295,6 +295,8 @@ def test_refusals_come_before_tensorflow_loads_and_keep_the_checkpoints(start_se
             ([f"--checkpoint_dir={tmp_path / 'a_file'}", f"--port={port}"], "a_file"),
             ([f"--checkpoint_dir={tmp_path / 'dangling'}", f"--port={port}"], "does not exist"),
             ([*overwrite, f"--port={port}", f"--metrics_port={port}"], "--metrics_port"),
+            ([f"--checkpoint_dir={tmp_path / 'a_file'}", "--restore"], "not a directory"),
+            ([f"--checkpoint_dir={tmp_path / 'none'}", "--restore"], "does not exist"),
         ]  # fmt: skip
         for args, named in cases:
             result = subprocess.run(
