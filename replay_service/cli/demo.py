@@ -48,9 +48,8 @@ def check_flags(argv: Sequence[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Runs the demo; a bad value or a refused buffer is one line on stderr and exit 2."""
-    check_flags(argv)
-    require_reverb_imports("replay-demo")
+    """Runs the demo (`run` has checked the flags and imported the stack); a refused buffer is
+    one line on stderr and exit 2."""
     from replay_service.cli.demo_work import run_demo
 
     try:

@@ -481,15 +481,14 @@ def _errors_reported() -> Iterator[None]:
 def main(argv: Sequence[str]) -> None:
     """Populates the starter buffer, or copies it with --copy-to, and prints a summary.
 
-    Every check that needs no TensorFlow (`check_flags`) runs before TensorFlow is imported.
+    `run` has checked the flags (`check_flags`) and imported the stack before it starts this.
     """
     logging.set_verbosity(_VERBOSITY.value if _VERBOSITY.value >= 0 else logging.WARNING)
     with _errors_reported():
-        config = check_flags(argv)
-        require_reverb_imports("replay-populate")
-        if config is None:
+        if _COPY_TO.value is not None:
             print(copy_from_flags())
             return
+        config = config_from_flags()
         from replay_service.starter.filling import populate
         from replay_service.starter.results import format_summary
 
