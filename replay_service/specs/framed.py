@@ -173,12 +173,20 @@ class FramedLayout(PackedLayout):
 
     def sources(self, marks: Any, xp: Any = None) -> tuple[Any, Any]:
         """Where each stack's frames come from, for marks `[B, K - 1 + L]` (numpy, or
-        a TensorFlow tensor with `xp` `_TFOps`; None: `_NumpyOps`).
+        a TensorFlow tensor with `xp` `_TFOps`; None: numpy, through `_SourceTable` where
+        the item is short enough for one).
 
         Returns:
           `(index, zero)`, both `[B, L, K]`: the item's step holding each frame, and whether
           the frame is a zero frame.
         """
+        n = int(marks.shape[-1])
+        if xp is None and n <= _SourceTable.MAX_STEPS:
+            return self._source_table(n).lookup(marks)
+        return self._sources(marks, xp or _NumpyOps)
+
+    def _sources(self, marks: Any, xp: Any) -> tuple[Any, Any]:
+        """`sources` computed by `xp` (`_NumpyOps`, `_TFOps`) from the marks themselves."""
         k = self.frames.k
         n = int(marks.shape[-1])
         length = n - (k - 1)
@@ -187,7 +195,14 @@ class FramedLayout(PackedLayout):
         upto = position[None, :] <= position[:, None]  # [p, q]: q <= p
         q = np.arange(length)[:, None] + np.arange(k)[None, :]  # [L, K]
         p = np.arange(k - 1, n)
-        return (xp or _NumpyOps).sources(marks, upto, q, p)
+        return xp.sources(marks, upto, q, p)
+
+    def _source_table(self, n: int) -> _SourceTable:
+        tables = self.__dict__.setdefault("_source_tables", {})
+        table = tables.get(n)
+        if table is None:
+            table = tables[n] = _SourceTable(self, n)
+        return table
 
     def unpack(self, rows: Any) -> Any:
         """numpy rows `uint8[..., K - 1 + L, step_bytes]` as the stacked nest `[..., L, ...]`."""
@@ -211,18 +226,21 @@ class FramedLayout(PackedLayout):
             )
         lead, n = rows.shape[:-2], rows.shape[-2]
         flat = rows.reshape(-1, n, self.step_bytes)
-        # Views of the rows: the frames are copied once, by the gather of the stacks.
-        leaves = self.rows.unpack_leaves(flat)
-        marks = np.ascontiguousarray(leaves.pop())
-        frames = leaves[self.frames.field]
+        marks = flat[:, :, self.rows.fields[-1].start]
         index, zero = self.sources(marks)
-        gathered = frames[np.arange(len(frames))[:, None, None], index]  # [B, L, K, *frame]
+        # The frames' bytes of the rows, one gather of the stacks' frames (the only copy of
+        # them), as one vector per frame: the copy moves whole frames.
+        field = self.rows.fields[self.frames.field]
+        frames = flat[:, :, field.start : field.stop]
+        gathered = frames[np.arange(len(flat))[:, None, None], index]  # [B, L, K, bytes]
         if zero.any():
             gathered[zero] = 0
+        gathered = gathered.view(field.dtype).reshape(*index.shape, *self.frames.frame)
         stacks = _assemble(gathered, self.frames)
         out = []
-        for i, leaf in enumerate(leaves):
-            value = stacks if i == self.frames.field else np.ascontiguousarray(leaf[:, k - 1 :])
+        steps = flat[:, k - 1 :]
+        for i in range(len(self.stacks.fields)):
+            value = stacks if i == self.frames.field else self.rows.leaf(steps, i)
             out.append(value.reshape(*lead, *value.shape[1:]))
         return out
 
@@ -285,6 +303,29 @@ def _assemble(frames: np.ndarray, stack: FrameStack) -> np.ndarray:
     """numpy `[B, L, K, *frame]` -> `[B, L, *stacked]` (`FrameStack.assemble`)."""
     moved = np.moveaxis(frames, 2, 2 + stack.axis)
     return np.ascontiguousarray(moved).reshape(*frames.shape[:2], *stack.stacked)
+
+
+class _SourceTable:
+    """`FramedLayout.sources` of every item of `n` steps, looked up by its marks: a mark is
+    one of 3 values, so an item's marks are a number below `3 ** n` (marks above `ZERO` read
+    as `RESET`, as `_NumpyOps` reads them)."""
+
+    # Items of up to this many steps are looked up (3 ** 8 = 6561 entries of L * K each).
+    MAX_STEPS = 8
+
+    def __init__(self, layout: FramedLayout, n: int) -> None:
+        codes = np.arange(3**n)
+        marks = (codes[:, None] // 3 ** np.arange(n)[None, :]) % 3
+        self.index, self.zero = layout._sources(marks.astype(np.uint8), _NumpyOps)
+        self.index = self.index.astype(np.intp)
+        self.weights = (3 ** np.arange(n)).astype(np.int64)
+
+    def lookup(self, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        marks = np.asarray(marks)
+        # 0 stays 0 (CONTINUES), ZERO stays 2, every other value is 1 (RESET).
+        canonical = (marks != CONTINUES).astype(np.int64) + (marks == ZERO)
+        code = canonical @ self.weights
+        return self.index[code], self.zero[code]
 
 
 class _NumpyOps:

@@ -59,3 +59,20 @@ def test_a_batch_of_rows_gives_every_stack() -> None:
     assert [s.tolist() for s in first] == [[3, 3, 3, 3], [3, 3, 3, 4]]
     second = [stack[:, 0, 0] for stack in observation[1]]
     assert [s.tolist() for s in second] == [[5, 6, 7, 8], [0, 0, 0, 9]]
+
+
+@pytest.mark.parametrize("steps", [4, 5, 8, 9])
+def test_looked_up_sources_are_those_computed_from_the_marks(steps: int) -> None:
+    # Items of up to 8 steps find their frames' sources in a table of every mark sequence;
+    # marks other than the three written read as RESET, as the computation reads them.
+    from replay_service.specs.framed import _NumpyOps
+
+    framed = layout()
+    rng = np.random.default_rng(steps)
+    every = (np.arange(3 ** min(steps, 6))[:, None] // 3 ** np.arange(steps)[None, :]) % 3
+    marks = np.concatenate([every, rng.integers(0, 7, (500, steps))]).astype(np.uint8)
+    index, zero = framed.sources(marks)
+    want_index, want_zero = framed._sources(marks, _NumpyOps)
+    np.testing.assert_array_equal(index, want_index)
+    np.testing.assert_array_equal(zero, want_zero)
+    assert index.shape == (len(marks), steps - 3, 4)
