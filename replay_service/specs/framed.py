@@ -173,15 +173,15 @@ class FramedLayout(PackedLayout):
 
     def sources(self, marks: Any, xp: Any = None) -> tuple[Any, Any]:
         """Where each stack's frames come from, for marks `[B, K - 1 + L]` (numpy, or
-        a TensorFlow tensor with `xp` `_TFOps`; None: numpy, through `_SourceTable` where
-        the item is short enough for one).
+        a TensorFlow tensor with `xp` `_TFOps`; None: numpy, looked up in a `_SourceTable`
+        where the item is short enough for one and the marks are bytes).
 
         Returns:
           `(index, zero)`, both `[B, L, K]`: the item's step holding each frame, and whether
           the frame is a zero frame.
         """
         n = int(marks.shape[-1])
-        if xp is None and n <= _SourceTable.MAX_STEPS:
+        if xp is None and n <= _SourceTable.MAX_STEPS and marks.dtype == np.uint8:
             return self._source_table(n).lookup(marks)
         return self._sources(marks, xp or _NumpyOps)
 
@@ -318,14 +318,16 @@ class _SourceTable:
         marks = (codes[:, None] // 3 ** np.arange(n)[None, :]) % 3
         self.index, self.zero = layout._sources(marks.astype(np.uint8), _NumpyOps)
         self.index = self.index.astype(np.intp)
-        self.weights = (3 ** np.arange(n)).astype(np.int64)
+        self.weights = (3 ** np.arange(n)).astype(np.int32)
 
     def lookup(self, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        marks = np.asarray(marks)
-        # 0 stays 0 (CONTINUES), ZERO stays 2, every other value is 1 (RESET).
-        canonical = (marks != CONTINUES).astype(np.int64) + (marks == ZERO)
-        code = canonical @ self.weights
+        code = np.dot(_CANONICAL[np.asarray(marks)], self.weights)
         return self.index[code], self.zero[code]
+
+
+# A mark as `_SourceTable` numbers it: CONTINUES 0, ZERO 2, every other value 1 (RESET).
+_CANONICAL = np.ones(256, np.uint8)
+_CANONICAL[CONTINUES], _CANONICAL[ZERO] = 0, 2
 
 
 class _NumpyOps:
