@@ -182,7 +182,10 @@ class FramedLayout(PackedLayout):
         """
         n = int(marks.shape[-1])
         if xp is None and n <= _SourceTable.MAX_STEPS and marks.dtype == np.uint8:
-            return self._source_table(n).lookup(marks)
+            table = _SOURCE_TABLES.get((self.frames.k, n))
+            if table is None:
+                table = _SOURCE_TABLES[self.frames.k, n] = _SourceTable(self, n)
+            return table.lookup(marks)
         return self._sources(marks, xp or _NumpyOps)
 
     def _sources(self, marks: Any, xp: Any) -> tuple[Any, Any]:
@@ -196,13 +199,6 @@ class FramedLayout(PackedLayout):
         q = np.arange(length)[:, None] + np.arange(k)[None, :]  # [L, K]
         p = np.arange(k - 1, n)
         return xp.sources(marks, upto, q, p)
-
-    def _source_table(self, n: int) -> _SourceTable:
-        tables = self.__dict__.setdefault("_source_tables", {})
-        table = tables.get(n)
-        if table is None:
-            table = tables[n] = _SourceTable(self, n)
-        return table
 
     def unpack(self, rows: Any) -> Any:
         """numpy rows `uint8[..., K - 1 + L, step_bytes]` as the stacked nest `[..., L, ...]`."""
@@ -328,6 +324,9 @@ class _SourceTable:
 # A mark as `_SourceTable` numbers it: CONTINUES 0, ZERO 2, every other value 1 (RESET).
 _CANONICAL = np.ones(256, np.uint8)
 _CANONICAL[CONTINUES], _CANONICAL[ZERO] = 0, 2
+# The `_SourceTable` of items of n steps of stacks of K frames, per (K, n): they depend on
+# nothing else.
+_SOURCE_TABLES: dict[tuple[int, int], _SourceTable] = {}
 
 
 class _NumpyOps:

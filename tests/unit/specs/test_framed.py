@@ -76,3 +76,25 @@ def test_looked_up_sources_are_those_computed_from_the_marks(steps: int) -> None
     np.testing.assert_array_equal(index, want_index)
     np.testing.assert_array_equal(zero, want_zero)
     assert index.shape == (len(marks), steps - 3, 4)
+
+
+def test_float_frames_are_gathered_bit_for_bit() -> None:
+    # Frames of 4-byte floats move as bytes: NaN and -0.0 come back as written, zero
+    # padding as +0.0.
+    spec = {
+        "action": ArraySpec((), np.int64, "action"),
+        "observation": ArraySpec((4, 3, 2), np.float32, "observation"),
+    }
+    framed = FramedLayout(spec, 4, 0)
+    frames = np.arange(5, dtype=np.float32).reshape(1, 5, 1, 1, 1) * np.ones((1, 1, 1, 3, 2))
+    frames = frames.astype(np.float32)
+    frames[0, 3, 0, 0, 0] = np.nan
+    frames[0, 4, 0, 0, 1] = -0.0
+    marks = np.array([[CONTINUES, CONTINUES, CONTINUES, ZERO, CONTINUES]], np.uint8)
+    rows = framed.rows.pack_items([np.arange(5, dtype=np.int64)[None], frames, marks])[0]
+    action, observation = framed.unpack_leaves(rows[None])
+    np.testing.assert_array_equal(action, [[3, 4]])
+    assert observation.dtype == np.float32 and observation.shape == (1, 2, 4, 3, 2)
+    want = np.zeros((2, 4, 3, 2), np.float32)
+    want[0, 3], want[1, 2], want[1, 3] = frames[0, 3], frames[0, 3], frames[0, 4]
+    np.testing.assert_array_equal(observation[0].view(np.uint32), want.view(np.uint32))
