@@ -8,13 +8,20 @@ raises the project's error naming the value and changes no priority of either ta
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from replay_service import ConfigError, SamplingConfig, SpecMismatchError, TableConfig
+from conftest import FAST_TIMEOUTS
+from replay_service import (
+    ConfigError,
+    ReplayBufferManager,
+    SamplingConfig,
+    SpecMismatchError,
+    TableConfig,
+)
 from replay_service.errors import ReplayServiceError
 
 BACKENDS = ("reverb", "local")
@@ -29,13 +36,12 @@ def _sampling() -> SamplingConfig:
     return SamplingConfig(sampler="prioritized", priority_exponent=1.0)
 
 
-@pytest.fixture(params=BACKENDS)
-def buffer(request, make_manager, tmp_path):
-    """A manager of the parametrized backend with two prioritized tables of `ITEMS` items,
-    each at priority 1, and the keys of each table (sorted)."""
+def _make(make_manager: Callable[..., Any], backend: str, directory: str) -> tuple[Any, Any]:
+    """A manager of `backend` with two prioritized tables of `ITEMS` items, each at priority 1,
+    and the keys of each table (sorted)."""
     manager = make_manager(
-        backend=request.param,
-        checkpoint_dir=str(tmp_path / request.param),
+        backend=backend,
+        checkpoint_dir=directory,
         capacity=50,
         table_name=PRIMARY,
         sampling=_sampling(),
@@ -50,6 +56,54 @@ def buffer(request, make_manager, tmp_path):
     keys = {name: sorted(sampled(manager, name)) for name in (PRIMARY, OTHER)}
     assert all(len(k) == ITEMS for k in keys.values()), keys
     return manager, keys
+
+
+@pytest.fixture(scope="module")
+def shared_buffers(tmp_path_factory) -> Iterator[dict[str, tuple[Any, Any]]]:
+    """One buffer of each backend (`_make`) for the cases that change only priorities: an
+    embedded Reverb server per case cost about a second of CPU each."""
+    made: list[Any] = []
+
+    def factory(**kwargs: Any) -> Any:
+        manager = ReplayBufferManager(data_spec=_data_spec(), timeouts=FAST_TIMEOUTS, **kwargs)
+        made.append(manager)
+        return manager
+
+    root = tmp_path_factory.mktemp("priority_inputs")
+    try:
+        yield {backend: _make(factory, backend, str(root / backend)) for backend in BACKENDS}
+    finally:
+        for manager in made:
+            manager.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def buffer(request, shared_buffers):
+    """The shared buffer of the parametrized backend, every priority of both tables set back
+    to 1 first: each case starts from the same state (which its last checks, sampling both
+    tables, would show otherwise)."""
+    manager, keys = shared_buffers[request.param]
+    for table in (PRIMARY, OTHER):
+        manager.update_priorities(keys[table], [1.0] * ITEMS, table=table)
+    return manager, keys
+
+
+@pytest.fixture(params=BACKENDS)
+def fresh_buffer(request, make_manager, tmp_path):
+    """A buffer of its own (`_make`), for the cases that add items or close it."""
+    return _make(make_manager, request.param, str(tmp_path / request.param))
+
+
+def _data_spec() -> Any:
+    """CartPole's per-step Trajectory spec (the `data_spec` fixture's)."""
+    from tf_agents.environments import suite_gym
+    from tf_agents.policies import random_py_policy
+
+    from replay_service.specs.nests import collect_data_spec
+
+    env = suite_gym.load("CartPole-v0")
+    policy = random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec(), seed=0)
+    return collect_data_spec(env, policy)
 
 
 def sampled(manager: Any, table: str) -> dict[int, tuple[float, float]]:
@@ -210,8 +264,8 @@ def test_keys_of_one_table_never_change_another(buffer):
     ],
     ids=["zero", "float", "nan", "+inf", "-inf", "negative", "bool"],
 )
-def test_writer_priorities_accepted_and_refused_alike(buffer, priority, error):
-    manager, keys = buffer
+def test_writer_priorities_accepted_and_refused_alike(fresh_buffer, priority, error):
+    manager, keys = fresh_buffer
     if error is not None:
         with pytest.raises(error, match=str(priority)):
             manager.transition_writer(priority=priority)
@@ -242,8 +296,10 @@ def test_reverb_py_client_insert_refuses_bad_priorities(make_manager, tmp_path, 
     assert manager.num_frames() == 0
 
 
-def test_local_checkpoints_store_no_keys_and_restore_disjoint_keys(buffer, make_manager, tmp_path):
-    manager, keys = buffer
+def test_local_checkpoints_store_no_keys_and_restore_disjoint_keys(
+    fresh_buffer, make_manager, tmp_path
+):
+    manager, keys = fresh_buffer
     if manager.backend != "local":
         pytest.skip("the local backend's checkpoint format")
     manager.update_priorities(keys[PRIMARY], [0.0, 2.0, 3.0], table=PRIMARY)
