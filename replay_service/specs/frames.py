@@ -132,6 +132,8 @@ class FrameStack:
     def part(self, stack: np.ndarray, start: int, stop: int) -> np.ndarray:
         """Frames `[start, stop)` of one stack, a view (along its axis, as stacked)."""
         c = self.channels
+        if not self.axis:
+            return stack[start * c : stop * c]
         return stack[(slice(None),) * self.axis + (slice(start * c, stop * c),)]
 
     def newest(self, stacks: np.ndarray) -> np.ndarray:
@@ -181,11 +183,16 @@ class FrameStack:
           SpecMismatchError: Naming the step and the first frame that differs.
         """
         k = self.k
-        # The common case first: the stack follows `previous` (bytes compared, as `bits`).
-        if previous is not None and (
-            self.part(stack, 0, k - 1).tobytes() == self.part(previous, 1, k).tobytes()
-        ):
-            return
+        # The common case first: the stack follows `previous` (bytes compared, as `bits`;
+        # one side copied, the other read in place where it is contiguous).
+        if previous is not None:
+            now = self.part(stack, 0, k - 1)
+            before = self.part(previous, 1, k).tobytes()
+            if now.flags.c_contiguous and now.nbytes == len(before):
+                if before.startswith(now):
+                    return
+            elif now.tobytes() == before:
+                return
         if not bits(stack).any():
             return
         if previous is None:

@@ -276,6 +276,8 @@ class StepRing(RingReads):
                 return True
             if 0 <= keep < cutoff or count > size:  # the new steps themselves must fit
                 used = True
+            elif cutoff - oldest == 1:  # a collector's step
+                used = bool(self._refs[(oldest + self._head - self._written) % size])
             elif cutoff - oldest <= 8:  # a few steps (an item's): no arrays
                 refs, base = self._refs, self._head - self._written
                 used = any(refs[(serial + base) % size] for serial in range(oldest, cutoff))
@@ -520,6 +522,9 @@ class StepRing(RingReads):
         """`_anchors` of one item (the writers' path: no arrays)."""
         assert self._preds is not None
         row = self._preds[(first - self._written + self._head) % self._ring_size].tolist()
+        oldest = min(row)
+        if oldest >= 0:  # no zero frame: the common case
+            return oldest
         return min([s for s in row if s >= 0], default=first)
 
     def _allocate(self) -> None:

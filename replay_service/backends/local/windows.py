@@ -290,8 +290,9 @@ class WindowInserts(FrameWrites):
         `end`) held: its count in `_refs` at ring position `at` (its anchor), its slot, key and
         priority; `stream`'s last item. Returns its key."""
         refs = self._refs
-        refs[at] += 1
-        if refs[at] >= 255 and refs.dtype == np.uint8:
+        count = refs.item(at) + 1  # Python ints: numpy scalar arithmetic is slower
+        refs[at] = count
+        if count >= 255 and refs.dtype == np.uint8:
             self._refs = refs.astype(np.int32)
         slot, key = self._slots.allocate_one()
         self._first[slot] = first
