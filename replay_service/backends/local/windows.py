@@ -19,6 +19,7 @@ the memory cannot hold is refused whole before it changes anything
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -342,7 +343,7 @@ class WindowInserts(FrameWrites):
         an episode with a padded stack (`_claim_frames`)."""
         frames = self._frames
         sizes = {
-            index: int(np.prod(self._step_shapes[index])) * self._dtypes[index].itemsize
+            index: math.prod(self._step_shapes[index]) * self._dtypes[index].itemsize
             for index in self._compressed
         }
         held = len(steps) - fresh
