@@ -144,17 +144,20 @@ class WindowInserts(FrameWrites):
         length = self._length
         # Compressed fields: the payloads of the steps the writer appended, encoded before the
         # lock is taken (a window that cannot share its steps encodes the others under it).
-        encoded = self._encode_steps(steps, length if fresh is None else fresh)
+        compressed = self._compressed
+        appended = length if fresh is None else fresh
+        encoded = self._encode_steps(steps, appended) if compressed else {}
         with self._changed:
             if self._closed:
                 self._require_open()
             if self._columns is None:
                 self._allocate()
-            if self._compressed:
-                unencoded = self._unencoded_bytes(steps, length if fresh is None else fresh, stream)
+            if compressed:
+                unencoded = self._unencoded_bytes(steps, appended, stream)
                 self._check_payload_room(encoded.values(), unencoded)
-            if self.size >= self.config.capacity:
-                self._evict_oldest(self.size + 1 - self.config.capacity)
+            held = self._slots.size
+            if held >= self.config.capacity:
+                self._evict_oldest(held + 1 - self.config.capacity)
             if (
                 fresh == 1
                 and length > 1
