@@ -406,7 +406,11 @@ class TransitionWriter:
             self._envs.append(0, boundary if checked is None else checked(boundary))
             self._envs.end_episode(0, confirm=False)
         if self._check_continuity:
-            self._expected = [a.tobytes() for a in next_states]
+            self._expected = (
+                [next_states[0].tobytes()]
+                if len(next_states) == 1
+                else [a.tobytes() for a in next_states]
+            )
         self._has_expected[0] = not ended
         return True
 

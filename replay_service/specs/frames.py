@@ -29,6 +29,17 @@ if TYPE_CHECKING:  # torch loads with the first stack assembled: a replay-server
 OBSERVATION = "observation"
 AXES = (0, -1)
 
+try:  # numpy's C function: `np.count_nonzero`'s wrapper costs more than counting a frame
+    from numpy._core.multiarray import count_nonzero as _count_nonzero
+except ImportError:  # pragma: no cover - a numpy without it
+    _count_nonzero = np.count_nonzero
+
+
+def any_bit(array: np.ndarray) -> bool:
+    """Whether any bit of `array` (frames or stacks) is set: a float frame of -0.0 or NaN is
+    no zero frame (as `bits` compares)."""
+    return bool(_count_nonzero(bits(array)))
+
 
 def bits(array: np.ndarray) -> np.ndarray:
     """`array` as unsigned integers of its itemsize when it holds floats: frames compared and
@@ -125,9 +136,9 @@ class FrameStack:
     def zero(self, stack: np.ndarray) -> bool:
         """Whether every frame of one stack is zero bit for bit (its newest frame, which
         rarely is, looked at first)."""
-        if np.count_nonzero(bits(self.part(stack, self.k - 1, self.k))):
+        if any_bit(self.part(stack, self.k - 1, self.k)):
             return False
-        return not np.count_nonzero(bits(stack))
+        return not any_bit(stack)
 
     def part(self, stack: np.ndarray, start: int, stop: int) -> np.ndarray:
         """Frames `[start, stop)` of one stack, a view (along its axis, as stacked)."""

@@ -38,7 +38,7 @@ from replay_service.backends.local.slots import Slots
 from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
 from replay_service.errors import SpecMismatchError
-from replay_service.specs.frames import bits
+from replay_service.specs.frames import any_bit
 
 
 class WindowStream:
@@ -266,7 +266,7 @@ class WindowInserts(FrameWrites):
         stack = step[field]
         newest = frames.part(stack, k - 1, k)
         # `frames.zero(stack)`, the newest frame already at hand.
-        zero = not np.count_nonzero(bits(newest)) and not np.count_nonzero(bits(stack))
+        zero = not any_bit(newest) and not any_bit(stack)
         row = [-1] * (k - 1) if zero else chain
         for index, value in enumerate(step):
             columns[index][position] = newest if index == field else value
