@@ -164,9 +164,8 @@ class WindowInserts(FrameWrites):
                 and stream is not None
                 and self._frames is not None
                 and self._device is None
-                and not self._compressed
             ):
-                key = self._insert_next(steps[-1], priority, stream)
+                key = self._insert_next(steps[-1], priority, stream, encoded)
                 if key is not None:
                     return key
             new = length
@@ -238,12 +237,17 @@ class WindowInserts(FrameWrites):
         return key
 
     def _insert_next(
-        self, step: Sequence[np.ndarray], priority: float, stream: WindowStream
+        self,
+        step: Sequence[np.ndarray],
+        priority: float,
+        stream: WindowStream,
+        encoded: dict[tuple[int, int], bytes],
     ) -> int | None:
         """`insert_window` of a writer's window of stacked observations that shares all but
         its last step (`step`) with its previous item (a collector's every step after its
-        first window), on a host ring of uncompressed fields, the lock held and room made:
-        the step's newest frame and other fields written in place. Returns the item's key, or
+        first window), on a host ring, the lock held and room made: the step's newest frame
+        and other fields written in place (compressed ones: their payloads, `encoded` by
+        `(step in the window, field)` before the lock was taken). Returns the item's key, or
         None, having changed nothing but the ring's size, where the window cannot share its
         steps (`insert_window` then writes it as it writes any)."""
         chain = stream.frames
@@ -268,8 +272,18 @@ class WindowInserts(FrameWrites):
         # `frames.zero(stack)`, the newest frame already at hand.
         zero = not any_bit(newest) and not any_bit(stack)
         row = [-1] * (k - 1) if zero else chain
-        for index, value in enumerate(step):
-            columns[index][position] = newest if index == field else value
+        if self._compressed:
+            at = length - 1  # the step's place in its window
+            for index, value in enumerate(step):
+                column = columns[index]
+                value = newest if index == field else value
+                if isinstance(column, CompressedColumn):
+                    column.put(position, self._payload(encoded, at, index, value))
+                else:
+                    column[position] = value
+        else:
+            for index, value in enumerate(step):
+                columns[index][position] = newest if index == field else value
         preds[position] = row
         if self._gap is not None:
             self._gap[position] = 1

@@ -226,12 +226,15 @@ def _spoiled(transitions: list[tuple[Any, ...]], bad: str, at: int) -> list[tupl
     return spoiled
 
 
+@pytest.mark.parametrize("compression", [None, "lz4"])
 @pytest.mark.parametrize("bad", ["shape", "dtype", "continuity", "stack"])
 @pytest.mark.parametrize("when", ["first", "later"])
-def test_fast_adds_store_and_refuse_what_fully_checked_adds_do(make, episodes, bad, when) -> None:
+def test_fast_adds_store_and_refuse_what_fully_checked_adds_do(
+    make, episodes, bad, when, compression
+) -> None:
     """`add`'s fast path (bool flags, after the first call) and its full validation (0/1
     flags: every call) store the same items and raise the same errors, on the first call of
-    a writer and later in an episode."""
+    a writer and later in an episode, with frames stored raw or compressed."""
     transitions = episodes["reset"][:40]
     at = 0
     if when == "later":  # a call whose two calls before are within its episode
@@ -243,7 +246,7 @@ def test_fast_adds_store_and_refuse_what_fully_checked_adds_do(make, episodes, b
     spoiled = _spoiled(transitions, bad, at)
     results = []
     for fast in (True, False):
-        manager = make(f"b{fast}")
+        manager = make(f"b{fast}", compression=compression)
         manager.create_replay_buffer()
         errors = []
         with manager.transition_writer() as writer:
