@@ -138,6 +138,8 @@ class StepRing(RingReads):
         self._dtypes = list(dtypes)
         self._compression = compression
         self._codec: Codec | None = None if compression is None else codec(compression)
+        # Per compressed field, its payloads' largest bytes with a slot's (made on first use).
+        self._payload_bounds: dict[int, int] | None = None
         # The fields stored compressed (indexes).
         self._compressed: frozenset[int] = frozenset(
             index
@@ -250,7 +252,9 @@ class StepRing(RingReads):
         for payload in payloads:
             incoming += len(payload) + SLOT_OVERHEAD
         columns = self._columns
-        held = sum(columns[index].nbytes for index in self._compressed)
+        held = 0
+        for index in self._compressed:
+            held += columns[index].nbytes
         self._budget.check(held, incoming, f"table {self.name!r}", owner=self)
 
     def _claim(self, count: int, keep: int) -> bool:

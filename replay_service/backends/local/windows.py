@@ -359,12 +359,17 @@ class WindowInserts(FrameWrites):
         cannot share them) and, stacked, its first stack's K-1 earlier frames unless it starts
         an episode with a padded stack (`_claim_frames`)."""
         frames = self._frames
-        sizes = {
-            index: math.prod(self._step_shapes[index]) * self._dtypes[index].itemsize
-            for index in self._compressed
-        }
+        bounds = self._payload_bounds
+        if bounds is None:  # per compressed field, a payload's largest bytes with its slot's
+            bounds = self._payload_bounds = {
+                index: payload_bound(
+                    math.prod(self._step_shapes[index]) * self._dtypes[index].itemsize
+                )
+                + SLOT_OVERHEAD
+                for index in self._compressed
+            }
         held = len(steps) - fresh
-        total = held * sum(payload_bound(size) + SLOT_OVERHEAD for size in sizes.values())
+        total = held * sum(bounds.values())
         if frames is not None:
             starts = (
                 stream is not None
@@ -373,7 +378,7 @@ class WindowInserts(FrameWrites):
                 and frames.padding(np.asarray(steps[0][frames.field])) is not None
             )
             if not starts:
-                total += (frames.k - 1) * (payload_bound(sizes[frames.field]) + SLOT_OVERHEAD)
+                total += (frames.k - 1) * bounds[frames.field]
         return total
 
     def _payload(
