@@ -344,10 +344,14 @@ class WindowInserts(FrameWrites):
         encoded = {}
         for at in range(len(steps) - fresh, len(steps)):
             for index in self._compressed:
-                value = np.asarray(steps[at][index])
+                value = steps[at][index]
+                if type(value) is not np.ndarray:
+                    value = np.asarray(value)
                 if frames is not None and index == frames.field:
                     value = frames.part(value, frames.k - 1, frames.k)
-                encoded[at, index] = encode(np.ascontiguousarray(value))
+                if not value.flags.c_contiguous:
+                    value = np.ascontiguousarray(value)
+                encoded[at, index] = encode(value)
         return encoded
 
     def _unencoded_bytes(
