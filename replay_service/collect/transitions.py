@@ -40,7 +40,7 @@ from replay_service.collect.transition_steps import (
     gather_extras,
     same_bytes,
 )
-from replay_service.collect.writing import WritingClient
+from replay_service.collect.writing import CheckedStep, WritingClient, checked_step_type
 from replay_service.config.options import Timeouts
 from replay_service.errors import ManagerClosedError, SpecMismatchError
 from replay_service.specs.arrays import to_numpy
@@ -134,6 +134,11 @@ class TransitionWriter:
         self._check_continuity = check_continuity
         self._spec = spec
         self._plan = FlatSteps(spec)
+        # The fast path's steps, cast to the plan's dtypes and shapes: `CheckedStep`s for a
+        # client whose writers take them as they are once they checked one.
+        self._checked: type[CheckedStep] | None = (
+            checked_step_type() if getattr(client, "takes_checked_steps", False) else None
+        )
         # The names of a policy_info dict: extra per-step fields given as keywords.
         info = spec.policy_info
         self._extra_names: tuple[str, ...] = (
@@ -385,23 +390,27 @@ class TransitionWriter:
         ):
             return False
         ended = terminated or cut
-        self._envs.append(
-            0,
-            [
-                plan.mid if self._envs.steps[0] else plan.first,
-                *states,
-                *actions,
-                *hiddens,
-                plan.next_last if ended else plan.next_mid,
-                *rewards,
-                plan.terminal if terminated else plan.continuing,
-            ],
-        )
+        step = [
+            plan.mid if self._envs.steps[0] else plan.first,
+            *states,
+            *actions,
+            *hiddens,
+            plan.next_last if ended else plan.next_mid,
+            *rewards,
+            plan.terminal if terminated else plan.continuing,
+        ]
+        checked = self._checked
+        self._envs.append(0, step if checked is None else checked(step))
         if ended:
-            self._envs.append(0, [plan.last, *next_states, *plan.boundary_tail])
+            boundary = [plan.last, *next_states, *plan.boundary_tail]
+            self._envs.append(0, boundary if checked is None else checked(boundary))
             self._envs.end_episode(0, confirm=False)
         if self._check_continuity:
-            self._expected = [a.tobytes() for a in next_states]
+            self._expected = (
+                [next_states[0].tobytes()]
+                if len(next_states) == 1
+                else [a.tobytes() for a in next_states]
+            )
         self._has_expected[0] = not ended
         return True
 

@@ -18,6 +18,23 @@ from typing import Any, Protocol, runtime_checkable
 
 from replay_service.specs.layouts import Layout
 
+
+class CheckedStep(list):
+    """The flat leaves of one step that a collector has already cast: each of its subclasses
+    (`checked_step_type`, one per collector's flattened spec) holds, at every position, a
+    value of the same dtype and shape (an array or numpy scalar) in every step. A writer that
+    checked one step of a subclass whole against its tables (`takes_checked_steps`) may take
+    the others of that subclass as they are; any other writer sees a list. The collector makes
+    a new list per step and never changes it afterwards."""
+
+    __slots__ = ()
+
+
+def checked_step_type() -> type[CheckedStep]:
+    """A new `CheckedStep` subclass, for the steps of one flattened spec."""
+    return type("PlanStep", (CheckedStep,), {"__slots__": ()})
+
+
 TableWindows = tuple[str, int, int, float, bool]
 """One table's windows: `(name, sequence_length, stride_length, priority, padded)`; an item
 every `stride_length` steps of the last `sequence_length` steps of the episode (padded tables:
@@ -91,7 +108,9 @@ class ItemWriter(Protocol):
 
 @runtime_checkable
 class WritingClient(Protocol):
-    """The client of a buffer's tables that collectors write through."""
+    """The client of a buffer's tables that collectors write through. A client whose
+    `takes_checked_steps` is True (the local backend's) hands out writers that take
+    `CheckedStep`s (see there); others are given plain lists."""
 
     @property
     def server_address(self) -> str:

@@ -29,6 +29,17 @@ if TYPE_CHECKING:  # torch loads with the first stack assembled: a replay-server
 OBSERVATION = "observation"
 AXES = (0, -1)
 
+try:  # numpy's C function: `np.count_nonzero`'s wrapper costs more than counting a frame
+    from numpy._core.multiarray import count_nonzero as _count_nonzero
+except ImportError:  # pragma: no cover - a numpy without it
+    _count_nonzero = np.count_nonzero
+
+
+def any_bit(array: np.ndarray) -> bool:
+    """Whether any bit of `array` (frames or stacks) is set: a float frame of -0.0 or NaN is
+    no zero frame (as `bits` compares)."""
+    return bool(_count_nonzero(bits(array)))
+
 
 def bits(array: np.ndarray) -> np.ndarray:
     """`array` as unsigned integers of its itemsize when it holds floats: frames compared and
@@ -125,13 +136,15 @@ class FrameStack:
     def zero(self, stack: np.ndarray) -> bool:
         """Whether every frame of one stack is zero bit for bit (its newest frame, which
         rarely is, looked at first)."""
-        if np.count_nonzero(bits(self.part(stack, self.k - 1, self.k))):
+        if any_bit(self.part(stack, self.k - 1, self.k)):
             return False
-        return not np.count_nonzero(bits(stack))
+        return not any_bit(stack)
 
     def part(self, stack: np.ndarray, start: int, stop: int) -> np.ndarray:
         """Frames `[start, stop)` of one stack, a view (along its axis, as stacked)."""
         c = self.channels
+        if not self.axis:
+            return stack[start * c : stop * c]
         return stack[(slice(None),) * self.axis + (slice(start * c, stop * c),)]
 
     def newest(self, stacks: np.ndarray) -> np.ndarray:
@@ -181,11 +194,16 @@ class FrameStack:
           SpecMismatchError: Naming the step and the first frame that differs.
         """
         k = self.k
-        # The common case first: the stack follows `previous` (bytes compared, as `bits`).
-        if previous is not None and (
-            self.part(stack, 0, k - 1).tobytes() == self.part(previous, 1, k).tobytes()
-        ):
-            return
+        # The common case first: the stack follows `previous` (bytes compared, as `bits`;
+        # one side copied, the other read in place where it is contiguous).
+        if previous is not None:
+            now = self.part(stack, 0, k - 1)
+            before = self.part(previous, 1, k).tobytes()
+            if now.flags.c_contiguous and now.nbytes == len(before):
+                if before.startswith(now):
+                    return
+            elif now.tobytes() == before:
+                return
         if not bits(stack).any():
             return
         if previous is None:

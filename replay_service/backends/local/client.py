@@ -15,7 +15,7 @@ import numpy as np
 import tree
 
 from replay_service.backends.local.table import LocalTable
-from replay_service.collect.writing import TableWindows
+from replay_service.collect.writing import CheckedStep, TableWindows
 from replay_service.errors import ConfigError, SpecMismatchError
 from replay_service.sample.priorities import check_updates
 from replay_service.specs.layouts import Layout
@@ -82,7 +82,11 @@ class LocalWindowWriter:
         self._step_index = -1
         self._longest = max(w.sequence_length for w in self._windows)
         self._frames = self._windows[0].table.frames  # stacked observations: checked
+        self._where = f"table {self._windows[0].table.name!r}"  # named by the frames' errors
         self._exact = [(dtype.type, dtype, shape) for _, dtype, shape in self._fields]
+        # The `CheckedStep` subclass of the step last checked whole: its others are taken as
+        # they are.
+        self._checked: type | None = None
 
     def append(self, step: Any) -> None:
         """Appends one step (a nest, or the flat list of its leaves); inserts due windows.
@@ -91,7 +95,12 @@ class LocalWindowWriter:
           SpecMismatchError: If the step has the wrong number of fields, or a field the wrong
             shape or a value that does not convert to its dtype (naming the field).
         """
-        leaves = step if type(step) is list else tree.flatten(step)
+        step_kind = type(step)
+        if step_kind is self._checked:  # a step of a kind whose first step was checked whole
+            self._store(step)
+            return
+        checked = isinstance(step, CheckedStep)
+        leaves = step if step_kind is list or checked else tree.flatten(step)
         fields = self._fields
         if len(leaves) != len(fields):
             raise SpecMismatchError(
@@ -109,6 +118,8 @@ class LocalWindowWriter:
                 continue
             break
         else:
+            if checked:  # its kind's other steps have the same dtypes and shapes
+                self._checked = step_kind
             self._store(list(leaves))
             return
         arrays = []
@@ -130,14 +141,16 @@ class LocalWindowWriter:
     def _store(self, arrays: list[np.ndarray]) -> None:
         """`append` of a step whose fields are checked and converted: checks its frames and
         inserts the due windows."""
-        if self._frames is not None:
-            self._frames.check_step(
-                arrays[self._frames.field],
-                self._history[-1][self._frames.field] if self._history else None,
-                self._step_index + 1,
-                f"table {self._windows[0].table.name!r}",
-            )
         history = self._history
+        frames = self._frames
+        if frames is not None:
+            field = frames.field
+            frames.check_step(
+                arrays[field],
+                history[-1][field] if history else None,
+                self._step_index + 1,
+                self._where,
+            )
         history.append(arrays)
         if len(history) > self._longest:
             del history[0]
@@ -188,6 +201,7 @@ class LocalClient:
     """
 
     server_address = LOCAL_ADDRESS
+    takes_checked_steps = True  # its writers take a `CheckedStep` as it is once one is checked
 
     def __init__(self, tables: dict[str, LocalTable]) -> None:
         self.tables = tables

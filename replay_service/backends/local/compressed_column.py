@@ -56,13 +56,17 @@ class PayloadBudget:
     growing, and look no more. Thread-safe (tables insert under locks of their own).
     """
 
-    __slots__ = ("_held", "_lock", "limit")
+    __slots__ = ("_held", "_lock", "_owners", "_total", "limit")
 
     def __init__(self) -> None:
         self.limit = 0
         self._lock = threading.Lock()
-        # Per table, what it holds once its last checked insert is stored (at most).
-        self._held: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # Per table, what it holds once its last checked insert is stored (at most), in a
+        # one-element list updated in place.
+        self._held: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
+        # The sum of `_held` while it has `_owners` tables (a table dropped: summed again).
+        self._total = 0
+        self._owners = 0
 
     def check(self, held: int, incoming: int, what: str, owner: Any = None) -> None:
         """Refuses an insert of `incoming` payload bytes that the memory cannot hold.
@@ -79,14 +83,23 @@ class PayloadBudget:
             `MEMORY_MARGIN` exceeds the available memory (the insert must then change nothing).
         """
         with self._lock:
-            total = held
-            if owner is not None:
-                self._held[owner] = held
-                total = sum(self._held.values())
+            if owner is None:
+                if held + incoming > self.limit:
+                    self._grant(held, held, incoming, what)
+                return
+            cells = self._held
+            cell = cells.get(owner)
+            if cell is None or len(cells) != self._owners:
+                if cell is None:
+                    cell = cells[owner] = [0]
+                self._total = sum(c[0] for c in cells.values())
+                self._owners = len(cells)
+            cell[0], total = held, self._total - cell[0] + held
+            self._total = total
             if total + incoming > self.limit:
                 self._grant(total, held, incoming, what)
-            if owner is not None:
-                self._held[owner] = held + incoming
+            cell[0] = held + incoming
+            self._total = total + incoming
 
     def _grant(self, total: int, held: int, incoming: int, what: str) -> None:
         """Looks at the memory: raises `check`'s error, or grants `incoming` and more."""

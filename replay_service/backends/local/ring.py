@@ -138,6 +138,8 @@ class StepRing(RingReads):
         self._dtypes = list(dtypes)
         self._compression = compression
         self._codec: Codec | None = None if compression is None else codec(compression)
+        # Per compressed field, its payloads' largest bytes with a slot's (made on first use).
+        self._payload_bounds: dict[int, int] | None = None
         # The fields stored compressed (indexes).
         self._compressed: frozenset[int] = frozenset(
             index
@@ -250,7 +252,9 @@ class StepRing(RingReads):
         for payload in payloads:
             incoming += len(payload) + SLOT_OVERHEAD
         columns = self._columns
-        held = sum(columns[index].nbytes for index in self._compressed)
+        held = 0
+        for index in self._compressed:
+            held += columns[index].nbytes
         self._budget.check(held, incoming, f"table {self.name!r}", owner=self)
 
     def _claim(self, count: int, keep: int) -> bool:
@@ -276,6 +280,8 @@ class StepRing(RingReads):
                 return True
             if 0 <= keep < cutoff or count > size:  # the new steps themselves must fit
                 used = True
+            elif cutoff - oldest == 1:  # a collector's step
+                used = bool(self._refs[(oldest + self._head - self._written) % size])
             elif cutoff - oldest <= 8:  # a few steps (an item's): no arrays
                 refs, base = self._refs, self._head - self._written
                 used = any(refs[(serial + base) % size] for serial in range(oldest, cutoff))
@@ -520,6 +526,9 @@ class StepRing(RingReads):
         """`_anchors` of one item (the writers' path: no arrays)."""
         assert self._preds is not None
         row = self._preds[(first - self._written + self._head) % self._ring_size].tolist()
+        oldest = min(row)
+        if oldest >= 0:  # no zero frame: the common case
+            return oldest
         return min([s for s in row if s >= 0], default=first)
 
     def _allocate(self) -> None:

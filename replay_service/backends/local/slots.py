@@ -185,10 +185,13 @@ class RingSlots(Slots):
         return slot, self.key_of(number, slot)
 
     def holds(self, key: int) -> bool:
-        split = self.split_one(key)
-        if split is None:
+        # `split_one`, inline: a collector asks on every insert.
+        if key < 1 or key >= 1 << 64:
             return False
-        number, slot = split
+        base, tag = divmod(key - 1, self.stride)
+        if tag != self.offset:
+            return False
+        number, slot = divmod(base, self.capacity)
         return self.first <= number < self.next and slot == number % self.capacity
 
     def remove(self, slots: np.ndarray) -> None:

@@ -496,10 +496,12 @@ class LocalTable(WindowInserts, Shareable, PairDrawing):
             # A full table's collector evicts one item per insert: no arrays.
             slot = self._slots.remove_oldest_one()
             self._publish()  # free, before anything is overwritten
-            anchor = int(self._first[slot])
+            anchor = self._first.item(slot)
             if self._frames is not None:
                 anchor = self._anchor(anchor)
-            self._refs[(anchor - self._written + self._head) % self._ring_size] -= 1
+            refs = self._refs
+            at = (anchor - self._written + self._head) % self._ring_size
+            refs[at] = refs.item(at) - 1  # Python ints: numpy scalar arithmetic is slower
             if self._scattered and self._consecutive is not None and not self._consecutive[slot]:
                 self._scattered -= 1
             if self._tree is not None:

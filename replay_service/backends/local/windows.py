@@ -19,6 +19,7 @@ the memory cannot hold is refused whole before it changes anything
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,7 +38,7 @@ from replay_service.backends.local.slots import Slots
 from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
 from replay_service.errors import SpecMismatchError
-from replay_service.specs.frames import bits
+from replay_service.specs.frames import any_bit
 
 
 class WindowStream:
@@ -143,26 +144,28 @@ class WindowInserts(FrameWrites):
         length = self._length
         # Compressed fields: the payloads of the steps the writer appended, encoded before the
         # lock is taken (a window that cannot share its steps encodes the others under it).
-        encoded = self._encode_steps(steps, length if fresh is None else fresh)
+        compressed = self._compressed
+        appended = length if fresh is None else fresh
+        encoded = self._encode_steps(steps, appended) if compressed else {}
         with self._changed:
             if self._closed:
                 self._require_open()
             if self._columns is None:
                 self._allocate()
-            if self._compressed:
-                unencoded = self._unencoded_bytes(steps, length if fresh is None else fresh, stream)
+            if compressed:
+                unencoded = self._unencoded_bytes(steps, appended, stream)
                 self._check_payload_room(encoded.values(), unencoded)
-            if self.size >= self.config.capacity:
-                self._evict_oldest(self.size + 1 - self.config.capacity)
+            held = self._slots.size
+            if held >= self.config.capacity:
+                self._evict_oldest(held + 1 - self.config.capacity)
             if (
                 fresh == 1
                 and length > 1
                 and stream is not None
                 and self._frames is not None
                 and self._device is None
-                and not self._compressed
             ):
-                key = self._insert_next(steps[-1], priority, stream)
+                key = self._insert_next(steps[-1], priority, stream, encoded)
                 if key is not None:
                     return key
             new = length
@@ -234,12 +237,17 @@ class WindowInserts(FrameWrites):
         return key
 
     def _insert_next(
-        self, step: Sequence[np.ndarray], priority: float, stream: WindowStream
+        self,
+        step: Sequence[np.ndarray],
+        priority: float,
+        stream: WindowStream,
+        encoded: dict[tuple[int, int], bytes],
     ) -> int | None:
         """`insert_window` of a writer's window of stacked observations that shares all but
         its last step (`step`) with its previous item (a collector's every step after its
-        first window), on a host ring of uncompressed fields, the lock held and room made:
-        the step's newest frame and other fields written in place. Returns the item's key, or
+        first window), on a host ring, the lock held and room made: the step's newest frame
+        and other fields written in place (compressed ones: their payloads, `encoded` by
+        `(step in the window, field)` before the lock was taken). Returns the item's key, or
         None, having changed nothing but the ring's size, where the window cannot share its
         steps (`insert_window` then writes it as it writes any)."""
         chain = stream.frames
@@ -262,10 +270,20 @@ class WindowInserts(FrameWrites):
         stack = step[field]
         newest = frames.part(stack, k - 1, k)
         # `frames.zero(stack)`, the newest frame already at hand.
-        zero = not np.count_nonzero(bits(newest)) and not np.count_nonzero(bits(stack))
+        zero = not any_bit(newest) and not any_bit(stack)
         row = [-1] * (k - 1) if zero else chain
-        for index, value in enumerate(step):
-            columns[index][position] = newest if index == field else value
+        if self._compressed:
+            at = length - 1  # the step's place in its window
+            for index, value in enumerate(step):
+                column = columns[index]
+                value = newest if index == field else value
+                if isinstance(column, CompressedColumn):
+                    column.put(position, self._payload(encoded, at, index, value))
+                else:
+                    column[position] = value
+        else:
+            for index, value in enumerate(step):
+                columns[index][position] = newest if index == field else value
         preds[position] = row
         if self._gap is not None:
             self._gap[position] = 1
@@ -290,8 +308,9 @@ class WindowInserts(FrameWrites):
         `end`) held: its count in `_refs` at ring position `at` (its anchor), its slot, key and
         priority; `stream`'s last item. Returns its key."""
         refs = self._refs
-        refs[at] += 1
-        if refs[at] >= 255 and refs.dtype == np.uint8:
+        count = refs.item(at) + 1  # Python ints: numpy scalar arithmetic is slower
+        refs[at] = count
+        if count >= 255 and refs.dtype == np.uint8:
             self._refs = refs.astype(np.int32)
         slot, key = self._slots.allocate_one()
         self._first[slot] = first
@@ -325,10 +344,14 @@ class WindowInserts(FrameWrites):
         encoded = {}
         for at in range(len(steps) - fresh, len(steps)):
             for index in self._compressed:
-                value = np.asarray(steps[at][index])
+                value = steps[at][index]
+                if type(value) is not np.ndarray:
+                    value = np.asarray(value)
                 if frames is not None and index == frames.field:
                     value = frames.part(value, frames.k - 1, frames.k)
-                encoded[at, index] = encode(np.ascontiguousarray(value))
+                if not value.flags.c_contiguous:
+                    value = np.ascontiguousarray(value)
+                encoded[at, index] = encode(value)
         return encoded
 
     def _unencoded_bytes(
@@ -340,12 +363,17 @@ class WindowInserts(FrameWrites):
         cannot share them) and, stacked, its first stack's K-1 earlier frames unless it starts
         an episode with a padded stack (`_claim_frames`)."""
         frames = self._frames
-        sizes = {
-            index: int(np.prod(self._step_shapes[index])) * self._dtypes[index].itemsize
-            for index in self._compressed
-        }
+        bounds = self._payload_bounds
+        if bounds is None:  # per compressed field, a payload's largest bytes with its slot's
+            bounds = self._payload_bounds = {
+                index: payload_bound(
+                    math.prod(self._step_shapes[index]) * self._dtypes[index].itemsize
+                )
+                + SLOT_OVERHEAD
+                for index in self._compressed
+            }
         held = len(steps) - fresh
-        total = held * sum(payload_bound(size) + SLOT_OVERHEAD for size in sizes.values())
+        total = held * sum(bounds.values())
         if frames is not None:
             starts = (
                 stream is not None
@@ -354,7 +382,7 @@ class WindowInserts(FrameWrites):
                 and frames.padding(np.asarray(steps[0][frames.field])) is not None
             )
             if not starts:
-                total += (frames.k - 1) * (payload_bound(sizes[frames.field]) + SLOT_OVERHEAD)
+                total += (frames.k - 1) * bounds[frames.field]
         return total
 
     def _payload(

@@ -203,6 +203,67 @@ def test_checkpoint_and_export_round_trip(make, episodes, tmp_path) -> None:
         other.load_replay_buffer()
 
 
+def _spoiled(transitions: list[tuple[Any, ...]], bad: str, at: int) -> list[tuple[Any, ...]]:
+    """`transitions` with call `at` given a value of the wrong shape or dtype, a state that
+    does not continue the previous call's next state, or (the previous next state spoiled
+    alike) a stack that is no shift of the one before."""
+    spoiled = list(transitions)
+    state, action, reward, next_state, done, cut = spoiled[at]
+    if bad == "shape":
+        state = state[:3]
+    elif bad == "dtype":
+        state = state.astype(np.float32)
+    elif bad == "continuity":
+        state = state.copy()
+        state[3, 0, 0] ^= 1
+    else:  # "stack"
+        state = state.copy()
+        state[1] ^= 1
+        if at:
+            before = spoiled[at - 1]
+            spoiled[at - 1] = (*before[:3], state, *before[4:])
+    spoiled[at] = (state, action, reward, next_state, done, cut)
+    return spoiled
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+@pytest.mark.parametrize("bad", ["shape", "dtype", "continuity", "stack"])
+@pytest.mark.parametrize("when", ["first", "later"])
+def test_fast_adds_store_and_refuse_what_fully_checked_adds_do(
+    make, episodes, bad, when, compression
+) -> None:
+    """`add`'s fast path (bool flags, after the first call) and its full validation (0/1
+    flags: every call) store the same items and raise the same errors, on the first call of
+    a writer and later in an episode, with frames stored raw or compressed."""
+    transitions = episodes["reset"][:40]
+    at = 0
+    if when == "later":  # a call whose two calls before are within its episode
+        at = next(
+            i
+            for i in range(3, len(transitions))
+            if not any(transitions[j][4] or transitions[j][5] for j in (i - 2, i - 1))
+        )
+    spoiled = _spoiled(transitions, bad, at)
+    results = []
+    for fast in (True, False):
+        manager = make(f"b{fast}", compression=compression)
+        manager.create_replay_buffer()
+        errors = []
+        with manager.transition_writer() as writer:
+            for state, action, reward, next_state, done, cut in spoiled:
+                flags = (done, cut) if fast else (int(done), int(cut))
+                try:
+                    writer.add(state, action, reward, next_state, *flags)
+                except SpecMismatchError as e:
+                    errors.append(str(e))
+        results.append((errors, items(manager), manager.num_frames()))
+    (errors, data, frames), (full_errors, full_data, full_frames) = results
+    assert errors and errors == full_errors
+    assert frames == full_frames
+    for fast_field, full_field in zip(data, full_data, strict=True):
+        np.testing.assert_array_equal(fast_field, full_field)
+
+
 def test_windows_inserted_whole_are_checked(make, episodes) -> None:
     transitions = episodes["reset"][:4]
     manager = make()

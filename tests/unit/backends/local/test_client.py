@@ -9,6 +9,7 @@ import pytest
 from replay_service import ConfigError, SpecMismatchError, TableConfig
 from replay_service.backends.local.client import LOCAL_ADDRESS, LocalClient
 from replay_service.backends.local.table import LocalTable
+from replay_service.collect.writing import checked_step_type
 
 pytestmark = pytest.mark.local
 
@@ -97,3 +98,42 @@ def test_priorities_are_checked_whole_and_deletes_are_refused():
     np.testing.assert_array_equal(table.items()[1], priorities)
     client.reset("t")
     assert table.size == 0
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype", "count"])
+@pytest.mark.parametrize("when", ["first", "later"])
+def test_checked_steps_are_checked_whole_until_one_of_their_kind_passed(bad, when):
+    """A collector's cast steps (`CheckedStep`): the first of a kind is checked as a list is,
+    with the same errors, and nothing written; once one passed, the kind's others are taken
+    as they are (a step of another kind is checked whole again)."""
+    wrong = {
+        "shape": [np.zeros(3, np.float32)],
+        "dtype": [np.array(["a", "b"])],
+        "count": [np.zeros(2, np.float32), np.zeros(2, np.float32)],
+    }[bad]
+    checked = checked_step_type()
+    plain_client, _ = client_of(length=2)
+    with pytest.raises(SpecMismatchError) as plain:
+        plain_client.window_writer([("t", 2, 1, 1.0, False)]).append(list(wrong))
+    client, table = client_of(length=2)
+    writer = client.window_writer([("t", 2, 1, 1.0, False)])
+    if when == "later":
+        writer.append(checked([np.zeros(2, np.float32)]))
+        writer.append(checked([np.ones(2, np.float32)]))
+        assert writer._checked is checked
+        writer.append(checked([np.full(2, 2, np.float32)]))
+        before = steps_of(table)
+        assert before == [[0, 1], [1, 2]]
+        other = checked_step_type()  # another kind: checked whole
+        with pytest.raises(SpecMismatchError) as raised:
+            writer.append(other(wrong))
+        assert str(raised.value) == str(plain.value)
+        assert steps_of(table) == before
+    else:
+        with pytest.raises(SpecMismatchError) as raised:
+            writer.append(checked(wrong))
+        assert str(raised.value) == str(plain.value)
+        assert writer._checked is None and table.size == 0
+        writer.append(checked([np.zeros(2, np.float32)]))
+        writer.append(checked([np.ones(2, np.float32)]))
+        assert steps_of(table) == [[0, 1]]

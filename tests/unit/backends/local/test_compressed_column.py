@@ -129,3 +129,42 @@ def test_the_payload_budget_looks_at_the_memory_only_past_its_grant(monkeypatch)
     )  # unknown: granted
     budget.check(90 << 20, 1000, "table 't'")
     assert budget.limit > 90 << 20
+
+
+def test_the_payload_budget_counts_what_every_owner_holds_until_one_is_dropped(
+    monkeypatch,
+) -> None:
+    import gc
+
+    looks: list[int] = []
+
+    def memory() -> int:
+        looks.append(1)
+        return compressed_column.MEMORY_MARGIN + (1 << 30)
+
+    class Table:
+        pass
+
+    monkeypatch.setattr(compressed_column.sizes, "available_memory", memory)
+    budget = compressed_column.PayloadBudget()
+    first, second = Table(), Table()
+    budget.check(0, 1000, "table 'a'", owner=first)  # looks: grants MIN_GRANT beyond
+    limit = 1000 + compressed_column.MIN_GRANT
+    assert len(looks) == 1 and budget.limit == limit
+    budget.check(0, limit - 1000, "table 'b'", owner=second)  # both fit the grant
+    assert len(looks) == 1
+    budget.check(limit - 1000, 1, "table 'b'", owner=second)  # 'a' holds 1000: past it
+    assert len(looks) == 2
+    limit = budget.limit
+    held = limit - 1000  # what 'b' may hold while 'a' holds 1000
+    budget.check(held - 1, 1, "table 'b'", owner=second)
+    assert len(looks) == 2
+    budget.check(held, 1, "table 'b'", owner=second)  # 1000 + held + 1 > limit
+    assert len(looks) == 3
+    limit = budget.limit
+    del first
+    gc.collect()
+    budget.check(limit - 1, 1, "table 'b'", owner=second)  # alone now: 'a' counts no more
+    assert len(looks) == 3
+    budget.check(limit, 1, "table 'b'", owner=second)
+    assert len(looks) == 4
