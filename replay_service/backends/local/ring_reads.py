@@ -173,7 +173,7 @@ class RingReads:
         payloads = column.gather(positions.reshape(-1))
 
         def decode() -> torch.Tensor:
-            out = np.empty((*positions.shape, *column.shape), column.dtype)
+            out = self._buffers.empty((*positions.shape, *column.shape), column.dtype)
             column.decode(payloads, out.reshape(-1, *column.shape))
             return torch.from_numpy(out)
 
@@ -210,7 +210,8 @@ class RingReads:
             k = frames.k
 
             def decode() -> torch.Tensor:
-                taken = column.decode_take(payloads, inverse.reshape(at.shape))
+                out = self._buffers.empty((*at.shape, *column.shape), column.dtype)
+                taken = column.decode_take(payloads, inverse.reshape(at.shape), out=out)
                 if zero.any():
                     taken[(slice(None),) * positions.ndim + (slice(0, k - 1),)][zero] = 0
                 return frames.assemble(torch.from_numpy(taken))
