@@ -14,6 +14,7 @@ caller keeps for long).
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from typing import Any
@@ -55,17 +56,14 @@ class BatchBuffers:
         `KEEP` per shape and dtype, else in place of a kept one, in turn).
 
         Args:
-          shape: The array's shape.
+          shape: The array's shape (a tuple of ints).
           dtype: Its dtype.
 
         Returns:
           The array; the caller fills every element (its contents are undefined).
         """
         dtype = np.dtype(dtype)
-        shape = tuple(int(n) for n in shape)
-        nbytes = dtype.itemsize
-        for n in shape:
-            nbytes *= n
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < MIN_BYTES or nbytes > MAX_BYTES:
             return np.empty(shape, dtype)
         key = (shape, dtype)
