@@ -249,16 +249,26 @@ class CompressedColumn:
           ValueError: If `out` does not fit, or a payload is corrupt.
         """
         expected = (len(payloads), *self.shape)
+        out = self._out(out, expected)
+        if self.value_bytes:
+            threads = decode_threads() if threads is None else threads
+            self.codec.decode_batch(payloads, out, threads)
+        return out
+
+    def _out(self, out: np.ndarray | None, expected: tuple[int, ...]) -> np.ndarray:
+        """`out`, checked to be a C-contiguous array of shape `expected` and the column's
+        dtype, or a new one.
+
+        Raises:
+          ValueError: If `out` does not fit.
+        """
         if out is None:
-            out = np.empty(expected, self.dtype)
-        elif out.shape != expected or out.dtype != self.dtype or not out.flags.c_contiguous:
+            return np.empty(expected, self.dtype)
+        if out.shape != expected or out.dtype != self.dtype or not out.flags.c_contiguous:
             raise ValueError(
                 f"out must be a C-contiguous {self.dtype} array of shape {expected}, got "
                 f"{out.dtype} {out.shape}"
             )
-        if self.value_bytes:
-            threads = decode_threads() if threads is None else threads
-            self.codec.decode_batch(payloads, out, threads)
         return out
 
     def decode_take(
@@ -288,13 +298,7 @@ class CompressedColumn:
         if take.size and (take.min() < 0 or take.max() >= len(payloads)):
             raise ValueError(f"take names payloads out of range of {len(payloads)}")
         expected = (*take.shape, *self.shape)
-        if out is None:
-            out = np.empty(expected, self.dtype)
-        elif out.shape != expected or out.dtype != self.dtype or not out.flags.c_contiguous:
-            raise ValueError(
-                f"out must be a C-contiguous {self.dtype} array of shape {expected}, got "
-                f"{out.dtype} {out.shape}"
-            )
+        out = self._out(out, expected)
         if not self.value_bytes:
             return out
         threads = decode_threads() if threads is None else threads
