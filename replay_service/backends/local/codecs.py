@@ -31,6 +31,10 @@ from replay_service.errors import ConfigError
 # A batch of at least this many payloads is decoded on several threads (below it, handing the
 # work to a pool costs more than it saves).
 PARALLEL_MIN = 64
+# The same for lz4's `decode_take`: one lz4 call per frame releases and takes back the GIL
+# (about 2 us of decoding each), so threads contend for it between frames; a batch of 32
+# transitions' 160 frames decodes faster on the calling thread alone.
+LZ4_PARALLEL_MIN = 1024
 # Threads a batch is decoded on at most.
 MAX_THREADS = 4
 # What a slot costs beyond its payload: the list's pointer and the `bytes` object's header.
@@ -133,8 +137,13 @@ class Codec(abc.ABC):
         )
 
     def decode_take(
-        self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
-    ) -> bytearray:
+        self,
+        payloads: Sequence[bytes],
+        take: np.ndarray,
+        size: int,
+        threads: int = 1,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Decodes each of `payloads` once and lays them out as `take` says: value `j` of the
         result is payload `take[j]` decoded (a batch's stacks share frames: each frame is
         decoded once, copied once into place).
@@ -144,9 +153,10 @@ class Codec(abc.ABC):
           take: int64 indexes into `payloads`, any order, repeats allowed.
           size: Bytes of one value.
           threads: Threads to decode on (batches under `PARALLEL_MIN` use one).
+          out: A C-contiguous array of `len(take) * size` bytes to fill; None: a new one.
 
         Returns:
-          `len(take) * size` bytes, writable (`np.frombuffer` of it is a writable array).
+          `out` (or a new uint8 array) holding the `len(take)` values, writable.
 
         Raises:
           ValueError: If a payload is corrupt or does not decode to `size` bytes.
@@ -154,14 +164,9 @@ class Codec(abc.ABC):
         decoded = np.empty(len(payloads) * size, np.uint8)
         if len(payloads):
             self.decode_batch(payloads, decoded.reshape(len(payloads), size), threads)
-        out = bytearray(len(take) * size)
-        np.take(
-            decoded.reshape(-1, size),
-            take,
-            axis=0,
-            out=np.frombuffer(out, np.uint8).reshape(len(take), size),
-        )
-        return out
+        result = _take_out(out, len(take), size)
+        np.take(decoded.reshape(-1, size), take, axis=0, out=result.reshape(len(take), size))
+        return result if out is None else out
 
 
 class RawCodec(Codec):
@@ -221,11 +226,16 @@ class ZstdCodec(Codec):
             out[index * size : (index + 1) * size] = decoded[index]
 
     def decode_take(
-        self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
-    ) -> bytearray:
+        self,
+        payloads: Sequence[bytes],
+        take: np.ndarray,
+        size: int,
+        threads: int = 1,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         """`Codec.decode_take`: one `multi_decompress_to_buffer` call per part (on `threads`
         threads of the decoding pool, the calling one decoding the first; each call releases
-        the GIL), the decoded segments joined in `take`'s order."""
+        the GIL), the decoded segments copied into `out` in `take`'s order."""
         count = len(payloads)
         segments: list[Any] = [b""] * count
 
@@ -244,9 +254,10 @@ class ZstdCodec(Codec):
                 raise ValueError(f"zstd payloads do not decode to {size} bytes each")
             segments[start:stop] = [decoded[index] for index in range(stop - start)]
 
-        parts = min(threads, count // (PARALLEL_MIN // 2)) if count >= PARALLEL_MIN else 1
-        _in_parts(part, np.linspace(0, count, max(parts, 1) + 1).astype(int).tolist())
-        return bytearray().join([segments[index] for index in take.tolist()])
+        _in_parts(part, _part_bounds(count, threads))
+        result = _take_out(out, len(take), size)
+        _copy_taken(segments, take, size, result)
+        return result if out is None else out
 
 
 class Lz4Codec(Codec):
@@ -277,31 +288,48 @@ class Lz4Codec(Codec):
                 ) from error
 
     def decode_take(
-        self, payloads: Sequence[bytes], take: np.ndarray, size: int, threads: int = 1
-    ) -> bytearray:
-        """`Codec.decode_take`: each payload decompressed once (in parts on `threads` threads,
-        the calling one decoding the first), the results joined in `take`'s order."""
+        self,
+        payloads: Sequence[bytes],
+        take: np.ndarray,
+        size: int,
+        threads: int = 1,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """`Codec.decode_take`: each payload decompressed once into a scratch array of the
+        calling thread (in parts on `threads` threads when there are at least
+        `LZ4_PARALLEL_MIN`, the calling one decoding the first), then gathered into `out` in
+        `take`'s order by one numpy call."""
         count = len(payloads)
-        decoded: list[bytes] = [b""] * count
+        decoded = _scratch(count * size)
+        view = memoryview(decoded)
         decompress = self._block.decompress
         error_type = self._block.LZ4BlockError
 
         def part(start: int, stop: int) -> None:
+            at = start * size
             try:
-                decoded[start:stop] = [
-                    decompress(payload, uncompressed_size=size) for payload in payloads[start:stop]
-                ]
+                for payload in payloads[start:stop]:
+                    # A payload decoding short does not fit the slice: a ValueError.
+                    view[at : at + size] = decompress(payload, uncompressed_size=size)
+                    at += size
             except (error_type, ValueError) as error:
                 raise ValueError(
                     f"an lz4 payload does not decode to {size} bytes: {error}"
                 ) from error
 
-        parts = min(threads, count // (PARALLEL_MIN // 2)) if count >= PARALLEL_MIN else 1
-        _in_parts(part, np.linspace(0, count, max(parts, 1) + 1).astype(int).tolist())
-        out = bytearray().join([decoded[index] for index in take.tolist()])
-        if len(out) != len(take) * size:  # a payload decoded short
-            raise ValueError(f"an lz4 payload does not decode to {size} bytes")
-        return out
+        if count < LZ4_PARALLEL_MIN or threads <= 1:
+            part(0, count)
+        else:
+            _in_parts(part, _part_bounds(count, threads))
+        result = _take_out(out, len(take), size)
+        np.take(
+            decoded[: count * size].reshape(count, size),
+            take,
+            axis=0,
+            out=result.reshape(len(take), size),
+            mode="wrap",  # `take` is in range: "wrap" writes `out` directly
+        )
+        return result if out is None else out
 
 
 CODECS: dict[str, type[Codec]] = {c.name: c for c in (Lz4Codec, ZstdCodec, RawCodec)}
@@ -401,6 +429,54 @@ def _in_parts(work: Any, bounds: Sequence[int]) -> None:
     for future in futures:
         if not future.cancelled():
             future.result()
+
+
+def _part_bounds(count: int, threads: int) -> list[int]:
+    """Bounds of the parts `count` payloads are decoded in on `threads` threads: one part
+    under `PARALLEL_MIN` payloads, else at most `threads`, of `PARALLEL_MIN // 2` or more."""
+    parts = min(threads, count // (PARALLEL_MIN // 2)) if count >= PARALLEL_MIN else 1
+    return np.linspace(0, count, max(parts, 1) + 1).astype(int).tolist()
+
+
+def _take_out(out: np.ndarray | None, count: int, size: int) -> np.ndarray:
+    """`decode_take`'s output as flat bytes: `out` viewed as uint8, or a new array.
+
+    Raises:
+      ValueError: If `out` is not a C-contiguous array of `count * size` bytes.
+    """
+    if out is None:
+        return np.empty(count * size, np.uint8)
+    if not out.flags.c_contiguous or out.nbytes != count * size:
+        raise ValueError(
+            f"out must be a C-contiguous array of {count * size} bytes, got {out.dtype} {out.shape}"
+        )
+    return out.reshape(-1).view(np.uint8)
+
+
+# The calling thread's scratch array of lz4's `decode_take` (kept up to `SCRATCH_BYTES`).
+_scratch_local = threading.local()
+SCRATCH_BYTES = 16 << 20
+
+
+def _scratch(nbytes: int) -> np.ndarray:
+    """A uint8 array of at least `nbytes` bytes for this thread's decoding, reused by its
+    next call (up to `SCRATCH_BYTES`; a larger one is made for the call alone)."""
+    if nbytes > SCRATCH_BYTES:
+        return np.empty(nbytes, np.uint8)
+    scratch = getattr(_scratch_local, "array", None)
+    if scratch is None or len(scratch) < nbytes:
+        scratch = _scratch_local.array = np.empty(max(nbytes, 1 << 20), np.uint8)
+    return scratch
+
+
+def _copy_taken(values: Sequence[Any], take: np.ndarray, size: int, out: np.ndarray) -> None:
+    """Copies `values[take[j]]` (`size` bytes each) into bytes `[j * size, (j + 1) * size)`
+    of `out` (flat uint8)."""
+    view = memoryview(out)
+    start = 0
+    for index in take.tolist():
+        view[start : start + size] = values[index]
+        start += size
 
 
 def _sizes(count: int, size: int) -> bytes:

@@ -262,20 +262,34 @@ class CompressedColumn:
           ValueError: If `out` does not fit, or a payload is corrupt.
         """
         expected = (len(payloads), *self.shape)
-        if out is None:
-            out = np.empty(expected, self.dtype)
-        elif out.shape != expected or out.dtype != self.dtype or not out.flags.c_contiguous:
-            raise ValueError(
-                f"out must be a C-contiguous {self.dtype} array of shape {expected}, got "
-                f"{out.dtype} {out.shape}"
-            )
+        out = self._out(out, expected)
         if self.value_bytes:
             threads = decode_threads() if threads is None else threads
             self.codec.decode_batch(payloads, out, threads)
         return out
 
+    def _out(self, out: np.ndarray | None, expected: tuple[int, ...]) -> np.ndarray:
+        """`out`, checked to be a C-contiguous array of shape `expected` and the column's
+        dtype, or a new one.
+
+        Raises:
+          ValueError: If `out` does not fit.
+        """
+        if out is None:
+            return np.empty(expected, self.dtype)
+        if out.shape != expected or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(
+                f"out must be a C-contiguous {self.dtype} array of shape {expected}, got "
+                f"{out.dtype} {out.shape}"
+            )
+        return out
+
     def decode_take(
-        self, payloads: Sequence[bytes], take: np.ndarray, threads: int | None = None
+        self,
+        payloads: Sequence[bytes],
+        take: np.ndarray,
+        threads: int | None = None,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         """Decodes each of `payloads` once into the values `take` picks: what
         `decode(payloads)[take]` returns, without decoding a payload twice or a second copy.
@@ -284,21 +298,25 @@ class CompressedColumn:
           payloads: What `gather` returned (the distinct slots of a read).
           take: int indexes into `payloads` (any shape, repeats allowed).
           threads: Threads to decode a large batch on; None: `decode_threads()`.
+          out: A C-contiguous `[*take.shape, *shape]` array of the column's dtype to fill;
+            None: a new one.
 
         Returns:
-          A new writable array `[*take.shape, *shape]` of the column's dtype.
+          `out`, or a new writable array `[*take.shape, *shape]` of the column's dtype.
 
         Raises:
-          ValueError: If a payload is corrupt, or `take` names no payload.
+          ValueError: If a payload is corrupt, `take` names no payload, or `out` does not fit.
         """
         take = np.asarray(take, dtype=np.int64)
         if take.size and (take.min() < 0 or take.max() >= len(payloads)):
             raise ValueError(f"take names payloads out of range of {len(payloads)}")
+        expected = (*take.shape, *self.shape)
+        out = self._out(out, expected)
         if not self.value_bytes:
-            return np.empty((*take.shape, *self.shape), self.dtype)
+            return out
         threads = decode_threads() if threads is None else threads
-        data = self.codec.decode_take(payloads, take.reshape(-1), self.value_bytes, threads)
-        return np.frombuffer(data, self.dtype).reshape(*take.shape, *self.shape)
+        self.codec.decode_take(payloads, take.reshape(-1), self.value_bytes, threads, out)
+        return out
 
     def read(
         self, slots: np.ndarray, out: np.ndarray | None = None, threads: int | None = None

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.batch_buffers import BatchBuffers
 from replay_service.backends.local.codecs import COMPRESS_MIN_BYTES, SLOT_OVERHEAD, Codec, codec
 from replay_service.backends.local.compressed_column import CompressedColumn, PayloadBudget
 from replay_service.backends.local.ring_fit import ring_steps
@@ -176,6 +177,8 @@ class StepRing(RingReads):
         # Host RAM rings: per field the array of the ring's largest size, address space only
         # until written; the ring grows inside it (`_grow`). None: a ring that is copied.
         self._reserved: list[np.ndarray] | None = None
+        # The arrays reads gather batches into, reused once no batch refers to them.
+        self._buffers = BatchBuffers()
         self._head = 0
         self._written = 0
         self._oldest = 0

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_service.backends.local.batch_buffers import BatchBuffers
 from replay_service.backends.local.compressed_column import CompressedColumn
 from replay_service.specs.frames import FrameStack
 
@@ -38,6 +39,7 @@ class RingReads:
     _written: int
     _oldest: int
     _ring_size: int
+    _buffers: BatchBuffers
 
     def _positions(self, serials: np.ndarray) -> np.ndarray:
         """Ring positions of steps still in the ring, by serial number."""
@@ -167,15 +169,24 @@ class RingReads:
         assert self._columns is not None
         column = self._columns[field]
         if not isinstance(column, CompressedColumn):
-            return torch.from_numpy(column.take(positions, axis=0))
+            return torch.from_numpy(self._gather(column, positions))
         payloads = column.gather(positions.reshape(-1))
 
         def decode() -> torch.Tensor:
-            out = np.empty((*positions.shape, *column.shape), column.dtype)
+            out = self._buffers.empty((*positions.shape, *column.shape), column.dtype)
             column.decode(payloads, out.reshape(-1, *column.shape))
             return torch.from_numpy(out)
 
         return Deferred(decode)
+
+    def _gather(self, column: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """`column.take(at, axis=0)` (ring positions `at`, any shape) into an array of
+        `_buffers` (a batch's array no longer used, whose pages need not be faulted in
+        again)."""
+        out = self._buffers.empty((*at.shape, *column.shape[1:]), column.dtype)
+        # Positions are in range: "wrap" writes `out` directly ("raise" gathers into a
+        # temporary first).
+        return column.take(at, axis=0, out=out, mode="wrap")
 
     @staticmethod
     def decoded(data: list[Any]) -> list[torch.Tensor]:
@@ -199,7 +210,8 @@ class RingReads:
             k = frames.k
 
             def decode() -> torch.Tensor:
-                taken = column.decode_take(payloads, inverse.reshape(at.shape))
+                out = self._buffers.empty((*at.shape, *column.shape), column.dtype)
+                taken = column.decode_take(payloads, inverse.reshape(at.shape), out=out)
                 if zero.any():
                     taken[(slice(None),) * positions.ndim + (slice(0, k - 1),)][zero] = 0
                 return frames.assemble(torch.from_numpy(taken))
@@ -211,7 +223,7 @@ class RingReads:
                 mask = np.concatenate([zero, np.zeros_like(zero[..., :1])], axis=-1)
                 gathered[torch.from_numpy(mask).to(self._device)] = 0
         else:
-            taken = column.take(at, axis=0)
+            taken = self._gather(column, at)
             if zero.any():
                 taken[(slice(None),) * positions.ndim + (slice(0, frames.k - 1),)][zero] = 0
             gathered = torch.from_numpy(taken)
@@ -252,7 +264,7 @@ class RingReads:
         np.add(earlier, self._ring_size, out=earlier, where=earlier < 0)
         at[:, k - 1] = first
         at[:, k] = second
-        taken = self._columns[frames.field].take(at, axis=0)  # [n, K+1, *frame]
+        taken = self._gather(self._columns[frames.field], at)  # [n, K+1, *frame]
         if masked:
             taken[:, : k - 1][zero] = 0
         nexts = taken[:, 1:]
@@ -321,7 +333,7 @@ class RingReads:
             at = plan.positions[lo:hi]  # the ring did not grow since the draw
         else:
             at = self._positions(plan.serials[lo:hi].copy())
-        taken = column.take(at, axis=0)  # [size, K+1, *frame]
+        taken = self._gather(column, at)  # [size, K+1, *frame]
         if plan.zero_in[batch]:
             taken[:, : k - 1][plan.zero[lo:hi]] = 0
         nexts = taken[:, 1:]

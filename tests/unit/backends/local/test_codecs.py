@@ -221,3 +221,34 @@ def test_decode_take_refuses_a_corrupt_or_short_payload(name: str, count: int) -
         payloads[count // 2] = bad
         with pytest.raises(ValueError, match="decode"):
             column.decode_take(payloads, np.arange(count), threads=3)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    ("count", "threads"), [(100, 1), (codecs.LZ4_PARALLEL_MIN + 10, 3)]
+)  # lz4 decodes on threads from `LZ4_PARALLEL_MIN` payloads
+def test_decode_take_fills_the_array_it_is_given(name: str, count: int, threads: int) -> None:
+    values = frames(count, seed=11)
+    column = CompressedColumn(count, SHAPE, np.uint8, name)
+    column.write(np.arange(count), values)
+    payloads = column.gather(np.arange(count))
+    take = np.random.default_rng(12).integers(0, count, (16, 5))
+    out = np.full((16, 5, *SHAPE), 7, np.uint8)
+    got = column.decode_take(payloads, take, threads=threads, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, values[take])
+    for wrong in (np.empty((16, 4, *SHAPE), np.uint8), np.empty((16, 5, *SHAPE), np.int16)):
+        with pytest.raises(ValueError, match="out must be"):
+            column.decode_take(payloads, take, out=wrong)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.values[0] != "none"])
+def test_decode_take_refuses_a_short_payload_on_threads(name: str) -> None:
+    count = codecs.LZ4_PARALLEL_MIN + 10
+    values = frames(count, seed=13)
+    column = CompressedColumn(count, SHAPE, np.uint8, name)
+    column.write(np.arange(count), values)
+    payloads = column.gather(np.arange(count))
+    payloads[count - 3] = column.codec.encode(values[0].reshape(-1)[:100].copy())
+    with pytest.raises(ValueError, match="decode"):
+        column.decode_take(payloads, np.arange(count), threads=3)
