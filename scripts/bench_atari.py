@@ -25,6 +25,7 @@ import inspect
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -697,11 +698,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--buffers",
         default="ours backend=reverb,ours frame_stack=4 lz4,ours frame_stack=4 zstd",
-        help="Commas; sample: the first is the reference of the ratios.",
+        help="Commas (a comma inside parentheses belongs to the name, as in the frame ring's); "
+        "sample: the first is the reference of the ratios.",
     )
     args = parser.parse_args(argv)
     path = cached_run(args.env, args.run_steps, args.seed, args.cache_dir)
-    names = args.buffers.split(",")
+    names = [n.strip() for n in re.split(r",(?![^(]*\))", args.buffers) if n.strip()]
     if args.mode == "fill":
         readings = [int(r) for r in args.readings.split(",") if r]
         steps = args.steps or max(readings)
