@@ -4,6 +4,8 @@ takes (whole windows, packed rows, single steps) - no server, no TensorFlow."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,7 @@ from replay_service.sample.batches import (
     split_batches,
     step_of,
     to_transitions,
+    transition_batch,
     transition_packer,
 )
 from replay_service.specs.arrays import ArraySpec, StepType, Trajectory
@@ -81,6 +84,34 @@ def test_split_batches_are_views_of_the_fetched_block():
     parts = split_batches([block, block[:, 0]], 2, 3)
     assert [p.shape for p in parts[0]] == [(2, 2)] * 3 and len(parts[1]) == 3
     assert parts[0][1].data_ptr() == block[2:4].data_ptr()
+
+
+def test_split_batches_of_a_strided_block_hold_its_values():
+    block = torch.arange(24).reshape(12, 2)
+    parts = split_batches([block[:, 1], block.t().contiguous().t()], 4, 3)
+    assert [p.tolist() for p in parts[0]] == [[1, 3, 5, 7], [9, 11, 13, 15], [17, 19, 21, 23]]
+    assert torch.equal(torch.cat(parts[1]), block)
+
+
+def test_transition_batch_is_the_frozen_dataclass_its_constructor_builds():
+    fields = {
+        "states": torch.zeros(2, 3),
+        "actions": torch.ones(2),
+        "rewards": torch.ones(2),
+        "next_states": torch.ones(2, 3),
+        "dones": torch.tensor([True, False]),
+        "truncated": torch.tensor([False, True]),
+        "hiddens": None,
+    }
+    built, constructed = transition_batch(**fields), TransitionBatch(**fields)
+    assert type(built) is TransitionBatch
+    assert built == constructed and repr(built) == repr(constructed)
+    assert hash(built) == hash(constructed)
+    assert [f.name for f in dataclasses.fields(built)] == list(vars(built))
+    assert all(getattr(built, name) is value for name, value in fields.items())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.dones = fields["truncated"]  # type: ignore[misc]
+    assert dataclasses.replace(built, hiddens=fields["states"]).hiddens is fields["states"]
 
 
 def test_the_transition_packer_equals_to_transitions_of_the_item_nest():
