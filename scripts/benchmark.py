@@ -34,7 +34,8 @@ For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it me
   sb3      (workload "sb3") Stable-Baselines3's DQN `learn()` on CartPole with default
            hyperparameters (`add` every step, a batch of 32 every 4), env steps/s with
            `replay_buffer_class=ReverbReplayBuffer` (local backend) against SB3's own
-           ReplayBuffer, one after the other, the order alternating between runs; also
+           ReplayBuffer, one after the other after an untimed learn() of each, the order
+           alternating between runs; also
            per CPU second of the process (the wall clock of a shared machine counts others' work)
 and prints every figure with its ratio ours/anchor: the median of `--repeats` runs of every
 row, each run measuring ours and its anchors side by side. Timings are wall-clock on this
