@@ -266,8 +266,6 @@ def transition_packer(structure: Any) -> Packer:
     # dones, truncated, hiddens (first steps).
     first_steps = [*observations, *actions, reward]
     n_obs = len(observations)
-    pack_states = nest_packer(structure.observation)
-    pack_actions = nest_packer(structure.action)
     pack_hiddens = nest_packer(structure.policy_info)
     at_reward = n_obs + len(actions)
     at_next = at_reward + 1
@@ -307,19 +305,31 @@ def transition_packer(structure: Any) -> Packer:
         return [*read[: len(kept)], dones, truncated, *read[len(kept) + 2 :]]
 
     make = transition_batch
+    states_at = _part(structure.observation, 0, n_obs)
+    actions_at = _part(structure.action, n_obs, at_reward)
+    next_states_at = _part(structure.observation, at_next, at_dones)
 
     def build(prepared: Sequence[torch.Tensor]) -> TransitionBatch:
         return make(
-            states=pack_states(prepared[:n_obs]),
-            actions=pack_actions(prepared[n_obs:at_reward]),
+            states=states_at(prepared),
+            actions=actions_at(prepared),
             rewards=prepared[at_reward],
-            next_states=pack_states(prepared[at_next:at_dones]),
+            next_states=next_states_at(prepared),
             dones=prepared[at_dones],
             truncated=prepared[at_dones + 1],
             hiddens=pack_hiddens(prepared[at_hiddens:]) if hiddens else None,
         )
 
     return Packer(prepare, build, prepare_rows, steps, prepare_steps)
+
+
+def _part(structure: Any, start: int, end: int) -> Callable[[Sequence[Any]], Any]:
+    """`lambda prepared: nest_packer(structure)(prepared[start:end])`: for a single tensor
+    (`structure` no nest) the tensor at `start`, without the slice and the call."""
+    if not tree.is_nested(structure):
+        return operator.itemgetter(start)
+    pack = nest_packer(structure)
+    return lambda prepared: pack(prepared[start:end])
 
 
 def _check_transition_steps(steps: int) -> None:

@@ -129,6 +129,25 @@ def test_the_transition_packer_equals_to_transitions_of_the_item_nest():
     assert_same(packed.next_states["a"], flat[1][:, 1])  # flat[0] is step_type
 
 
+@pytest.mark.parametrize(
+    "observation, action",
+    [
+        (ArraySpec((4,), np.float32), ArraySpec((), np.int64)),  # CartPole's: single tensors
+        (ArraySpec((4,), np.float32), (ArraySpec((), np.int64), ArraySpec((2,), np.float32))),
+        ({"a": ArraySpec((3,), np.float32)}, ArraySpec((2,), np.float32)),
+    ],
+    ids=["tensors", "tuple-action", "dict-observation"],
+)
+def test_the_transition_packer_places_single_and_nested_fields(observation, action):
+    structure = spec()._replace(observation=observation, action=action)
+    flat = torch_of(windows(structure))
+    packed = transition_packer(structure)(flat)
+    expected = to_transitions(nest_packer(structure)(flat))
+    for field in ("states", "actions", "rewards", "next_states", "dones", "truncated", "hiddens"):
+        assert_same(getattr(packed, field), getattr(expected, field))
+    assert_same(tree.flatten(packed.next_states)[0], flat[1][:, 1])  # flat[0] is step_type
+
+
 def test_packed_rows_and_single_steps_give_what_whole_windows_give():
     structure = spec()
     columns = windows(structure)
