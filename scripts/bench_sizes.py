@@ -4,7 +4,8 @@
 (`ReplayBufferManager.from_spaces(...)`, the local backend, `torch_batches(256,
 transitions=True)`) and cpprb's `ReplayBuffer.sample(256)` (each field wrapped in
 `torch.from_numpy`, as users do, and bare) sample from buffers holding `size` transitions, in
-this process, taking turns in rounds so that a change in the machine's load falls on all alike.
+this process, taking turns in rounds so that a change in the machine's load falls on all alike;
+each rate is that of the sampler's median round.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH = 256
 EPISODE = 200
 NUM_ENVS = 100  # the fill writes `add_multi` rows of this many envs
-ROUNDS = 4
+# Rounds of `batches // ROUNDS` batches per sampler, taking turns; a rate is that of the
+# median round. A round lasts milliseconds: on a machine whose cores other processes share, one
+# preemption (several milliseconds) stretches the round it falls in, which a sum of all rounds
+# would charge to whichever sampler it hit.
+ROUNDS = 20
 OURS = "ours torch_batches transitions"
 CPPRB_TORCH = "cpprb sample + torch.from_numpy"
 CPPRB = "cpprb sample (numpy)"
@@ -104,7 +109,8 @@ def sizes_rates(sizes: list[int], batches: int, seed: int = 0) -> dict[int, dict
 
     Args:
       sizes: Transitions each full buffer holds.
-      batches: Batches of `BATCH` timed per sampler and size (in `ROUNDS` rounds).
+      batches: Batches of `BATCH` timed per sampler and size (in `ROUNDS` rounds; the rate is
+        the median round's).
       seed: Seeds the data.
 
     Returns:
@@ -136,7 +142,7 @@ def sizes_rates(sizes: list[int], batches: int, seed: int = 0) -> dict[int, dict
                 yield buffer.sample(BATCH)
 
         samplers = {OURS: ours, CPPRB_TORCH: wrapped(), CPPRB: bare()}
-        seconds = dict.fromkeys(samplers, 0.0)
+        seconds: dict[str, list[float]] = {name: [] for name in samplers}
         per_round = max(1, batches // ROUNDS)
         for it in samplers.values():  # warm-up
             for _ in range(5):
@@ -146,12 +152,12 @@ def sizes_rates(sizes: list[int], batches: int, seed: int = 0) -> dict[int, dict
                 start = time.perf_counter()
                 for _ in range(per_round):
                     next(it)
-                seconds[name] += time.perf_counter() - start
+                seconds[name].append(time.perf_counter() - start)
         stream.close()
         manager.close()
         shutil.rmtree(root, ignore_errors=True)
-        items = per_round * ROUNDS * BATCH
-        results[size] = {name: items / s for name, s in seconds.items()}
+        items = per_round * BATCH
+        results[size] = {name: items / float(np.median(s)) for name, s in seconds.items()}
     return results
 
 

@@ -34,7 +34,8 @@ For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it me
   sb3      (workload "sb3") Stable-Baselines3's DQN `learn()` on CartPole with default
            hyperparameters (`add` every step, a batch of 32 every 4), env steps/s with
            `replay_buffer_class=ReverbReplayBuffer` (local backend) against SB3's own
-           ReplayBuffer, one after the other, the order alternating between runs; also
+           ReplayBuffer, one after the other after an untimed learn() of each, the order
+           alternating between runs; also
            per CPU second of the process (the wall clock of a shared machine counts others' work)
 and prints every figure with its ratio ours/anchor: the median of `--repeats` runs of every
 row, each run measuring ours and its anchors side by side. Timings are wall-clock on this
@@ -1137,10 +1138,16 @@ def print_table(rows: list[Row]) -> None:
         )
 
 
+# Steps of the untimed `learn` of each buffer before the timed ones (past DQN's default
+# `learning_starts`, so that training runs too).
+SB3_WARMUP_STEPS = 1_000
+
+
 def sb3_rows(steps: int, ours_first: bool) -> list[Row]:
     """SB3's DQN `learn(steps)` on CartPole-v1 (default hyperparameters, seed 0, one torch
     thread) with `ReverbReplayBuffer(backend="local")` and with SB3's `ReplayBuffer`, one after
-    the other (`ours_first`: ours first); env steps/s of each."""
+    the other (`ours_first`: ours first), each after an untimed `learn(SB3_WARMUP_STEPS)` of
+    both; env steps/s of each."""
     import torch
     from stable_baselines3 import DQN
     from stable_baselines3.common.buffers import ReplayBuffer
@@ -1149,7 +1156,9 @@ def sb3_rows(steps: int, ours_first: bool) -> list[Row]:
 
     torch.set_num_threads(1)
 
-    def learn(buffer_class: type, kwargs: dict[str, Any] | None) -> float:
+    def learn(
+        buffer_class: type, kwargs: dict[str, Any] | None, steps: int = steps
+    ) -> tuple[float, float]:
         model = DQN(
             "MlpPolicy",
             "CartPole-v1",
@@ -1170,6 +1179,10 @@ def sb3_rows(steps: int, ours_first: bool) -> list[Row]:
         ("ReverbReplayBuffer [local]", ReverbReplayBuffer, {"backend": "local"}),
         ("SB3 ReplayBuffer", ReplayBuffer, None),
     ]
+    # Untimed first: the first `learn` of a process pays for lazy imports and torch's first
+    # calls (about a second), which would fall on whichever buffer is timed first.
+    for _, cls, kwargs in runs:
+        learn(cls, kwargs, SB3_WARMUP_STEPS)
     rates = {path: learn(cls, kwargs) for path, cls, kwargs in runs[:: 1 if ours_first else -1]}
     ours, theirs = (path for path, _, _ in runs)
     # Steps per CPU second of this process too: on a machine shared with other work, the wall

@@ -51,8 +51,10 @@ def split_batches(
     if draws == 1:
         return [(t,) for t in tensors]
     rows = batch_size * draws  # `unbind` of a `[draws, batch_size]` view: cheaper than `split`
+    head = (draws, batch_size)
+    # `reshape` and `shape` are torch's own calls (`unflatten` and `len` go through Python).
     return [
-        t.unflatten(0, (draws, batch_size)).unbind(0) if len(t) == rows else t.split(batch_size)
+        t.reshape(head + t.shape[1:]).unbind(0) if t.shape[0] == rows else t.split(batch_size)
         for t in tensors
     ]
 
@@ -105,6 +107,42 @@ class TransitionBatch:
     dones: torch.Tensor
     truncated: torch.Tensor
     hiddens: Any | None
+
+
+_new_object = object.__new__
+
+
+def transition_batch(
+    *,
+    states: Any,
+    actions: Any,
+    rewards: torch.Tensor,
+    next_states: Any,
+    dones: torch.Tensor,
+    truncated: torch.Tensor,
+    hiddens: Any | None,
+) -> TransitionBatch:
+    """`TransitionBatch(...)` built once per batch of a stream: the same frozen object, its
+    fields set at once (a frozen dataclass's `__init__` sets each through
+    `object.__setattr__`, a few microseconds per batch of a loop whose batches take tens).
+
+    Args:
+      states, actions, rewards, next_states, dones, truncated, hiddens: The fields.
+
+    Returns:
+      The batch, equal to `TransitionBatch(...)` of the same fields.
+    """
+    batch = _new_object(TransitionBatch)
+    batch.__dict__.update(
+        states=states,
+        actions=actions,
+        rewards=rewards,
+        next_states=next_states,
+        dones=dones,
+        truncated=truncated,
+        hiddens=hiddens,
+    )
+    return batch
 
 
 class TorchSampleInfo(NamedTuple):
@@ -228,8 +266,6 @@ def transition_packer(structure: Any) -> Packer:
     # dones, truncated, hiddens (first steps).
     first_steps = [*observations, *actions, reward]
     n_obs = len(observations)
-    pack_states = nest_packer(structure.observation)
-    pack_actions = nest_packer(structure.action)
     pack_hiddens = nest_packer(structure.policy_info)
     at_reward = n_obs + len(actions)
     at_next = at_reward + 1
@@ -268,18 +304,32 @@ def transition_packer(structure: Any) -> Packer:
         dones, truncated = _step_flags(read[len(kept)], read[len(kept) + 1])
         return [*read[: len(kept)], dones, truncated, *read[len(kept) + 2 :]]
 
+    make = transition_batch
+    states_at = _part(structure.observation, 0, n_obs)
+    actions_at = _part(structure.action, n_obs, at_reward)
+    next_states_at = _part(structure.observation, at_next, at_dones)
+
     def build(prepared: Sequence[torch.Tensor]) -> TransitionBatch:
-        return TransitionBatch(
-            states=pack_states(prepared[:n_obs]),
-            actions=pack_actions(prepared[n_obs:at_reward]),
+        return make(
+            states=states_at(prepared),
+            actions=actions_at(prepared),
             rewards=prepared[at_reward],
-            next_states=pack_states(prepared[at_next:at_dones]),
+            next_states=next_states_at(prepared),
             dones=prepared[at_dones],
             truncated=prepared[at_dones + 1],
             hiddens=pack_hiddens(prepared[at_hiddens:]) if hiddens else None,
         )
 
     return Packer(prepare, build, prepare_rows, steps, prepare_steps)
+
+
+def _part(structure: Any, start: int, end: int) -> Callable[[Sequence[Any]], Any]:
+    """`lambda prepared: nest_packer(structure)(prepared[start:end])`: for a single tensor
+    (`structure` no nest) the tensor at `start`, without the slice and the call."""
+    if not tree.is_nested(structure):
+        return operator.itemgetter(start)
+    pack = nest_packer(structure)
+    return lambda prepared: pack(prepared[start:end])
 
 
 def _check_transition_steps(steps: int) -> None:

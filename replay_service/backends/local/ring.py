@@ -39,6 +39,7 @@ which the table decodes (`decoded`) after releasing it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -604,9 +605,23 @@ class StepRing(RingReads):
                 )
             except (OSError, ValueError, OverflowError):
                 return None
+            _advise_huge_pages(memory)
             arrays.append(
                 np.frombuffer(memory, dtype=dtype, count=rows * int(np.prod(shape))).reshape(
                     rows, *shape
                 )
             )
         return arrays
+
+
+def _advise_huge_pages(memory: mmap.mmap) -> None:
+    """Asks Linux to back `memory` with transparent huge pages where it allows them on request
+    (`madvise`, as numpy does for its large arrays): a sample reads steps at random places of
+    the ring, and with 4 KiB pages nearly every read of a large ring also misses the TLB (a
+    gather of 4096 CartPole steps from a ring of 1M: about 3 times slower). Pages are still
+    committed as written, 2 MiB at a time. Does nothing where `madvise` is not available."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or not hasattr(memory, "madvise"):
+        return
+    with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+        memory.madvise(advice)

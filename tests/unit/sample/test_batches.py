@@ -4,6 +4,8 @@ takes (whole windows, packed rows, single steps) - no server, no TensorFlow."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,7 @@ from replay_service.sample.batches import (
     split_batches,
     step_of,
     to_transitions,
+    transition_batch,
     transition_packer,
 )
 from replay_service.specs.arrays import ArraySpec, StepType, Trajectory
@@ -83,6 +86,34 @@ def test_split_batches_are_views_of_the_fetched_block():
     assert parts[0][1].data_ptr() == block[2:4].data_ptr()
 
 
+def test_split_batches_of_a_strided_block_hold_its_values():
+    block = torch.arange(24).reshape(12, 2)
+    parts = split_batches([block[:, 1], block.t().contiguous().t()], 4, 3)
+    assert [p.tolist() for p in parts[0]] == [[1, 3, 5, 7], [9, 11, 13, 15], [17, 19, 21, 23]]
+    assert torch.equal(torch.cat(parts[1]), block)
+
+
+def test_transition_batch_is_the_frozen_dataclass_its_constructor_builds():
+    fields = {
+        "states": torch.zeros(2, 3),
+        "actions": torch.ones(2),
+        "rewards": torch.ones(2),
+        "next_states": torch.ones(2, 3),
+        "dones": torch.tensor([True, False]),
+        "truncated": torch.tensor([False, True]),
+        "hiddens": None,
+    }
+    built, constructed = transition_batch(**fields), TransitionBatch(**fields)
+    assert type(built) is TransitionBatch
+    assert built == constructed and repr(built) == repr(constructed)
+    assert hash(built) == hash(constructed)
+    assert [f.name for f in dataclasses.fields(built)] == list(vars(built))
+    assert all(getattr(built, name) is value for name, value in fields.items())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.dones = fields["truncated"]  # type: ignore[misc]
+    assert dataclasses.replace(built, hiddens=fields["states"]).hiddens is fields["states"]
+
+
 def test_the_transition_packer_equals_to_transitions_of_the_item_nest():
     structure = spec()
     flat = torch_of(windows(structure))
@@ -96,6 +127,25 @@ def test_the_transition_packer_equals_to_transitions_of_the_item_nest():
     assert packed.dones.tolist() == [False, True, False, False]
     assert packed.truncated.tolist() == [False, False, True, False]
     assert_same(packed.next_states["a"], flat[1][:, 1])  # flat[0] is step_type
+
+
+@pytest.mark.parametrize(
+    "observation, action",
+    [
+        (ArraySpec((4,), np.float32), ArraySpec((), np.int64)),  # CartPole's: single tensors
+        (ArraySpec((4,), np.float32), (ArraySpec((), np.int64), ArraySpec((2,), np.float32))),
+        ({"a": ArraySpec((3,), np.float32)}, ArraySpec((2,), np.float32)),
+    ],
+    ids=["tensors", "tuple-action", "dict-observation"],
+)
+def test_the_transition_packer_places_single_and_nested_fields(observation, action):
+    structure = spec()._replace(observation=observation, action=action)
+    flat = torch_of(windows(structure))
+    packed = transition_packer(structure)(flat)
+    expected = to_transitions(nest_packer(structure)(flat))
+    for field in ("states", "actions", "rewards", "next_states", "dones", "truncated", "hiddens"):
+        assert_same(getattr(packed, field), getattr(expected, field))
+    assert_same(tree.flatten(packed.next_states)[0], flat[1][:, 1])  # flat[0] is step_type
 
 
 def test_packed_rows_and_single_steps_give_what_whole_windows_give():

@@ -188,6 +188,36 @@ def test_a_full_uniform_table_with_its_item_metadata_holds_a_step_in_1_5x_its_by
     assert total <= 1.5 * RAW_STEP * stored, (total / stored, RAW_STEP)
 
 
+def _vm_flags(address: int) -> list[str]:
+    """The `VmFlags` of the mapping of this process holding `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(part, 16) for part in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds address {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc")
+def test_a_ring_reserved_in_anonymous_memory_asks_for_huge_pages():
+    """Samples read steps at random places of the ring: each column of a ring reserved for its
+    largest size asks for transparent huge pages (`madvise`, VmFlags "hg"), as numpy's own
+    large arrays do, so a read of a large ring does not also miss the TLB."""
+    table = LocalTable(TableConfig("t", 100_000, 2), FIELDS)
+    writer = LocalClient({"t": table}).window_writer([("t", 2, 1, 1.0, False)])
+    for step in range(3):
+        writer.append(
+            [np.full(4, step, np.float32), *(np.zeros((), f["dtype"]) for f in FIELDS[1:])]
+        )
+    assert table._reserved is not None  # the ring grows inside its reservation
+    for column in table._columns:
+        assert "hg" in _vm_flags(column.ctypes.data), column.dtype
+
+
 # ----------------------------------------------------------------------- windows read back
 
 
