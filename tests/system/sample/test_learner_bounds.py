@@ -3,6 +3,9 @@
 A `replay-server` subprocess is killed (SIGKILL, SIGTERM) under iterators of every sampling
 path, or an embedded manager is closed under them; `next()` must raise our error (or a
 `tf.errors` error naming the server and the table) within `liveness.liveness_bound`.
+
+The iterators live, and the servers die under them, in a child process (`run_child`):
+Reverb's sampler retries a dead address forever and its iterator's destructor waits for it.
 """
 
 from __future__ import annotations
@@ -134,9 +137,8 @@ def cartpole() -> tuple[Any, Any, Any]:
     return env, policy, collect_data_spec(env, policy)
 
 
-# Each scenario below runs in a child process (`run_child`): Reverb's sampler retries a dead
-# address forever and its iterator's destructor waits for it, so iterators of a killed server
-# left in a pytest worker spin and block a later garbage collection for a minute or more.
+# Each scenario below runs in a child process (`run_child`): iterators of a killed server left
+# in a pytest worker would spin and block one of its later garbage collections for a minute.
 
 
 def killed_servers_scenario(addresses: str) -> dict[str, dict[str, float]]:
