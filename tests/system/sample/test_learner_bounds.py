@@ -142,9 +142,11 @@ def cartpole() -> tuple[Any, Any, Any]:
 
 
 def killed_servers_scenario(addresses: str) -> dict[str, dict[str, float]]:
-    """Child: iterators of every path on each server of `addresses` (JSON name -> address);
-    asks the parent to kill each server in turn and checks its iterators fail in time."""
+    """Child: once the parent saw the servers of `addresses` (JSON name -> address) listen,
+    iterators of every path on each; asks the parent to kill each server in turn and checks
+    its iterators fail in time."""
     env, policy, data_spec = cartpole()
+    child_request("wait listening")
     running = {}
     for name, address in json.loads(addresses).items():
         manager = ReplayBufferManager(
@@ -172,15 +174,18 @@ def test_every_sampling_path_fails_in_time_when_the_server_dies(start_server, tm
         )
         for name in signals
     }
-    for server, _ in servers.values():
-        server.wait_listening()
 
-    def kill(request: str) -> None:
-        name = request.removeprefix("kill ")
-        servers[name][0].finish(signals[name])
+    def handle(request: str) -> None:
+        # The child imports its stack while the servers import theirs.
+        if request == "wait listening":
+            for server, _ in servers.values():
+                server.wait_listening()
+        else:
+            name = request.removeprefix("kill ")
+            servers[name][0].finish(signals[name])
 
     addresses = {name: address for name, (_, address) in servers.items()}
-    times = run_child(__file__, "killed_servers", json.dumps(addresses), handle=kill)
+    times = run_child(__file__, "killed_servers", json.dumps(addresses), handle=handle)
     print(times)
     assert set(times) == set(signals)
     for name, path_times in times.items():
@@ -189,9 +194,10 @@ def test_every_sampling_path_fails_in_time_when_the_server_dies(start_server, tm
 
 
 def sharded_scenario(first_address: str, second_address: str) -> dict[str, float]:
-    """Child: a sharded dataset over both shards; asks the parent to kill the second shard
-    and checks the dataset fails in time naming it."""
+    """Child: once the parent saw both shards listen, a sharded dataset over them; asks the
+    parent to kill the second shard and checks the dataset fails in time naming it."""
     env, policy, data_spec = cartpole()
+    child_request("wait listening")
     shards = ShardedReplayBuffer(
         ShardedConfig((first_address, second_address)),
         data_spec,
@@ -222,17 +228,20 @@ def test_sharded_dataset_fails_in_time_when_a_shard_dies(start_server, tmp_path)
     second, second_address = start_server(
         "--checkpoint_interval_s=0", f"--checkpoint_dir={tmp_path / 'second_shard'}", wait=False
     )
-    first.wait_listening()
-    second.wait_listening()
     killed = []
 
-    def kill(request: str) -> None:
-        assert request == "kill second", request
-        second.finish(signal.SIGKILL)
-        killed.append(request)
+    def handle(request: str) -> None:
+        # The child imports its stack while the shards import theirs.
+        if request == "wait listening":
+            first.wait_listening()
+            second.wait_listening()
+        else:
+            assert request == "kill second", request
+            second.finish(signal.SIGKILL)
+            killed.append(request)
 
     try:
-        times = run_child(__file__, "sharded", first_address, second_address, handle=kill)
+        times = run_child(__file__, "sharded", first_address, second_address, handle=handle)
     finally:
         first.finish(signal.SIGKILL)
     print(times)
