@@ -260,6 +260,104 @@ class ServerProcess:
         return self.proc.returncode, "".join(self.output)
 
 
+CHILD_DONE = "done"
+"""What `run_child` answers a scenario's request once it ran the request's handler."""
+
+
+def run_child(
+    script: str,
+    *args: str,
+    handle: Callable[[str], None] | None = None,
+    timeout: float = 150.0,
+) -> Any:
+    """Runs `python script *args` (tests/ on its path) and returns the JSON of its last line.
+
+    Tests whose servers die under live Reverb samplers run that part here: Reverb's sampler
+    retries a dead address forever and its iterator's destructor waits for it, so those
+    iterators must die with a process of their own (`child_main`), not in a pytest worker.
+    A line `@request` the child prints (`child_request`) is passed to `handle` (e.g. "kill
+    a server"); the child waits until `handle` returned.
+
+    Raises:
+      AssertionError: the child failed (its stderr shown), printed no JSON, or took longer
+        than `timeout` seconds.
+    """
+    import json
+    import queue
+    import tempfile
+
+    path = os.pathsep.join(p for p in (str(TESTS_DIR), REPO, os.environ.get("PYTHONPATH", "")) if p)
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=path),
+        )
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        last = ""
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+                except queue.Empty:
+                    raise AssertionError(f"{script} {args} ran over {timeout} s") from None
+                if line is None:
+                    break
+                if line.startswith("@"):
+                    if handle is not None:
+                        handle(line[1:].strip())
+                    assert proc.stdin is not None
+                    proc.stdin.write(CHILD_DONE + "\n")
+                    proc.stdin.flush()
+                elif line.strip():
+                    last = line
+            code = proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        stderr.seek(0)
+        assert code == 0, f"{script} {args} exited with {code}:\n{stderr.read()[-6000:]}"
+    return json.loads(last)
+
+
+def child_request(request: str) -> None:
+    """In a `run_child` child: asks the parent test to run `request`, and waits until it did."""
+    print("@" + request, flush=True)
+    answer = sys.stdin.readline().strip()
+    assert answer == CHILD_DONE, f"parent answered {answer!r} to {request!r}"
+
+
+def child_main(scenarios: dict[str, Callable[..., Any]]) -> None:
+    """A `run_child` child's entry: runs `scenarios[argv[1]](*argv[2:])`, prints its result as
+    JSON, and ends with `os._exit` (no destructor waits on a sampler of a dead server); a
+    failure prints its traceback and exits with 1."""
+    import json
+    import traceback
+
+    try:
+        result = scenarios[sys.argv[1]](*sys.argv[2:])
+        print(json.dumps(result), flush=True)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stderr.flush()
+    os._exit(0)
+
+
 @pytest.fixture()
 def start_server(tmp_path) -> Iterator:
     pytest.importorskip("reverb", reason="replay-server needs dm-reverb")
