@@ -140,7 +140,13 @@ class LocalWindowWriter:
 
     def _store(self, arrays: list[np.ndarray]) -> None:
         """`append` of a step whose fields are checked and converted: checks its frames and
-        inserts the due windows."""
+        inserts the due windows.
+
+        The step is kept as copies of its arrays: a caller may fill the same array in place
+        for its next step (a vectorised environment's observation, a torch tensor's memory),
+        and the step waits in the history until its windows are written (an episode's first
+        step until the second is appended; any step whose window cannot share its steps)."""
+        arrays = [value.copy() if type(value) is np.ndarray else value for value in arrays]
         history = self._history
         frames = self._frames
         if frames is not None:

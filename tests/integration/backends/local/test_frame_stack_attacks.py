@@ -91,3 +91,19 @@ def test_float_frames_of_negative_zeros_are_read_back_bit_for_bit(make) -> None:
     for (state, *_, next_state, _, _), item in zip(transitions, items, strict=True):
         assert item[0].tobytes() == state.tobytes()
         assert item[1].tobytes() == next_state.tobytes()
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_a_stack_array_the_caller_refills_in_place_is_stored_as_given(make, compression) -> None:
+    # A vectorised environment fills the same stack array for every step: each step's stack
+    # is checked against, and stored as, the previous step's values at its `add`.
+    frames = [np.full((3, 3), 1 + i, np.uint8) for i in range(6)]
+    manager = make(compression=compression)
+    writer = manager.transition_writer()
+    state, next_state = np.zeros((K, 3, 3), np.uint8), np.zeros((K, 3, 3), np.uint8)
+    for transition in episode(frames):
+        state[...], next_state[...] = transition[0], transition[3]
+        writer.add(state, *transition[1:3], next_state, *transition[4:])
+    writer.flush()
+    expected = np.stack([np.stack(t[0::3]) for t in episode(frames)])
+    np.testing.assert_array_equal(np.stack(stored(manager)), expected)

@@ -1034,3 +1034,30 @@ def test_a_numpy_batch_size_is_taken_and_a_transitions_flag_must_be_a_bool(make)
         manager.torch_batches(8, transitions="no")
     with pytest.raises(ConfigError, match="batch_size must be a positive integer, got 4.0"):
         manager.torch_batches(4.0)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("options", [{}, {"compression": "lz4"}, {"storage": "memmap"}])
+def test_a_writer_stores_the_values_of_add_time_when_the_caller_reuses_its_arrays(
+    make, kind: str, options: dict[str, Any]
+) -> None:
+    # Vectorised environments and torch loops fill one observation array in place per step.
+    manager = make(**options)
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    state, next_state = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    if kind == "torch":
+        import torch
+
+        state, next_state = torch.zeros(4), torch.zeros(4)
+    for episode in range(2):
+        for i in range(5):
+            state[:] = float(10 * episode + i)
+            next_state[:] = float(10 * episode + i + 1)
+            writer.add(state, 0, float(10 * episode + i), next_state, i == 4)
+    writer.flush()
+    data = manager._backend.read_items(manager.table_config).data
+    observations, rewards = np.asarray(data[1]), np.asarray(data[4])
+    # Each item's first step holds the state given with its reward, its second the next one.
+    np.testing.assert_array_equal(observations[:, 0, 0], rewards[:, 0])
+    np.testing.assert_array_equal(observations[:, 1, 0], rewards[:, 0] + 1)
