@@ -45,10 +45,17 @@ def to_numpy(value: Any) -> np.ndarray:
       value: An array, tensor, variable, number or nest of numbers that `np.asarray` takes.
 
     Returns:
-      The array (numpy input is returned as it is, without a copy).
+      The array (numpy input is returned as it is, without a copy; a floating point tensor of
+      a dtype numpy lacks, such as bfloat16, widened to float32).
     """
     if is_torch_tensor(value):
-        return value.detach().cpu().numpy()
+        tensor = value.detach().cpu()
+        try:
+            return tensor.numpy()
+        except TypeError:  # bfloat16, float8: no numpy dtype
+            if not tensor.is_floating_point():
+                raise
+            return tensor.float().numpy()
     if is_tf_tensor(value):
         return value.numpy()
     return np.asarray(value)

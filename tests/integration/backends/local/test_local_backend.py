@@ -1061,3 +1061,19 @@ def test_a_writer_stores_the_values_of_add_time_when_the_caller_reuses_its_array
     # Each item's first step holds the state given with its reward, its second the next one.
     np.testing.assert_array_equal(observations[:, 0, 0], rewards[:, 0])
     np.testing.assert_array_equal(observations[:, 1, 0], rewards[:, 0] + 1)
+
+
+def test_bfloat16_tensors_are_cast_to_the_spec_as_float64_arrays_are(make) -> None:
+    # numpy has no bfloat16: such a tensor is widened to float32, then cast within its kind.
+    import torch
+
+    manager = make()
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    for i in range(3):
+        state = torch.full((4,), 0.5 * i, dtype=torch.bfloat16)
+        writer.add(state, 0, float(i), state + 0.5, i == 2)
+    data = manager._backend.read_items(manager.table_config).data
+    np.testing.assert_array_equal(
+        np.asarray(data[1])[:, :, 0], [[0.0, 0.5], [0.5, 1.0], [1.0, 1.5]]
+    )
