@@ -94,7 +94,8 @@ class FramedWindowWriter(SentWriter):
         refs.append(self._cpp.Append([row])[0])
         if len(refs) > self._span:
             del refs[0]
-        self._previous = stack
+        # A copy: the caller may fill the same array in place for its next step.
+        self._previous = stack.copy()
         index = self._step
         self._step = index + 1
         since = self._since

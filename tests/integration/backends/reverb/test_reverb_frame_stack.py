@@ -311,3 +311,20 @@ def test_an_import_of_a_reverb_export_stores_each_step_once(make_from_spaces, tm
     assert epoch == truth
     want = items(reverb)
     assert sorted(o.tobytes() for o in got[1]) == sorted(o.tobytes() for o in want[1])
+
+
+@pytest.mark.heavy
+def test_a_stack_array_the_caller_refills_in_place_is_checked_and_stored_as_given(
+    make, episodes
+) -> None:
+    # A vectorised environment fills the same stack array for every step.
+    transitions = episodes["reset"][:8]
+    manager = make()
+    manager.create_replay_buffer()
+    state = np.empty_like(transitions[0][0])
+    next_state = np.empty_like(transitions[0][3])
+    with manager.transition_writer() as writer:
+        for transition in transitions:
+            state[...], next_state[...] = transition[0], transition[3]
+            writer.add(state, *transition[1:3], next_state, *transition[4:])
+    check_items(manager, transitions)
