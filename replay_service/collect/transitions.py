@@ -44,6 +44,7 @@ from replay_service.collect.writing import CheckedStep, WritingClient, checked_s
 from replay_service.config.options import Timeouts
 from replay_service.errors import ManagerClosedError, SpecMismatchError
 from replay_service.specs.arrays import to_numpy
+from replay_service.specs.frames import FrameStack
 from replay_service.specs.layouts import NESTED, Layout
 from replay_service.specs.nests import check_collect_spec
 from replay_service.specs.windows import padding_step
@@ -117,6 +118,8 @@ class TransitionWriter:
         extra_tables: Sequence[tuple[str, int]] = (),
         pad_end_of_episode: bool = False,
         layout: Layout | str = NESTED,
+        frame_stack: int | None = None,
+        frame_axis: int = 0,
     ) -> None:
         spec = check_collect_spec(data_spec, "TransitionWriter")
         self._target = target = WriteTarget.build(
@@ -133,6 +136,15 @@ class TransitionWriter:
         )
         self._check_continuity = check_continuity
         self._spec = spec
+        # A frame-stacked table's writers check each stack as it is appended; the stacks an
+        # append would refuse after others of the same call were appended (an episode's first,
+        # a terminal step's final one) are checked here first, so a refused call writes nothing.
+        self._frames = (
+            None
+            if frame_stack is None
+            else FrameStack(frame_stack, frame_axis, 0, tuple(spec.observation.shape))
+        )
+        self._frames_where = f"table {table_name!r} (frame_stack={frame_stack})"
         self._plan = FlatSteps(spec)
         # The fast path's steps, cast to the plan's dtypes and shapes: `CheckedStep`s for a
         # client whose writers take them as they are once they checked one.
@@ -390,6 +402,8 @@ class TransitionWriter:
         ):
             return False
         ended = terminated or cut
+        if self._frames is not None and ended:
+            self._check_stacks(states, [next_states[0]], [True])
         step = [
             plan.mid if self._envs.steps[0] else plan.first,
             *states,
@@ -471,6 +485,10 @@ class TransitionWriter:
             return False
         ended_rows = ended.tolist()
         terminal_rows = terminated.tolist()
+        if self._frames is not None:
+            self._check_stacks(
+                state_leaves[0], None if final_leaves is None else final_leaves[0], ended_rows
+            )
         first, mid, next_mid, next_last = plan.first, plan.mid, plan.next_mid, plan.next_last
         columns = [
             [mid if steps else first for steps in self._envs.steps],
@@ -526,6 +544,12 @@ class TransitionWriter:
 
     def _write(self, batch: Batch, final_states: list[np.ndarray]) -> None:
         plan = self._plan
+        if self._frames is not None:
+            self._check_stacks(
+                batch.states[0],
+                final_states[0] if final_states else None,
+                [bool(end) for end in batch.ended],
+            )
         for index in range(batch.size):
             ended = bool(batch.ended[index])
             self._envs.append(
@@ -546,6 +570,24 @@ class TransitionWriter:
                     [plan.last, *[leaf[index] for leaf in final_states], *plan.boundary_tail],
                 )
                 self._envs.end_episode(index, confirm=False)
+
+    def _check_stacks(self, states: Any, finals: Any, ended: Sequence[bool]) -> None:
+        """Checks, before anything of the call is appended, the stacks a frame-stacked table's
+        writer would refuse after earlier appends of the call: each env's episode-first
+        stack (`states[i]` where the env's episode has no step yet) and each ended episode's
+        final stack (`finals[i]`, None: unknown, all zeros) against its last state.
+
+        Raises:
+          SpecMismatchError: As the writer would (`FrameStack.check_step`), naming the step.
+        """
+        frames = self._frames
+        assert frames is not None
+        for index, steps in enumerate(self._envs.steps):
+            state = np.asarray(states[index])
+            if not steps:
+                frames.check_step(state, None, 0, self._frames_where)
+            if ended[index] and finals is not None:
+                frames.check_step(np.asarray(finals[index]), state, steps + 1, self._frames_where)
 
     def _remember(self, next_states: list[np.ndarray], known: list[bool]) -> None:
         if self._check_continuity:

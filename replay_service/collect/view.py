@@ -159,5 +159,12 @@ def transition_writer(
       BufferStateError, ManagerClosedError: From `view.require_client`, first.
       ConfigError: If `priority` is not a finite number >= 0.
     """
-    made = TransitionWriter(**view._targets(), priority=priority, check_continuity=check_continuity)
+    primary = view.tables[0]
+    made = TransitionWriter(
+        **view._targets(),
+        priority=priority,
+        check_continuity=check_continuity,
+        frame_stack=primary.frame_stack,
+        frame_axis=primary.frame_axis,
+    )
     return view.writers.add(made)

@@ -82,7 +82,12 @@ class LocalWindowWriter:
         self._step_index = -1
         self._longest = max(w.sequence_length for w in self._windows)
         self._frames = self._windows[0].table.frames  # stacked observations: checked
-        self._where = f"table {self._windows[0].table.name!r}"  # named by the frames' errors
+        # Named by the frames' errors, as the Reverb writers and `TransitionWriter` name it.
+        self._where = (
+            f"table {self._windows[0].table.name!r}"
+            if self._frames is None
+            else f"table {self._windows[0].table.name!r} (frame_stack={self._frames.k})"
+        )
         self._exact = [(dtype.type, dtype, shape) for _, dtype, shape in self._fields]
         # The `CheckedStep` subclass of the step last checked whole: its others are taken as
         # they are.

@@ -109,11 +109,6 @@ def test_a_stack_array_the_caller_refills_in_place_is_stored_as_given(make, comp
     np.testing.assert_array_equal(np.stack(stored(manager)), expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a terminal add appends its step before its next_state's stack is checked: the "
-    "error says nothing was written, yet the writer keeps the step and a corrected retry fails",
-)
 def test_a_terminal_add_refused_for_its_next_state_stack_can_be_retried(make) -> None:
     frames = [np.full((3, 3), 1 + i, np.uint8) for i in range(6)]
     transitions = episode(frames)
@@ -132,11 +127,6 @@ def test_a_terminal_add_refused_for_its_next_state_stack_can_be_retried(make) ->
     np.testing.assert_array_equal(np.stack(stored(manager)), expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="add_multi appends each env's steps in turn and checks an env's final stack only "
-    "when its boundary step is appended: the envs before it are written though the call fails",
-)
 def test_add_multi_refused_for_one_envs_final_stack_writes_no_env(make) -> None:
     first = episode([np.full((3, 3), 1 + i, np.uint8) for i in range(6)])
     second = episode([np.full((3, 3), 100 + i, np.uint8) for i in range(6)])

@@ -328,3 +328,23 @@ def test_a_stack_array_the_caller_refills_in_place_is_checked_and_stored_as_give
             state[...], next_state[...] = transition[0], transition[3]
             writer.add(state, *transition[1:3], next_state, *transition[4:])
     check_items(manager, transitions)
+
+
+def test_a_terminal_add_refused_for_its_final_stack_writes_nothing_and_can_be_retried(
+    make, episodes
+) -> None:
+    transitions = episodes["reset"]
+    end = next(i for i, t in enumerate(transitions) if t[4] or t[5]) + 1
+    episode = transitions[:end]
+    manager = make()
+    manager.create_replay_buffer()
+    with manager.transition_writer() as writer:
+        for transition in episode[:-1]:
+            writer.add(*transition)
+        state, action, reward, next_state, done, truncated = episode[-1]
+        unshifted = next_state.copy()
+        unshifted[0] = 255 - unshifted[0]  # its oldest frame is not the state's second
+        with pytest.raises(SpecMismatchError, match="frame 0"):
+            writer.add(state, action, reward, unshifted, done, truncated)
+        writer.add(state, action, reward, next_state, done, truncated)  # the corrected retry
+    check_items(manager, episode)
