@@ -18,7 +18,7 @@ import numpy as np
 import tree
 
 from replay_service.errors import SpecMismatchError
-from replay_service.specs.arrays import to_numpy
+from replay_service.specs.arrays import bytes_equal, to_numpy
 from replay_service.specs.nests import flatten_with_paths
 
 # TF-Agents' `StepType` values.
@@ -207,16 +207,8 @@ def fast_flags(value: Any, size: int) -> np.ndarray | None:
 def same_bytes(arrays: list[Any], expected: list[bytes]) -> bool:
     """Whether every array's bytes are the expected ones (then the values are equal too)."""
     if len(arrays) == 1:
-        return _same(arrays[0], expected[0])
-    return all(_same(a, e) for a, e in zip(arrays, expected, strict=True))
-
-
-def _same(array: Any, expected: bytes) -> bool:
-    """Whether `array`'s bytes are `expected`: compared in place where the array is contiguous
-    (no copy), else through `tobytes`."""
-    if type(array) is np.ndarray and array.flags.c_contiguous:
-        return array.nbytes == len(expected) and expected.startswith(array)
-    return array.tobytes() == expected
+        return bytes_equal(arrays[0], expected[0])
+    return all(bytes_equal(a, e) for a, e in zip(arrays, expected, strict=True))
 
 
 _SAME_KIND: dict[tuple[np.dtype, np.dtype], bool] = {}

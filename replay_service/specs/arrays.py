@@ -394,3 +394,19 @@ def _same_bound(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return bool(np.array_equal(a, b))
+
+
+def bytes_equal(array: Any, expected: bytes) -> bool:
+    """Whether `array`'s bytes are `expected`: compared in place where it is a C-contiguous
+    array (no copy), else through `tobytes`.
+
+    Args:
+      array: A numpy array or scalar.
+      expected: The bytes it should hold.
+
+    Returns:
+      True if they are the same bytes.
+    """
+    if type(array) is np.ndarray and array.flags.c_contiguous:
+        return array.nbytes == len(expected) and expected.startswith(array)
+    return array.tobytes() == expected

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from replay_service.errors import ConfigError, SpecMismatchError
+from replay_service.specs.arrays import bytes_equal
 
 if TYPE_CHECKING:  # torch loads with the first stack assembled: a replay-server needs none
     import torch
@@ -196,14 +197,10 @@ class FrameStack:
         k = self.k
         # The common case first: the stack follows `previous` (bytes compared, as `bits`;
         # one side copied, the other read in place where it is contiguous).
-        if previous is not None:
-            now = self.part(stack, 0, k - 1)
-            before = self.part(previous, 1, k).tobytes()
-            if now.flags.c_contiguous and now.nbytes == len(before):
-                if before.startswith(now):
-                    return
-            elif now.tobytes() == before:
-                return
+        if previous is not None and bytes_equal(
+            self.part(stack, 0, k - 1), self.part(previous, 1, k).tobytes()
+        ):
+            return
         if not bits(stack).any():
             return
         if previous is None:

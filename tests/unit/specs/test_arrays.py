@@ -146,3 +146,16 @@ def test_hidden_is_no_reserved_name_but_a_non_identifier_is_refused():
         extras_spec({1: ((), np.float32)})
     with pytest.raises(ConfigError, match="extras must be a dict .*got tuple"):
         extras_spec((("h", ((), np.float32)),))  # type: ignore[arg-type]
+
+
+def test_bytes_equal_compares_in_place_and_through_tobytes_alike() -> None:
+    from replay_service.specs.arrays import bytes_equal
+
+    array = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    assert bytes_equal(array, array.tobytes())
+    assert not bytes_equal(array, array.tobytes()[:-1])  # a prefix is not equal
+    assert not bytes_equal(array, array.tobytes() + b"\0")
+    strided = array[:, ::2]  # not contiguous: through tobytes
+    assert bytes_equal(strided, strided.tobytes())
+    assert not bytes_equal(strided, array.tobytes()[: strided.nbytes])
+    assert bytes_equal(np.float32(1.5), np.float32(1.5).tobytes())
