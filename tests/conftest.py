@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import itertools
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +86,55 @@ CONFIGS = os.path.join(REPO, "configs")
 CARTPOLE_CONFIG = os.path.join(CONFIGS, "cartpole.toml")
 START_TIMEOUT_S = 60
 FAST_TIMEOUTS = Timeouts(connect=5.0, write=10.0, sample=1.0, checkpoint=60.0)
+
+
+_ITERATOR_SEQ = itertools.count()
+_ITERATORS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+"""Every tf.data iterator made in this process (once TensorFlow is imported), with the
+sequence number of its making."""
+_FIRST_ITERATOR = pytest.StashKey[int]()
+"""The sequence number of the first iterator a test may make."""
+
+
+def _track_dataset_iterators() -> None:
+    """Records each tf.data iterator made from now on in `_ITERATORS` (once per process)."""
+    module = sys.modules.get("tensorflow.python.data.ops.iterator_ops")
+    if module is None or getattr(module.OwnedIterator.__init__, "_tracked", False):
+        return
+    init = module.OwnedIterator.__init__
+
+    def tracked(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _ITERATORS[self] = next(_ITERATOR_SEQ)
+
+    tracked._tracked = True  # type: ignore[attr-defined]
+    module.OwnedIterator.__init__ = tracked
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Notes where this test's tf.data iterators start (see `pytest_runtest_teardown`)."""
+    _track_dataset_iterators()
+    item.stash[_FIRST_ITERATOR] = next(_ITERATOR_SEQ)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Collects a test's left-over tf.data iterators while its servers still run.
+
+    An iterator kept alive past its test by a reference cycle (most often the traceback of
+    an error it raised) is destroyed by the next garbage collection. If its Reverb server
+    has stopped by then, or its table has been emptied, the iterator's destructor waits for
+    sampler threads that no longer get an answer: that collection, in whichever later test
+    it falls, blocked for 20 s to over a minute. Collected here, before the test's fixtures
+    stop the servers, the destructor returns at once; the check costs nothing for the tests
+    whose iterators are gone (nearly all).
+    """
+    first = item.stash.get(_FIRST_ITERATOR, None)
+    if first is not None and any(seq >= first for seq in list(_ITERATORS.values())):
+        gc.collect()
+    yield
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -480,6 +480,10 @@ class ShardedReplayBuffer:
         stopped = python_calls_stopped()
         equal = tf.fill([self.num_shards], 1.0 / self.num_shards)
 
+        # Neither function is converted by AutoGraph (they use no Python control flow on
+        # tensors): converting `one_round` converted every function building the shards'
+        # datasets, which took seconds of CPU on each first `get_dataset` of a process.
+        @tf.autograph.experimental.do_not_convert
         def weights(_: tf.Tensor) -> tf.Tensor:
             # At exit, equal weights without calling Python (see `python_calls_stopped`).
             return tf.cond(
@@ -490,6 +494,7 @@ class ShardedReplayBuffer:
                 ),
             )
 
+        @tf.autograph.experimental.do_not_convert
         def one_round(weights: tf.Tensor) -> tf.data.Dataset:
             shards = [self._shard_blocks(i, batch_size, num_steps) for i in range(self.num_shards)]
             mixture = tf.data.Dataset.sample_from_datasets(shards, weights=weights, seed=seed)

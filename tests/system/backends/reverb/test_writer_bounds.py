@@ -8,6 +8,7 @@ thread joined with a timeout, so a regression fails instead of hanging the suite
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import signal
@@ -82,7 +83,8 @@ def test_tf_agents_observers_on_py_client_raise_after_the_server_is_killed(
     start_server, tmp_path, data_spec
 ):
     # A server per table layout; both start side by side (each spends seconds importing
-    # TensorFlow), then each layout is checked in turn.
+    # TensorFlow), and both layouts are checked side by side too (each check waits out about
+    # fifteen timeouts of one or two seconds against its killed server).
     layouts = ["packed", "nested"]
     servers = [
         start_server(
@@ -92,8 +94,13 @@ def test_tf_agents_observers_on_py_client_raise_after_the_server_is_killed(
     ]
     for server, _ in servers:
         server.wait_listening()
-    for server, address in servers:
-        _check_observers_raise_after_a_kill(server, address, data_spec)
+    with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
+        checks = [
+            pool.submit(_check_observers_raise_after_a_kill, server, address, data_spec)
+            for server, address in servers
+        ]
+        for check in checks:
+            check.result(timeout=300)  # re-raises a layout's failed assertion
 
 
 def _check_observers_raise_after_a_kill(server: Any, address: str, data_spec: Any) -> None:

@@ -134,8 +134,6 @@ def test_the_payload_budget_looks_at_the_memory_only_past_its_grant(monkeypatch)
 def test_the_payload_budget_counts_what_every_owner_holds_until_one_is_dropped(
     monkeypatch,
 ) -> None:
-    import gc
-
     looks: list[int] = []
 
     def memory() -> int:
@@ -162,8 +160,7 @@ def test_the_payload_budget_counts_what_every_owner_holds_until_one_is_dropped(
     budget.check(held, 1, "table 'b'", owner=second)  # 1000 + held + 1 > limit
     assert len(looks) == 3
     limit = budget.limit
-    del first
-    gc.collect()
+    del first  # freed here: nothing else refers to it
     budget.check(limit - 1, 1, "table 'b'", owner=second)  # alone now: 'a' counts no more
     assert len(looks) == 3
     budget.check(limit, 1, "table 'b'", owner=second)
