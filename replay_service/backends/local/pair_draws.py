@@ -32,6 +32,7 @@ class PairDrawing:
     _compressed: frozenset[int]
     _length: int
     _changed: threading.Condition
+    _closed: bool
     _rng: np.random.Generator
     _times_sampled: np.ndarray
     _step_positions: Any
@@ -111,18 +112,18 @@ class PairDrawing:
           ManagerClosedError: If the table was closed.
         """
         size = drawn.batch_size
-        lo = index * size
         with self._changed:
-            self._require_open()
+            if self._closed:
+                self._require_open()
             if drawn.oldest[index] < self._slots.first:  # RingSlots: items leave oldest first
                 return None
-            slots = drawn.slots[lo : lo + size]
-            # `_count_draws`, its index and ones made once per draw.
-            counts = torch.from_numpy(self._times_sampled)
-            counts.index_add_(0, drawn.index[lo : lo + size], drawn.ones)
+            # `_count_draws` of the batch's slots (their index tensor made at the draw).
+            torch.from_numpy(self._times_sampled).index_add_(0, drawn.index[index], drawn.ones)
             self.samples += size
             info = {}
             if with_info:
+                lo = index * size
+                slots = drawn.slots[lo : lo + size]
                 info = {
                     "key": self._slots.keys_for(drawn.numbers[lo : lo + size], slots),
                     "probability": np.full(size, 1.0 / drawn.held),
@@ -178,5 +179,6 @@ class PairDraws:
         self.data = data
         self.plan = plan
         self.held = held
-        self.index = torch.from_numpy(slots)  # `slots` as the index of `_count_draws`
+        # Per batch, its slots as the index of `_count_draws` (views made at once).
+        self.index = torch.from_numpy(slots).reshape(len(oldest), batch_size).unbind(0)
         self.ones = torch.ones(batch_size, dtype=torch.int32)
