@@ -117,13 +117,17 @@ class PairDrawing:
                 self._require_open()
             if drawn.oldest[index] < self._slots.first:  # RingSlots: items leave oldest first
                 return None
-            # `_count_draws` of the batch's slots (their index tensor made at the draw).
-            torch.from_numpy(self._times_sampled).index_add_(0, drawn.index[index], drawn.ones)
+            lo = index * size
+            slots = drawn.slots[lo : lo + size]
+            # `_count_draws` of the batch's slots: a slot drawn twice in the batch is counted
+            # twice (`np.add.at`), the common batch of distinct slots by one indexed add.
+            if drawn.repeats[index]:
+                np.add.at(self._times_sampled, slots, 1)
+            else:
+                self._times_sampled[slots] += 1
             self.samples += size
             info = {}
             if with_info:
-                lo = index * size
-                slots = drawn.slots[lo : lo + size]
                 info = {
                     "key": self._slots.keys_for(drawn.numbers[lo : lo + size], slots),
                     "probability": np.full(size, 1.0 / drawn.held),
@@ -148,17 +152,17 @@ class PairDraws:
         (`[batches * batch_size, ...]`), in the order of the pairs.
       plan: Where the stacked observations' frames are (`ring_reads.PairPlan`).
       held: Items the table held at the draw (their probability is its inverse).
+      repeats: Per batch, whether one of its slots is drawn more than once in it.
     """
 
     __slots__ = (
         "batch_size",
         "data",
         "held",
-        "index",
         "numbers",
         "oldest",
-        "ones",
         "plan",
+        "repeats",
         "slots",
     )
 
@@ -179,6 +183,6 @@ class PairDraws:
         self.data = data
         self.plan = plan
         self.held = held
-        # Per batch, its slots as the index of `_count_draws` (views made at once).
-        self.index = torch.from_numpy(slots).reshape(len(oldest), batch_size).unbind(0)
-        self.ones = torch.ones(batch_size, dtype=torch.int32)
+        # Per batch, whether a slot is drawn more than once in it.
+        rows = np.sort(slots.reshape(len(oldest), batch_size), axis=1)
+        self.repeats = (rows[:, 1:] == rows[:, :-1]).any(axis=1).tolist()

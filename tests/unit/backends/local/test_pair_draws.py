@@ -103,3 +103,13 @@ def test_a_batch_drawn_before_the_ring_grew_reads_its_items_stacks() -> None:
             item = int(reward)
             np.testing.assert_array_equal(np.asarray(state), stack(item))
             np.testing.assert_array_equal(np.asarray(following), stack(item + 1))
+
+
+def test_a_slot_drawn_twice_in_a_batch_is_counted_twice() -> None:
+    table = filled(capacity=16, items=3)  # 8 draws of 3 items: slots repeat in every batch
+    drawn = table.draw_pairs(8, 2, STEPS, timeout=1.0)
+    assert table.read_pairs(drawn, 0, with_info=False) is not None
+    expected = np.bincount(drawn.slots[:8], minlength=16)
+    np.testing.assert_array_equal(table._times_sampled, expected)
+    assert table.read_pairs(drawn, 1, with_info=False) is not None
+    np.testing.assert_array_equal(table._times_sampled, np.bincount(drawn.slots, minlength=16))
