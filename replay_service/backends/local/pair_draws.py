@@ -32,6 +32,7 @@ class PairDrawing:
     _compressed: frozenset[int]
     _length: int
     _changed: threading.Condition
+    _closed: bool
     _rng: np.random.Generator
     _times_sampled: np.ndarray
     _step_positions: Any
@@ -111,15 +112,19 @@ class PairDrawing:
           ManagerClosedError: If the table was closed.
         """
         size = drawn.batch_size
-        lo = index * size
         with self._changed:
-            self._require_open()
+            if self._closed:
+                self._require_open()
             if drawn.oldest[index] < self._slots.first:  # RingSlots: items leave oldest first
                 return None
+            lo = index * size
             slots = drawn.slots[lo : lo + size]
-            # `_count_draws`, its index and ones made once per draw.
-            counts = torch.from_numpy(self._times_sampled)
-            counts.index_add_(0, drawn.index[lo : lo + size], drawn.ones)
+            # `_count_draws` of the batch's slots: a slot drawn twice in the batch is counted
+            # twice (`np.add.at`), the common batch of distinct slots by one indexed add.
+            if drawn.repeats[index]:
+                np.add.at(self._times_sampled, slots, 1)
+            else:
+                self._times_sampled[slots] += 1
             self.samples += size
             info = {}
             if with_info:
@@ -147,17 +152,17 @@ class PairDraws:
         (`[batches * batch_size, ...]`), in the order of the pairs.
       plan: Where the stacked observations' frames are (`ring_reads.PairPlan`).
       held: Items the table held at the draw (their probability is its inverse).
+      repeats: Per batch, whether one of its slots is drawn more than once in it.
     """
 
     __slots__ = (
         "batch_size",
         "data",
         "held",
-        "index",
         "numbers",
         "oldest",
-        "ones",
         "plan",
+        "repeats",
         "slots",
     )
 
@@ -178,5 +183,6 @@ class PairDraws:
         self.data = data
         self.plan = plan
         self.held = held
-        self.index = torch.from_numpy(slots)  # `slots` as the index of `_count_draws`
-        self.ones = torch.ones(batch_size, dtype=torch.int32)
+        # Per batch, whether a slot is drawn more than once in it.
+        rows = np.sort(slots.reshape(len(oldest), batch_size), axis=1)
+        self.repeats = (rows[:, 1:] == rows[:, :-1]).any(axis=1).tolist()

@@ -280,62 +280,70 @@ class RingReads:
     def _pair_plan(self, first: np.ndarray, second: np.ndarray, batch_size: int) -> PairPlan:
         """What `_pair_frames` needs to gather the stacks of `_stack_pair(first, second)`
         later, a batch of `batch_size` rows at a time (a host ring of uncompressed frames):
-        each row's K+1 frames as ring positions and as serials (valid while the rows' items
-        are held; the positions until the ring grows), which frames are zeros, and the rows
-        whose second stack is gathered alone (it is not the first shifted by one frame)."""
+        each row's K+1 frames as ring positions (valid while the rows' items are held and the
+        ring keeps its layout; `PairPlan.at` finds them again once it grew), which frames are
+        zeros, and the rows whose second stack is gathered alone (it is not the first shifted
+        by one frame). Computed for every row at once, in numpy."""
         frames = self._frames
         preds = self._preds
         assert frames is not None and preds is not None
         k = frames.k
         n = len(first)
         batches = n // batch_size
-        shift = self._written - self._head  # a serial less its ring position (before the head)
-        serials = np.empty((n, k + 1), dtype=np.int64)
-        earlier = serials[:, : k - 1]
+        head, ring = self._head, self._ring_size
+        shift = self._written - head  # a serial less its ring position (before the head)
+        positions = np.empty((n, k + 1), dtype=np.int64)
+        earlier = positions[:, : k - 1]  # serials first, ring positions below
         preds.take(first, axis=0, out=earlier)
-        for column, at in ((k - 1, first), (k, second)):
-            np.add(at, shift, out=serials[:, column])
-            serials[:, column][at >= self._head] -= self._ring_size
-        own, nxt = serials[:, k - 1], serials[:, k]
+        positions[:, k - 1] = first
+        positions[:, k] = second
+        # The second stack is the first shifted by one frame where its earlier serials are the
+        # first's last K-2 earlier ones and the first step's own serial (bytes compared once,
+        # row by row only where they differ).
+        expected = np.empty((n, k - 1), dtype=np.int64)
+        expected[:, :-1] = earlier[:, 1:]
+        own = expected[:, -1]
+        np.add(first, shift, out=own)
+        np.subtract(own, ring, out=own, where=first >= head)
         after = preds.take(second, axis=0)
-        chained = (after[:, :-1] == earlier[:, 1:]).all(axis=1) & (after[:, -1] == own)
+        chained = None if after.tobytes() == expected.tobytes() else (after == expected).all(1)
         zero = earlier < 0
         zero_in = [False] * batches
         if zero.any():
             np.copyto(earlier, own[:, None], where=zero)  # a frame held, zeroed once gathered
             zero_in = zero.reshape(batches, batch_size, -1).any(axis=(1, 2)).tolist()
+        earlier -= shift
+        np.add(earlier, ring, out=earlier, where=earlier < 0)
         alone: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        if not chained.all():
+        if chained is not None and not chained.all():
             rows = np.flatnonzero(~chained)
+            nxt = second[rows] + shift
+            nxt[second[rows] >= head] -= ring
             held = after[rows] >= 0
-            stacks = np.concatenate(
-                [np.where(held, after[rows], nxt[rows, None]), nxt[rows, None]], axis=1
-            )
+            stacks = np.concatenate([np.where(held, after[rows], nxt[:, None]), nxt[:, None]], 1)
             batch_of = rows // batch_size
             for batch in np.unique(batch_of).tolist():
                 inside = batch_of == batch
                 alone[batch] = (rows[inside] - batch * batch_size, stacks[inside], held[inside])
-        positions = self._positions(serials.copy())
-        return PairPlan(
-            positions, serials, self._ring_size, shift % self._ring_size, zero, zero_in, alone
-        )
+        return PairPlan(positions, head, ring, shift, zero, zero_in, alone)
 
-    def _pair_frames(self, plan: PairPlan, batch: int) -> tuple[Any, Any]:
-        """The stacks of batch `batch` of `plan` (its items held), as `_stack_pair`'s."""
+    def _pair_frames(self, plan: PairPlan, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stacks of batch `batch` of `plan` (its items held), as `_stack_pair`'s: the
+        batch's K+1 frames per row gathered straight into a reused array (`_gather`), both
+        stacks views of it."""
         frames = self._frames
         assert frames is not None and self._columns is not None
         k = frames.k
         column = self._columns[frames.field]
-        size = len(plan.positions) // len(plan.zero_in)
-        lo, hi = batch * size, (batch + 1) * size
+        size = plan.batch_size
+        lo = batch * size
         ring = self._ring_size
-        if ring == plan.ring_size and (self._written - self._head) % ring == plan.shift:
-            at = plan.positions[lo:hi]  # the ring did not grow since the draw
-        else:
-            at = self._positions(plan.serials[lo:hi].copy())
+        at = plan.positions[lo : lo + size]
+        if ring != plan.ring_size or (self._written - self._head) % ring != plan.shift % ring:
+            at = self._positions(plan.serials(at))  # the ring grew since the draw
         taken = self._gather(column, at)  # [size, K+1, *frame]
         if plan.zero_in[batch]:
-            taken[:, : k - 1][plan.zero[lo:hi]] = 0
+            taken[:, : k - 1][plan.zero[lo : lo + size]] = 0
         nexts = taken[:, 1:]
         alone = plan.alone.get(batch)
         if alone is not None:
@@ -355,21 +363,31 @@ class PairPlan:
 
     Attributes:
       positions: Per row, the ring positions of its K+1 frames, oldest first, `[n, K+1]`.
-      serials: Their serials (the positions again once the ring grew).
+      head: The ring's head when drawn.
       ring_size: The ring's size when drawn.
-      shift: A serial less its ring position, modulo the ring's size, when drawn.
+      shift: A serial less its ring position (before the head) when drawn.
       zero: Per row, which of its first K-1 frames are zeros, `[n, K-1]`.
       zero_in: Per batch, whether any of its frames are zeros.
       alone: Per batch that has them, the rows (in the batch) whose second stack is gathered
         alone, the serials of its K frames and which of its first K-1 are held (not zeros).
+      batch_size: Rows per batch.
     """
 
-    __slots__ = ("alone", "positions", "ring_size", "serials", "shift", "zero", "zero_in")
+    __slots__ = (
+        "alone",
+        "batch_size",
+        "head",
+        "positions",
+        "ring_size",
+        "shift",
+        "zero",
+        "zero_in",
+    )
 
     def __init__(
         self,
         positions: np.ndarray,
-        serials: np.ndarray,
+        head: int,
         ring_size: int,
         shift: int,
         zero: np.ndarray,
@@ -377,12 +395,20 @@ class PairPlan:
         alone: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
     ) -> None:
         self.positions = positions
-        self.serials = serials
+        self.head = head
         self.ring_size = ring_size
         self.shift = shift
         self.zero = zero
         self.zero_in = zero_in
         self.alone = alone
+        self.batch_size = len(positions) // max(1, len(zero_in))
+
+    def serials(self, positions: np.ndarray) -> np.ndarray:
+        """The serials of ring `positions` of this plan (a new array), as the ring laid them
+        out when drawn."""
+        serials = positions + self.shift
+        np.subtract(serials, self.ring_size, out=serials, where=positions >= self.head)
+        return serials
 
 
 class Deferred:

@@ -238,6 +238,8 @@ class LocalSampleSource(PackingSource):
         draws = min(DRAW_BATCHES, draws_per_call(batch_size, max(1, plain_bytes), DRAW_ITEMS))
         # Where the stacks go among the prepared tensors (the pairs kept come first, in order).
         at_state, at_next = (steps.index((field, 0)), steps.index((field, 1)))
+        # What stands for the stacks until each batch's are gathered.
+        placeholder = torch.empty((0,))
         # Batches drawn per call: halved while draws go stale before they are read (a small
         # table that fast writers turn over), doubled back to `draws` as they are read whole.
         ahead = draws
@@ -253,10 +255,26 @@ class LocalSampleSource(PackingSource):
                 checked = True
             drawn = table.draw_pairs(batch_size, ahead, steps, timeout)
             data = iter(drawn.data if convert is None else [convert(t) for t in drawn.data])
-            placeholder = torch.empty((batch_size * ahead, 0))
             read = [placeholder if pair[0] == field else next(data) for pair in steps]
             prepared = prepare(read)
-            parts = list(zip(*split_batches(prepared, batch_size, ahead), strict=True))
+            # Per batch, its slice of every prepared tensor (views); None for the stacks.
+            plain = iter(
+                split_batches(
+                    [t for i, t in enumerate(prepared) if i not in (at_state, at_next)],
+                    batch_size,
+                    ahead,
+                )
+            )
+            none = (None,) * ahead
+            parts = list(
+                zip(
+                    *(
+                        none if i in (at_state, at_next) else next(plain)
+                        for i in range(len(prepared))
+                    ),
+                    strict=True,
+                )
+            )
             whole = True
             for k in range(ahead):
                 if k:

@@ -85,3 +85,31 @@ def test_a_batch_s_probability_and_table_size_are_those_of_its_draw() -> None:
     _, info = got
     assert info["table_size"].tolist() == [4, 4]
     np.testing.assert_allclose(info["probability"], [0.25, 0.25])
+
+
+def test_a_batch_drawn_before_the_ring_grew_reads_its_items_stacks() -> None:
+    table = filled(capacity=16, items=30)  # the ring wrapped: steps on both sides of its head
+    drawn = table.draw_pairs(8, 4, STEPS, timeout=1.0)
+    size = table._ring_size
+    with table._changed:
+        assert table._grow(size + 8)  # steps after the head move up
+    assert table._ring_size == size + 8
+    for index in range(4):
+        got = table.read_pairs(drawn, index, with_info=False)
+        assert got is not None
+        (states, next_states), _ = got
+        rewards = drawn.data[0][index * 8 : index * 8 + 8].numpy()
+        for state, following, reward in zip(states, next_states, rewards, strict=True):
+            item = int(reward)
+            np.testing.assert_array_equal(np.asarray(state), stack(item))
+            np.testing.assert_array_equal(np.asarray(following), stack(item + 1))
+
+
+def test_a_slot_drawn_twice_in_a_batch_is_counted_twice() -> None:
+    table = filled(capacity=16, items=3)  # 8 draws of 3 items: slots repeat in every batch
+    drawn = table.draw_pairs(8, 2, STEPS, timeout=1.0)
+    assert table.read_pairs(drawn, 0, with_info=False) is not None
+    expected = np.bincount(drawn.slots[:8], minlength=16)
+    np.testing.assert_array_equal(table._times_sampled, expected)
+    assert table.read_pairs(drawn, 1, with_info=False) is not None
+    np.testing.assert_array_equal(table._times_sampled, np.bincount(drawn.slots, minlength=16))
