@@ -34,8 +34,8 @@ For each workload (a CartPole-sized step, and an 84x84x4 uint8 image step) it me
   sb3      (workload "sb3") Stable-Baselines3's DQN `learn()` on CartPole with default
            hyperparameters (`add` every step, a batch of 32 every 4), env steps/s with
            `replay_buffer_class=ReverbReplayBuffer` (local backend) against SB3's own
-           ReplayBuffer, one after the other after an untimed learn() of each, the order
-           alternating between runs; also
+           ReplayBuffer, after an untimed learn() of each, both learning by turns in calls of
+           1,500 steps (who goes first alternating); also
            per CPU second of the process (the wall clock of a shared machine counts others' work)
 and prints every figure with its ratio ours/anchor: the median of `--repeats` runs of every
 row, each run measuring ours and its anchors side by side. Timings are wall-clock on this
@@ -1141,13 +1141,18 @@ def print_table(rows: list[Row]) -> None:
 # Steps of the untimed `learn` of each buffer before the timed ones (past DQN's default
 # `learning_starts`, so that training runs too).
 SB3_WARMUP_STEPS = 1_000
+# Steps of each timed `learn` call: the two buffers' models learn by turns in calls of this
+# many steps (who goes first alternating), so that a load that drifts during the run weighs on
+# both alike. One whole `learn` per buffer moved by up to 13% from one round to the next.
+SB3_TURN_STEPS = 1_500
 
 
 def sb3_rows(steps: int, ours_first: bool) -> list[Row]:
-    """SB3's DQN `learn(steps)` on CartPole-v1 (default hyperparameters, seed 0, one torch
-    thread) with `ReverbReplayBuffer(backend="local")` and with SB3's `ReplayBuffer`, one after
-    the other (`ours_first`: ours first), each after an untimed `learn(SB3_WARMUP_STEPS)` of
-    both; env steps/s of each."""
+    """SB3's DQN `learn` on CartPole-v1 (default hyperparameters, seed 0, one torch thread)
+    with `ReverbReplayBuffer(backend="local")` and with SB3's `ReplayBuffer`: after an untimed
+    `learn(SB3_WARMUP_STEPS)` of each, both models learn `steps` steps in `learn` calls of
+    `SB3_TURN_STEPS` taken by turns (`ours_first`: ours first in the first turn); env steps per
+    second (and per CPU second of this process) of each."""
     import torch
     from stable_baselines3 import DQN
     from stable_baselines3.common.buffers import ReplayBuffer
@@ -1156,10 +1161,8 @@ def sb3_rows(steps: int, ours_first: bool) -> list[Row]:
 
     torch.set_num_threads(1)
 
-    def learn(
-        buffer_class: type, kwargs: dict[str, Any] | None, steps: int = steps
-    ) -> tuple[float, float]:
-        model = DQN(
+    def model(buffer_class: type, kwargs: dict[str, Any] | None) -> Any:
+        return DQN(
             "MlpPolicy",
             "CartPole-v1",
             replay_buffer_class=buffer_class,
@@ -1167,31 +1170,43 @@ def sb3_rows(steps: int, ours_first: bool) -> list[Row]:
             seed=0,
             device="cpu",
         )
-        gc.collect()
-        cpu = time.process_time()
-        seconds = timed(lambda: model.learn(steps))
-        cpu = time.process_time() - cpu
-        if isinstance(model.replay_buffer, ReverbReplayBuffer):
-            model.replay_buffer.close()
-        return steps / seconds, steps / cpu
 
     runs = [
         ("ReverbReplayBuffer [local]", ReverbReplayBuffer, {"backend": "local"}),
         ("SB3 ReplayBuffer", ReplayBuffer, None),
     ]
+    models = {path: model(cls, kwargs) for path, cls, kwargs in runs}
     # Untimed first: the first `learn` of a process pays for lazy imports and torch's first
     # calls (about a second), which would fall on whichever buffer is timed first.
-    for _, cls, kwargs in runs:
-        learn(cls, kwargs, SB3_WARMUP_STEPS)
-    rates = {path: learn(cls, kwargs) for path, cls, kwargs in runs[:: 1 if ours_first else -1]}
+    for learner in models.values():
+        learner.learn(SB3_WARMUP_STEPS)
+    seconds = dict.fromkeys(models, 0.0)
+    cpu_seconds = dict.fromkeys(models, 0.0)
+    order = list(models)[:: 1 if ours_first else -1]
+    done = 0
+    while done < steps:
+        turn = min(SB3_TURN_STEPS, steps - done)
+        for path in order:
+            learner = models[path]
+            gc.collect()
+            cpu = time.process_time()
+            seconds[path] += timed(
+                lambda dqn=learner, n=turn: dqn.learn(n, reset_num_timesteps=False)
+            )
+            cpu_seconds[path] += time.process_time() - cpu
+        order.reverse()
+        done += turn
+    for learner in models.values():
+        if isinstance(learner.replay_buffer, ReverbReplayBuffer):
+            learner.replay_buffer.close()
     ours, theirs = (path for path, _, _ in runs)
     # Steps per CPU second of this process too: on a machine shared with other work, the wall
     # clock also counts the time other processes held the cores.
     return [
-        Row("sb3", "learn", ours, rates[ours][0], "st/s", theirs),
-        Row("sb3", "learn", theirs, rates[theirs][0], "st/s"),
-        Row("sb3", "learn", f"{ours} (cpu)", rates[ours][1], "st/s", f"{theirs} (cpu)"),
-        Row("sb3", "learn", f"{theirs} (cpu)", rates[theirs][1], "st/s"),
+        Row("sb3", "learn", ours, steps / seconds[ours], "st/s", theirs),
+        Row("sb3", "learn", theirs, steps / seconds[theirs], "st/s"),
+        Row("sb3", "learn", f"{ours} (cpu)", steps / cpu_seconds[ours], "st/s", f"{theirs} (cpu)"),
+        Row("sb3", "learn", f"{theirs} (cpu)", steps / cpu_seconds[theirs], "st/s"),
     ]
 
 
