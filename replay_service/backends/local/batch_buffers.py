@@ -62,6 +62,12 @@ class BatchBuffers:
         Returns:
           The array; the caller fills every element (its contents are undefined).
         """
+        kept = self._kept.get((shape, dtype))
+        if kept is not None:  # a shape held (`dtype` given as a `np.dtype`): a free one at once
+            with self._lock:
+                for array in kept:
+                    if sys.getrefcount(array) == _FREE_REFS:
+                        return array
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < MIN_BYTES or nbytes > MAX_BYTES:

@@ -339,13 +339,20 @@ class RingReads:
         lo = batch * size
         ring = self._ring_size
         at = plan.positions[lo : lo + size]
-        if ring != plan.ring_size or (self._written - self._head) % ring != plan.shift % ring:
+        shift = self._written - self._head
+        if ring != plan.ring_size or (shift != plan.shift and shift % ring != plan.shift % ring):
             at = self._positions(plan.serials(at))  # the ring grew since the draw
         taken = self._gather(column, at)  # [size, K+1, *frame]
         if plan.zero_in[batch]:
             taken[:, : k - 1][plan.zero[lo : lo + size]] = 0
-        nexts = taken[:, 1:]
         alone = plan.alone.get(batch)
+        if alone is None and not frames.axis:
+            # Frames stacked along their first axis: both stacks are slices of the K+1 frames
+            # laid end to end (`frames.stacks` of each, without its reshapes).
+            c = frames.channels
+            laid = taken.reshape(size, (k + 1) * c, *frames.stacked[1:])
+            return torch.from_numpy(laid[:, : k * c]), torch.from_numpy(laid[:, c:])
+        nexts = taken[:, 1:]
         if alone is not None:
             rows, serials, held = alone
             nexts = nexts.copy()

@@ -240,6 +240,7 @@ class LocalSampleSource(PackingSource):
         at_state, at_next = (steps.index((field, 0)), steps.index((field, 1)))
         # What stands for the stacks until each batch's are gathered.
         placeholder = torch.empty((0,))
+        from_numpy = torch.from_numpy
         # Batches drawn per call: halved while draws go stale before they are read (a small
         # table that fast writers turn over), doubled back to `draws` as they are read whole.
         ahead = draws
@@ -257,24 +258,31 @@ class LocalSampleSource(PackingSource):
             data = iter(drawn.data if convert is None else [convert(t) for t in drawn.data])
             read = [placeholder if pair[0] == field else next(data) for pair in steps]
             prepared = prepare(read)
-            # Per batch, its slice of every prepared tensor (views); None for the stacks.
-            plain = iter(
-                split_batches(
-                    [t for i, t in enumerate(prepared) if i not in (at_state, at_next)],
-                    batch_size,
-                    ahead,
+            if convert is None:
+                # Host tensors: each batch's slices made as numpy views when it is handed out.
+                arrays = [
+                    None if i in (at_state, at_next) else t.numpy() for i, t in enumerate(prepared)
+                ]
+                parts = None
+            else:
+                # Per batch, its slice of every prepared tensor (views); None for the stacks.
+                plain = iter(
+                    split_batches(
+                        [t for i, t in enumerate(prepared) if i not in (at_state, at_next)],
+                        batch_size,
+                        ahead,
+                    )
                 )
-            )
-            none = (None,) * ahead
-            parts = list(
-                zip(
-                    *(
-                        none if i in (at_state, at_next) else next(plain)
-                        for i in range(len(prepared))
-                    ),
-                    strict=True,
+                none = (None,) * ahead
+                parts = list(
+                    zip(
+                        *(
+                            none if i in (at_state, at_next) else next(plain)
+                            for i in range(len(prepared))
+                        ),
+                        strict=True,
+                    )
                 )
-            )
             whole = True
             for k in range(ahead):
                 if k:
@@ -288,7 +296,12 @@ class LocalSampleSource(PackingSource):
                 (state, next_state), info = got
                 if convert is not None:
                     state, next_state = convert(state), convert(next_state)
-                batch = list(parts[k])
+                if parts is None:
+                    lo = k * batch_size
+                    hi = lo + batch_size
+                    batch = [None if a is None else from_numpy(a[lo:hi]) for a in arrays]
+                else:
+                    batch = list(parts[k])
                 batch[at_state], batch[at_next] = state, next_state
                 yield (
                     build(batch),
