@@ -10,7 +10,7 @@ PYTHON312 ?= $(shell p="$$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3.1
   if [ -x "$$p" ]; then echo "$$p"; else command -v python3.12 2>/dev/null; fi)
 VENV312 := .venv312
 STAMP312 := $(VENV312)/.installed
-LOCAL_TESTS := tests/unit/test_portable.py tests/unit/cli/test_stack.py tests/unit/backends/local/test_sum_tree.py tests/integration/backends/local/test_local_backend.py
+LOCAL_TESTS := tests/unit/test_portable.py tests/unit/cli/test_stack.py tests/unit/backends/local/test_sum_tree.py tests/integration/backends/local/test_local_backend.py tests/integration/backends/local/test_local_device.py
 
 .PHONY: demo test test-fast test-py312 test-slow lint format benchmark load-test clean
 

@@ -45,6 +45,7 @@ LOCAL_TEST_FILES = (
     "unit/test_portable.py",
     "unit/backends/local/test_sum_tree.py",
     "integration/backends/local/test_local_backend.py",
+    "integration/backends/local/test_local_device.py",
 )
 """Test files (relative to tests/) that import no TensorFlow, TF-Agents or Reverb at module
 level; the Makefile's LOCAL_TESTS names the same files."""
