@@ -138,6 +138,7 @@ def measure(
     capacity: int,
     sizes: list[int],
     batches: int,
+    profile: int = 0,
 ) -> dict[str, Any]:
     """Fills the buffer `make()` returns with the run `data` and samples it.
 
@@ -184,6 +185,17 @@ def measure(
             batch = next(iterator)
         sync()
         result[f"sample_{size}"] = batches / (time.perf_counter() - start)
+        if profile and size == sizes[0]:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(profile):
+                next(iterator)
+            sync()
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
         result[f"correct_{size}"] = good / total
         result[f"device_{size}"] = str(batch[0].device)
         iterator.close()
@@ -202,6 +214,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--device", default="cuda", help="The torch device (cpu: a dry run).")
     parser.add_argument(
         "--buffers", default=",".join([OURS_DEVICE, OURS_HOST, TORCHRL]), help="Commas."
+    )
+    parser.add_argument(
+        "--profile", type=int, default=0, help="Batches of the first size profiled per buffer."
     )
     args = parser.parse_args(argv)
     import torch
@@ -222,7 +237,9 @@ def main(argv: list[str]) -> None:
     results: dict[str, dict[str, Any]] = {}
     for buffer in args.buffers.split(","):
         try:
-            results[buffer] = measure(makers[buffer], data, capacity, sizes, args.batches)
+            results[buffer] = measure(
+                makers[buffer], data, capacity, sizes, args.batches, args.profile
+            )
         except Exception as e:  # an anchor that cannot run here: say why, go on
             print(f"{buffer}: not measured ({type(e).__name__}: {e})", flush=True)
             continue

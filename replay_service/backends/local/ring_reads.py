@@ -124,6 +124,13 @@ class RingReads:
         by_step = {step: step_positions[step] for step in {s for _, s in steps}}
         frames = self._frames
         if (
+            self._device is not None
+            and frames is not None
+            and frames.field not in self._compressed
+            and any(field == frames.field for field, _ in steps)
+        ):
+            return self._read_steps_on_device(by_step, steps)
+        if (
             frames is not None
             and frames.field in self._compressed
             and any(field == frames.field for field, _ in steps)
@@ -152,6 +159,57 @@ class RingReads:
                 stacks[step] if field == frames.field else plain.pop(0) for field, step in steps
             ]
         return self._read_plain(by_step, steps)
+
+    def _read_steps_on_device(
+        self, by_step: dict[int, np.ndarray], steps: Sequence[tuple[int, int]]
+    ) -> list[torch.Tensor]:
+        """`_read_steps` of a frame-stacked ring on a device: every position the steps read
+        (each stack's K frames, each other field's step) crosses to the device in one copy,
+        the frames of every stack are gathered by one `index_select`, and an episode's zero
+        padding is a multiply by a keep mask that crossed with them (a boolean-mask write
+        would wait for the device)."""
+        frames = self._frames
+        assert frames is not None and self._preds is not None and self._columns is not None
+        k = frames.k
+        stacked = sorted({step for field, step in steps if field == frames.field})
+        plain = sorted({step for field, step in steps if field != frames.field})
+        count = len(by_step[stacked[0]])
+        parts = []
+        zeros = []
+        for step in stacked:
+            positions = by_step[step]
+            serials = self._preds[positions]  # [count, K-1]
+            zero = serials < 0
+            at = np.empty((count, k), np.int64)
+            at[:, :-1] = self._positions(np.where(zero, self._oldest, serials))
+            at[:, -1] = positions
+            parts.append(at.reshape(-1))
+            zeros.append(zero)
+        parts += [by_step[step] for step in plain]
+        masked = any(zero.any() for zero in zeros)
+        frame_count = len(stacked) * count * k
+        if masked:
+            keep = np.ones((len(stacked), count, k), np.int64)
+            keep[:, :, :-1] = ~np.stack(zeros)
+            parts.append(keep.reshape(-1))
+        index = self._index(np.concatenate(parts))
+        column = self._columns[frames.field]
+        gathered = column.index_select(0, index[:frame_count])
+        if masked:
+            keep_mask = index[-frame_count:].to(column.dtype)
+            gathered.mul_(keep_mask.view(frame_count, *([1] * (column.dim() - 1))))
+        gathered = gathered.view(len(stacked), count, k, *column.shape[1:])
+        stacks = {step: frames.assemble(gathered[i]) for i, step in enumerate(stacked)}
+        at_step = {
+            step: index[frame_count + i * count : frame_count + (i + 1) * count]
+            for i, step in enumerate(plain)
+        }
+        return [
+            stacks[step]
+            if field == frames.field
+            else self._columns[field].index_select(0, at_step[step])
+            for field, step in steps
+        ]
 
     def _read_plain(
         self, by_step: dict[int, np.ndarray], steps: Sequence[tuple[int, int]]

@@ -451,18 +451,35 @@ def test_memmap_storage_and_tf_datasets_read_the_envs_stacks(make, episodes) -> 
     assert {(o[0].tobytes(), o[1].tobytes()) for o in got} <= truth
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available here")
-def test_a_ring_on_the_gpu_gathers_the_stacks_there(make, episodes) -> None:
-    transitions = episodes["zero"][:40]
-    manager = make(device="cuda")
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",  # the device code path (torch tensors gathered by index) on the host
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here"),
+        ),
+    ],
+)
+@pytest.mark.parametrize(("padding", "axis"), [("reset", 0), ("zero", 0), ("zero", -1)])
+def test_a_ring_on_a_device_gathers_every_stack_there(
+    make, episodes, device: str, padding: str, axis: int
+) -> None:
+    """Every transition, episode starts (padded) and terminal ones (their true next stack)
+    included, is sampled from a ring on `device` exactly as the env gave it."""
+    transitions = laid_out(episodes[padding], axis)
+    manager = make(device=device, axis=axis)
     truth = fill(manager, transitions, check=False)
-    batch = next(iter(manager.torch_batches(32, transitions=True, device="cuda")))
-    assert batch.states.device.type == "cuda"
-    got = {
-        (s.cpu().numpy().tobytes(), n.cpu().numpy().tobytes())
-        for s, n in zip(batch.states, batch.next_states, strict=True)
-    }
-    assert got <= truth
+    seen: set[tuple[bytes, bytes]] = set()
+    with manager.torch_batches(32, transitions=True, device=device) as stream:
+        for _, batch in zip(range(80), stream, strict=False):
+            assert batch.states.device.type == device == batch.next_states.device.type
+            seen.update(
+                (s.cpu().numpy().tobytes(), n.cpu().numpy().tobytes())
+                for s, n in zip(batch.states, batch.next_states, strict=True)
+            )
+    # 2,560 uniform draws of 160 items: every one is drawn (missed with odds of 2e-5).
+    assert seen == truth
     check_items(manager, transitions)
 
 
