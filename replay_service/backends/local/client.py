@@ -7,6 +7,7 @@ the same windows as Reverb's structured writer configs do.
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -89,6 +90,18 @@ class LocalWindowWriter:
             else f"table {self._windows[0].table.name!r} (frame_stack={self._frames.k})"
         )
         self._exact = [(dtype.type, dtype, shape) for _, dtype, shape in self._fields]
+        # Stacks along axis 0: each step's stack is kept as one byte copy (`_store`), the
+        # history's array over it and the bytes the next stack's first K-1 frames are compared
+        # with in place; `_previous` is the episode's previous stack's copy (None: none yet).
+        self._framed = self._frames is not None and self._frames.axis == 0
+        self._previous: bytearray | None = None
+        if self._frames is not None:
+            field = self._frames.field
+            _, dtype, shape = self._fields[field]
+            self._stack = (dtype, shape)
+            self._frame_bytes = dtype.itemsize * math.prod(shape) // self._frames.k
+            self._others = [i for i in range(len(self._fields)) if i != field]
+            self._earlier = (self._frames.k - 1) * self._frames.channels  # frames 0..K-2
         # The `CheckedStep` subclass of the step last checked whole: its others are taken as
         # they are.
         self._checked: type | None = None
@@ -151,17 +164,44 @@ class LocalWindowWriter:
         for its next step (a vectorised environment's observation, a torch tensor's memory),
         and the step waits in the history until its windows are written (an episode's first
         step until the second is appended; any step whose window cannot share its steps)."""
-        arrays = [value.copy() if type(value) is np.ndarray else value for value in arrays]
         history = self._history
         frames = self._frames
-        if frames is not None:
+        if self._framed:
+            assert frames is not None
+            kept = list(arrays)
+            for index in self._others:
+                value = kept[index]
+                if type(value) is np.ndarray:
+                    kept[index] = value.copy()
             field = frames.field
-            frames.check_step(
-                arrays[field],
-                history[-1][field] if history else None,
-                self._step_index + 1,
-                self._where,
-            )
+            stack = kept[field]
+            raw = bytearray(stack if stack.flags.c_contiguous else np.ascontiguousarray(stack))
+            dtype, shape = self._stack
+            stack = kept[field] = np.ndarray(shape, dtype, raw)
+            previous = self._previous
+            # The common case: the stack follows the previous one (`FrameStack.check_step`'s
+            # first comparison, the previous copy's bytes read in place).
+            if previous is None or not previous.startswith(
+                stack[: self._earlier], self._frame_bytes
+            ):
+                frames.check_step(
+                    stack,
+                    history[-1][field] if history else None,
+                    self._step_index + 1,
+                    self._where,
+                )
+            self._previous = raw
+            arrays = kept
+        else:
+            arrays = [value.copy() if type(value) is np.ndarray else value for value in arrays]
+            if frames is not None:
+                field = frames.field
+                frames.check_step(
+                    arrays[field],
+                    history[-1][field] if history else None,
+                    self._step_index + 1,
+                    self._where,
+                )
         history.append(arrays)
         if len(history) > self._longest:
             del history[0]
@@ -188,6 +228,7 @@ class LocalWindowWriter:
         """Ends the episode: the next step starts new windows."""
         del clear_buffers, timeout_ms
         self._history = []
+        self._previous = None
         self._since = [0] * len(self._windows)
         self._step_index = -1
         for window in self._windows:

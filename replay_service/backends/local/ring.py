@@ -163,6 +163,14 @@ class StepRing(RingReads):
         self._max_steps = capacity * span * span
         # Whether a writer's windows share steps (not once in shared memory, see `sharing`).
         self._shares = True
+        # The writers' path (`WindowInserts._insert_next`): the fields other than the stacked
+        # one, and a zero frame's bytes (b"": frames not stacked along axis 0; None: not made).
+        self._unstacked = [
+            index
+            for index in range(len(self._step_shapes))
+            if frames is None or index != frames.field
+        ]
+        self._zero_frame: bytes | None = None
         # "memmap": the directory of the files (made by `_allocate`); None: none yet.
         self._memmap_dir: str | None = None
         # Files that could not grow: the ring grows again once this serial is written.

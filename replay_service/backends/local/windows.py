@@ -49,7 +49,7 @@ class WindowStream:
       serials: Serial numbers in the table's step ring, oldest first.
     """
 
-    __slots__ = ("frames", "key", "serials")
+    __slots__ = ("anchored", "frames", "key", "serials")
 
     def __init__(self) -> None:
         self.serials: list[int] = []
@@ -57,12 +57,16 @@ class WindowStream:
         # Stacked observations: the serials of the earlier frames of the writer's next step
         # (-1: a zero frame); []: its next step starts an episode; None: unknown.
         self.frames: list[int] | None = []
+        # Stacked observations: `(serial, anchor)` of the writer's last step written by
+        # `WindowInserts._insert_next` (`StepRing._anchor`, known as it is written).
+        self.anchored = (-1, -1)
 
     def reset(self) -> None:
         """The writer's next window shares no step with its last one (a new episode)."""
         self.serials = []
         self.key = 0
         self.frames = []
+        self.anchored = (-1, -1)
 
 
 class WindowInserts(FrameWrites):
@@ -258,19 +262,31 @@ class WindowInserts(FrameWrites):
         keep = serials[1 - length]
         if keep < self._oldest or not self._slots.holds(stream.key):
             return None
-        anchor = self._anchor(keep)  # the oldest serial the item needs
-        if not self._claim(1, anchor):
+        # The oldest serial the item needs.
+        anchored = stream.anchored
+        anchor = anchored[1] if anchored[0] == keep else self._anchor(keep)
+        size = self._ring_size
+        position, serial = self._head, self._written
+        # `_claim(1, anchor)`, whose first test passes until the ring is first full.
+        if serial + 1 - size > self._oldest and not self._claim(1, anchor):
             return None
+        size = self._ring_size
+        position = self._head
         frames = self._frames
         columns, preds = self._columns, self._preds
         assert frames is not None and columns is not None and preds is not None
         field, k = frames.field, frames.k
-        size = self._ring_size
-        position, serial = self._head, self._written
         stack = step[field]
         newest = frames.part(stack, k - 1, k)
-        # `frames.zero(stack)`, the newest frame already at hand.
-        zero = not any_bit(newest) and not any_bit(stack)
+        # `frames.zero(stack)`, the newest frame already at hand: along axis 0 it is compared
+        # in place with a zero frame's bytes.
+        zeros = self._zero_frame
+        if zeros is None:
+            zeros = self._zero_frame = bytes(newest.nbytes) if not frames.axis else b""
+        if zeros and type(newest) is np.ndarray and newest.flags.c_contiguous:
+            zero = zeros.startswith(newest) and not any_bit(stack)
+        else:
+            zero = not any_bit(newest) and not any_bit(stack)
         row = [-1] * (k - 1) if zero else chain
         if self._compressed:
             at = length - 1  # the step's place in its window
@@ -282,12 +298,17 @@ class WindowInserts(FrameWrites):
                 else:
                     column[position] = value
         else:
-            for index, value in enumerate(step):
-                columns[index][position] = newest if index == field else value
+            columns[field][position] = newest
+            for index in self._unstacked:
+                columns[index][position] = step[index]
         preds[position] = row
         if self._gap is not None:
             self._gap[position] = 1
         stream.frames = [*row[1:], serial]
+        oldest = min(row)  # `_anchor(serial)`, from the row at hand
+        if oldest < 0:
+            oldest = min([s for s in row if s >= 0], default=serial)
+        stream.anchored = (serial, oldest)
         last = serials[-1]
         if serial - last != 1:  # interleaved writers
             self._gaps()[(last - serial + position) % size] = serial - last
