@@ -146,6 +146,11 @@ class TransitionWriter:
         )
         self._frames_where = f"table {table_name!r} (frame_stack={frame_stack})"
         self._plan = FlatSteps(spec)
+        # A stacked observation's shape and dtype (`_add_fast`); None: not stacked.
+        self._stack: tuple[tuple[int, ...], np.dtype] | None = None
+        if frame_stack is not None:
+            leaf = self._plan.observation.leaves[0]
+            self._stack = (leaf.shape, leaf.dtype)
         # The fast path's steps, cast to the plan's dtypes and shapes: `CheckedStep`s for a
         # client whose writers take them as they are once they checked one.
         self._checked: type[CheckedStep] | None = (
@@ -395,12 +400,13 @@ class TransitionWriter:
         cut = fast_flag(truncated)
         if terminated is None or cut is None:
             return False
-        if (
-            self._check_continuity
-            and self._has_expected[0]
-            and not same_bytes(states, self._expected)
-        ):
-            return False
+        if self._check_continuity and self._has_expected[0]:
+            if not same_bytes(states, self._expected):
+                return False
+            if self._stack is not None:
+                # The state is the previous next_state's copy, byte for byte: the step holds
+                # that copy (read-only; a writer need not copy it again), not the caller's array.
+                states = [np.ndarray(*self._stack, self._expected[0])]
         ended = terminated or cut
         if self._frames is not None and ended:
             self._check_stacks(states, [next_states[0]], [True])

@@ -94,7 +94,11 @@ class LocalWindowWriter:
         # history's array over it and the bytes the next stack's first K-1 frames are compared
         # with in place; `_previous` is the episode's previous stack's copy (None: none yet).
         self._framed = self._frames is not None and self._frames.axis == 0
-        self._previous: bytearray | None = None
+        # A host ring's writer keeps a stack that is a read-only array over a `bytes` object
+        # of its size (`TransitionWriter` hands its continuity copy so) as it is: it cannot
+        # change. A device ring's takes writable copies (`torch.as_tensor`).
+        self._keeps_bytes = self._framed and self._windows[0].table.on_host
+        self._previous: bytes | bytearray | None = None
         if self._frames is not None:
             field = self._frames.field
             _, dtype, shape = self._fields[field]
@@ -175,9 +179,17 @@ class LocalWindowWriter:
                     kept[index] = value.copy()
             field = frames.field
             stack = kept[field]
-            raw = bytearray(stack if stack.flags.c_contiguous else np.ascontiguousarray(stack))
-            dtype, shape = self._stack
-            stack = kept[field] = np.ndarray(shape, dtype, raw)
+            raw: bytes | bytearray | None = stack.base
+            if (
+                type(raw) is not bytes
+                or not self._keeps_bytes
+                or stack.flags.writeable
+                or not stack.flags.c_contiguous
+                or len(raw) != stack.nbytes
+            ):
+                raw = bytearray(stack if stack.flags.c_contiguous else np.ascontiguousarray(stack))
+                dtype, shape = self._stack
+                stack = kept[field] = np.ndarray(shape, dtype, raw)
             previous = self._previous
             # The common case: the stack follows the previous one (`FrameStack.check_step`'s
             # first comparison, the previous copy's bytes read in place).

@@ -199,6 +199,11 @@ class StepRing(RingReads):
         return self._frames
 
     @property
+    def on_host(self) -> bool:
+        """Whether the step ring is in host memory (numpy columns), not on a device."""
+        return self._device is None
+
+    @property
     def step_bytes(self) -> int:
         """Bytes of one step's data (every field)."""
         return sum(

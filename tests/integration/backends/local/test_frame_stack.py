@@ -148,6 +148,31 @@ def test_warm_up_writes_the_envs_stacks(make) -> None:
         assert (item[0].tobytes(), item[1].tobytes()) in consecutive
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_a_caller_reusing_its_stack_arrays_never_changes_what_was_written(
+    make, episodes, compression: str | None
+) -> None:
+    # A vectorised env or a torch loop fills the same observation arrays in place each step;
+    # the writer keeps copies (the state of a step within an episode: the copy its continuity
+    # check made of the previous next state).
+    if compression is not None:
+        pytest.importorskip("lz4", reason="the compression extra is not installed")
+    transitions = laid_out(episodes["reset"], 0)[:60]
+    manager = make(compression=compression)
+    manager.create_replay_buffer()
+    state = np.empty_like(transitions[0][0])
+    next_state = np.empty_like(transitions[0][3])
+    with manager.transition_writer() as writer:
+        for s, a, r, n, done, cut in transitions:
+            state[...] = s
+            next_state[...] = n
+            writer.add(state, a, r, next_state, done, cut)
+            state[...] = 0  # the caller's arrays change before the next add
+            next_state[...] = 255
+    check_items(manager, transitions)
+
+
 def test_stacks_that_are_no_shift_are_refused(make, episodes) -> None:
     transitions = episodes["reset"][:6]
     manager = make()
