@@ -82,6 +82,14 @@ class LocalWindowWriter:
         self._since = [0] * len(self._windows)
         self._step_index = -1
         self._longest = max(w.sequence_length for w in self._windows)
+        # A writer of one unpadded table at stride 1 (a collector's usual one): its windows'
+        # bookkeeping without the loop over tables (`_store`).
+        only = self._windows[0]
+        self._single = (
+            only
+            if len(self._windows) == 1 and not only.padded and only.stride_length == 1
+            else None
+        )
         self._frames = self._windows[0].table.frames  # stacked observations: checked
         # Named by the frames' errors, as the Reverb writers and `TransitionWriter` name it.
         self._where = (
@@ -219,6 +227,15 @@ class LocalWindowWriter:
             del history[0]
         index = self._step_index = self._step_index + 1
         since = self._since
+        single = self._single
+        if single is not None:  # one table, every window: each step from the first full one
+            since[0] += 1
+            length = single.sequence_length
+            if index >= length - 1:
+                fresh = since[0]
+                since[0] = 0
+                single.table.insert_window(history[-length:], single.priority, single.stream, fresh)
+            return
         for position, window in enumerate(self._windows):
             since[position] += 1
             length = window.sequence_length
