@@ -112,6 +112,7 @@ class LocalWindowWriter:
             _, dtype, shape = self._fields[field]
             self._stack = (dtype, shape)
             self._frame_bytes = dtype.itemsize * math.prod(shape) // self._frames.k
+            self._field = field
             self._others = [i for i in range(len(self._fields)) if i != field]
             self._earlier = (self._frames.k - 1) * self._frames.channels  # frames 0..K-2
         # The `CheckedStep` subclass of the step last checked whole: its others are taken as
@@ -249,6 +250,50 @@ class LocalWindowWriter:
                 fresh = since[position]
                 since[position] = 0
                 window.table.insert_window(history[-length:], window.priority, window.stream, fresh)
+
+    def stacked_path(self) -> Any:
+        """`append_stacked`, where this writer takes a transition writer's steps straight: one
+        unpadded table at stride 1 in host memory, stacks along axis 0; else None."""
+        if self._single is None or not self._keeps_bytes:
+            return None
+        return self.append_stacked
+
+    def append_stacked(self, step: list[Any], buffer: bytearray) -> None:
+        """`append` of a transition writer's step within an episode (`stacked_path`): its
+        fields of the table's dtypes and shapes, none the caller's array, its stack a
+        read-only C-contiguous array over `buffer`, which the writer fills again only once the
+        step left the history (`TransitionWriter._keep_next`): the step keeps it as it is. Its
+        window goes straight to the ring where it continues the writer's previous item
+        (`LocalTable.insert_next`).
+
+        Raises:
+          SpecMismatchError: If the stack does not follow the previous one (`_store`'s check,
+            naming the step); nothing is changed then.
+        """
+        stack = step[self._field]
+        previous = self._previous
+        # `FrameStack.check_step`'s first comparison, as in `_store`; anything else is
+        # checked (and refused or kept as a copy) there.
+        if previous is None or not previous.startswith(stack[: self._earlier], self._frame_bytes):
+            self._store(step)
+            return
+        history = self._history
+        history.append(step)
+        if len(history) > self._longest:
+            del history[0]
+        self._previous = buffer
+        index = self._step_index = self._step_index + 1
+        single = self._single
+        assert single is not None
+        since = self._since
+        since[0] += 1
+        length = single.sequence_length
+        if index >= length - 1:
+            fresh = since[0]
+            since[0] = 0
+            table = single.table
+            if fresh != 1 or table.insert_next(step, single.priority, single.stream) is None:
+                table.insert_window(history[-length:], single.priority, single.stream, fresh)
 
     def flush(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to wait for: items are in the table once `append` returns."""

@@ -240,6 +240,30 @@ class WindowInserts(FrameWrites):
             self._changed.notify()
         return key
 
+    def insert_next(
+        self, step: Sequence[np.ndarray], priority: float, stream: WindowStream
+    ) -> int | None:
+        """`insert_window` of a writer's window that shares all but its last step, `step`, with
+        the writer's previous item, on an uncompressed host ring of stacked observations
+        (`_insert_next`), without the window's other steps at hand.
+
+        Returns:
+          The new item's key; None, having changed nothing but the ring's size and the held
+          items (the oldest evicted where the table was full, as `insert_window` does first),
+          where the window cannot be written so (`insert_window` then writes it).
+        """
+        if self._compressed or self._device is not None or self._length < 2:
+            return None
+        with self._changed:
+            if self._closed:
+                self._require_open()
+            if self._columns is None:
+                return None
+            held = self._slots.size
+            if held >= self.config.capacity:
+                self._evict_oldest(held + 1 - self.config.capacity)
+            return self._insert_next(step, priority, stream, {})
+
     def _insert_next(
         self,
         step: Sequence[np.ndarray],

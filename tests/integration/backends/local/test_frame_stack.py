@@ -198,6 +198,27 @@ def test_stacks_that_are_no_shift_are_refused(make, episodes) -> None:
     assert table(fresh).nbytes == 0 or table(fresh).size == 0
 
 
+def test_a_next_state_that_is_no_shift_is_refused_as_the_following_state(make, episodes) -> None:
+    # Within an episode a state is the previous next state's copy; the stack that does not
+    # follow its previous one is refused when it is written as a state, deep in an episode.
+    transitions = episodes["reset"][:12]
+    assert not any(done or cut for *_, done, cut in transitions)
+    manager = make()
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    for transition in transitions[:10]:
+        writer.add(*transition)
+    state, action, reward, next_state, done, cut = transitions[10]
+    wrong = next_state.copy()
+    wrong[1] ^= 1  # frame 1 is not frame 2 of the previous stack
+    writer.add(state, action, reward, wrong, done, cut)
+    before = manager.num_frames()
+    with pytest.raises(SpecMismatchError, match=r"step 11 of the episode: frame 1"):
+        writer.add(wrong, *transitions[11][1:])
+    assert manager.num_frames() == before
+    check_items(manager, transitions[:10])
+
+
 @pytest.mark.heavy
 def test_checkpoint_and_export_round_trip(make, episodes, tmp_path) -> None:
     transitions = episodes["zero"]
