@@ -171,6 +171,9 @@ class StepRing(RingReads):
             if frames is None or index != frames.field
         ]
         self._zero_frame: bytes | None = None
+        # `WindowInserts.insert_next`'s flat views of `_columns` and `_preds` (`_flat_views`),
+        # remade when either is.
+        self._flat: Any = None
         # "memmap": the directory of the files (made by `_allocate`); None: none yet.
         self._memmap_dir: str | None = None
         # Files that could not grow: the ring grows again once this serial is written.

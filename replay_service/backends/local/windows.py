@@ -34,7 +34,8 @@ from replay_service.backends.local.frame_writes import (
     continues_previous,
     plan_windows,
 )
-from replay_service.backends.local.slots import Slots
+from replay_service.backends.local.shared import CELL_NEXT, CELL_OLDEST, CELL_SIZE
+from replay_service.backends.local.slots import RingSlots, Slots
 from replay_service.backends.local.sum_tree import SumTree
 from replay_service.config.options import TableConfig
 from replay_service.errors import SpecMismatchError
@@ -49,11 +50,13 @@ class WindowStream:
       serials: Serial numbers in the table's step ring, oldest first.
     """
 
-    __slots__ = ("anchored", "frames", "key", "serials")
+    __slots__ = ("anchored", "frames", "key", "number", "serials")
 
     def __init__(self) -> None:
         self.serials: list[int] = []
         self.key = 0  # the key of the writer's last item, 0: none
+        # Its insertion number where `WindowInserts.insert_next` held it, else -1.
+        self.number = -1
         # Stacked observations: the serials of the earlier frames of the writer's next step
         # (-1: a zero frame); []: its next step starts an episode; None: unknown.
         self.frames: list[int] | None = []
@@ -65,8 +68,35 @@ class WindowStream:
         """The writer's next window shares no step with its last one (a new episode)."""
         self.serials = []
         self.key = 0
+        self.number = -1
         self.frames = []
         self.anchored = (-1, -1)
+
+
+def _flat_views(
+    columns: list[Any], preds: np.ndarray, fields: list[int]
+) -> tuple[list[Any], np.ndarray, list[tuple[int, memoryview | None, bool]], memoryview]:
+    """`WindowInserts.insert_next`'s views of a host ring's `columns` and `preds`: per field
+    of `fields`, `(index, view, first)`: a one-dimensional memoryview of a column of one value
+    per step (`first`: of shape [1], its values given as one-element arrays), None for any
+    other column; and the flat view of `preds`."""
+    views: list[tuple[int, memoryview | None, bool]] = []
+    for index in fields:
+        column = columns[index]
+        view = None
+        if (
+            type(column) is np.ndarray
+            and column.ndim in (1, 2)
+            and column.shape[1:] in ((), (1,))
+            and column.dtype.kind in "biuf"
+            and column.flags.c_contiguous
+        ):
+            try:
+                view = memoryview(column).cast("B").cast(column.dtype.char)
+            except (TypeError, ValueError):  # a format memoryview does not take
+                view = None
+        views.append((index, view, column.ndim == 2))
+    return columns, preds, views, memoryview(preds).cast("B").cast(preds.dtype.char)
 
 
 class WindowInserts(FrameWrites):
@@ -82,6 +112,7 @@ class WindowInserts(FrameWrites):
     deletes: int
     _shapes: list[tuple[int, ...]]
     _changed: threading.Condition
+    _cell: np.ndarray
     _closed: bool
     _slots: Slots
     _times_sampled: np.ndarray
@@ -244,8 +275,10 @@ class WindowInserts(FrameWrites):
         self, step: Sequence[np.ndarray], priority: float, stream: WindowStream
     ) -> int | None:
         """`insert_window` of a writer's window that shares all but its last step, `step`, with
-        the writer's previous item, on an uncompressed host ring of stacked observations
-        (`_insert_next`), without the window's other steps at hand.
+        the writer's previous item, on an uncompressed host ring of stacked observations,
+        without the window's other steps at hand: `_insert_next` and `_hold` in one, for a
+        table whose items leave oldest first, of one flat priority, its writers' steps not
+        interleaved (any other table: through them).
 
         Returns:
           The new item's key; None, having changed nothing but the ring's size and the held
@@ -254,15 +287,123 @@ class WindowInserts(FrameWrites):
         """
         if self._compressed or self._device is not None or self._length < 2:
             return None
-        with self._changed:
-            if self._closed:
-                self._require_open()
-            if self._columns is None:
-                return None
-            held = self._slots.size
-            if held >= self.config.capacity:
-                self._evict_oldest(held + 1 - self.config.capacity)
+        changed = self._changed
+        changed.acquire()  # `with changed`, without its two Python-level calls
+        try:
+            return self._insert_next_held(step, priority, stream)
+        finally:
+            changed.release()
+
+    def _insert_next_held(
+        self, step: Sequence[np.ndarray], priority: float, stream: WindowStream
+    ) -> int | None:
+        """`insert_next`, the table's lock held."""
+        if self._closed:
+            self._require_open()
+        slots = self._slots
+        if self._columns is None:
+            return None
+        if slots.size >= self.config.capacity:
+            self._evict_oldest(slots.size + 1 - self.config.capacity)
+        if (
+            type(slots) is not RingSlots
+            or self._gap is not None
+            or self._tree is not None
+            or self._priority is not None
+            or priority != self._flat_priority
+        ):
             return self._insert_next(step, priority, stream, {})
+        chain = stream.frames
+        serials = stream.serials
+        length = self._length
+        if not chain or len(serials) < length - 1 or not self._shares:
+            return None
+        keep = serials[1 - length]
+        # `slots.holds(stream.key)`: the writer's last item, number `stream.number`, is held
+        # until the oldest held one is a later one (-1: not known, asked).
+        number = stream.number
+        if keep < self._oldest or (
+            slots.first > number if number >= 0 else not slots.holds(stream.key)
+        ):
+            return None
+        anchored = stream.anchored  # the oldest serial the item needs
+        anchor = anchored[1] if anchored[0] == keep else self._anchor(keep)
+        serial = self._written
+        if serial + 1 - self._ring_size > self._oldest and not self._claim(1, anchor):
+            return None
+        size = self._ring_size
+        position = self._head
+        columns, preds, frames = self._columns, self._preds, self._frames
+        assert columns is not None and preds is not None and frames is not None
+        field = frames.field
+        stack = step[field]
+        newest = self._newest_frame(stack)
+        zeros = self._zero_frame
+        if zeros and newest.flags.c_contiguous:  # `_insert_next`'s zero test
+            zero = zeros.startswith(newest) and not any_bit(stack)
+        else:
+            zero = frames.zero(stack)
+        row = [-1] * (frames.k - 1) if zero else chain
+        columns[field][position] = newest
+        flat = self._flat
+        if flat is None or flat[0] is not columns or flat[1] is not preds:
+            flat = self._flat = _flat_views(columns, preds, self._unstacked)
+        for index, view, first in flat[2]:
+            value = step[index]
+            if view is None:
+                columns[index][position] = value
+            else:  # one value per step, through a flat view: no numpy indexing
+                view[position] = value[0] if first and type(value) is np.ndarray else value
+        at = position * (frames.k - 1)
+        pview = flat[3]
+        for serial_of in row:
+            pview[at] = serial_of
+            at += 1
+        stream.frames = [*row[1:], serial]
+        oldest = min(row)  # `_anchor(serial)`, from the row at hand
+        if oldest < 0:
+            oldest = min([s for s in row if s >= 0], default=serial)
+        stream.anchored = (serial, oldest)
+        last = serials[-1]
+        if serial - last != 1:  # interleaved writers: `_gap` made, then `_insert_next`
+            self._gaps()[(last - serial + position) % size] = serial - last
+        end = serial + 1
+        self._head = position + 1 if position + 1 < size else 0
+        self._written = end
+        if end - size > self._oldest:
+            self._oldest = end - size
+        stream.serials = [*serials[1 - length :], serial]
+        # `_hold`: the item's count at its anchor, its slot, key and first serial.
+        at = (anchor - serial + position) % size
+        refs = self._refs
+        count = refs.item(at) + 1
+        refs[at] = count
+        if count >= 255 and refs.dtype == np.uint8:
+            self._refs = refs.astype(np.int32)
+        slot, key = slots.allocate_one()
+        self._first[slot] = keep
+        if self._consecutive is not None:
+            self._consecutive[slot] = True
+        self._times_sampled[slot] = 0
+        stream.key = key
+        stream.number = slots.next - 1
+        cell = self._cell  # `_publish`: held, its steps and first serial are written
+        cell[CELL_SIZE] = slots.size
+        cell[CELL_OLDEST] = slots.first
+        cell[CELL_NEXT] = slots.next
+        self.inserts += 1
+        self._changed.notify()
+        return key
+
+    def _newest_frame(self, stack: np.ndarray) -> np.ndarray:
+        """The newest frame of `stack` (`FrameStack.part`), with `_zero_frame` made on first
+        use (a zero frame's bytes along axis 0, b"" along another axis)."""
+        frames = self._frames
+        assert frames is not None
+        newest = frames.part(stack, frames.k - 1, frames.k)
+        if self._zero_frame is None:
+            self._zero_frame = bytes(newest.nbytes) if not frames.axis else b""
+        return newest
 
     def _insert_next(
         self,
@@ -301,12 +442,10 @@ class WindowInserts(FrameWrites):
         assert frames is not None and columns is not None and preds is not None
         field, k = frames.field, frames.k
         stack = step[field]
-        newest = frames.part(stack, k - 1, k)
+        newest = self._newest_frame(stack)
         # `frames.zero(stack)`, the newest frame already at hand: along axis 0 it is compared
         # in place with a zero frame's bytes.
         zeros = self._zero_frame
-        if zeros is None:
-            zeros = self._zero_frame = bytes(newest.nbytes) if not frames.axis else b""
         if zeros and type(newest) is np.ndarray and newest.flags.c_contiguous:
             zero = zeros.startswith(newest) and not any_bit(stack)
         else:
@@ -371,6 +510,7 @@ class WindowInserts(FrameWrites):
             self._set_priorities(np.array([slot]), np.array([priority]))
         if stream is not None:
             stream.key = key
+            stream.number = -1
         self._publish()  # held: its steps and first serial are written
         self.inserts += 1
         return key
