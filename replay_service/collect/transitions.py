@@ -532,11 +532,14 @@ class TransitionWriter:
                 return False
         else:
             return False
-        self._stacked(
-            [plan.mid, kept, array, plan.next_mid, value, plan.continuing], self._expected[0]
-        )
+        expected = self._expected
+        self._stacked([plan.mid, kept, array, plan.next_mid, value, plan.continuing], expected[0])
         self._envs.count(0)
-        self._keep_next(next_state)
+        # `_keep_next`, inline.
+        turn = self._turn = (self._turn + 1) % len(self._pool)
+        np.copyto(self._pool_arrays[turn], next_state)
+        expected[0] = self._pool[turn]
+        self._expected_kept = self._pool_kept[turn]
         return True
 
     def _action_array(self, action: int) -> np.ndarray | None:

@@ -285,7 +285,7 @@ class WindowInserts(FrameWrites):
           items (the oldest evicted where the table was full, as `insert_window` does first),
           where the window cannot be written so (`insert_window` then writes it).
         """
-        if self._compressed or self._device is not None or self._length < 2:
+        if self._compressed or self._device is not None or self._length < 2 or not self._frames:
             return None
         changed = self._changed
         changed.acquire()  # `with changed`, without its two Python-level calls
@@ -303,8 +303,7 @@ class WindowInserts(FrameWrites):
         slots = self._slots
         if self._columns is None:
             return None
-        if slots.size >= self.config.capacity:
-            self._evict_oldest(slots.size + 1 - self.config.capacity)
+        held = slots.size
         if (
             type(slots) is not RingSlots
             or self._gap is not None
@@ -312,7 +311,28 @@ class WindowInserts(FrameWrites):
             or self._priority is not None
             or priority != self._flat_priority
         ):
+            if held >= self.config.capacity:
+                self._evict_oldest(held + 1 - self.config.capacity)
             return self._insert_next(step, priority, stream, {})
+        if held >= self.config.capacity:
+            if held != self.config.capacity or held < 2:
+                self._evict_oldest(held + 1 - self.config.capacity)
+            else:  # `_evict_oldest(1)` of a full table: its oldest item leaves
+                slot = slots.remove_oldest_one()
+                cell = self._cell  # `_publish`: free, before anything is overwritten
+                cell[CELL_SIZE] = slots.size
+                cell[CELL_OLDEST] = slots.first
+                cell[CELL_NEXT] = slots.next
+                refs = self._refs
+                at = (self._anchor(self._first.item(slot)) - self._written + self._head) % (
+                    self._ring_size
+                )
+                refs[at] = refs.item(at) - 1
+                consecutive = self._consecutive
+                if self._scattered and consecutive is not None and not consecutive[slot]:
+                    self._scattered -= 1
+                self.deletes += 1
+                self.evictions += 1
         chain = stream.frames
         serials = stream.serials
         length = self._length
@@ -329,10 +349,18 @@ class WindowInserts(FrameWrites):
         anchored = stream.anchored  # the oldest serial the item needs
         anchor = anchored[1] if anchored[0] == keep else self._anchor(keep)
         serial = self._written
-        if serial + 1 - self._ring_size > self._oldest and not self._claim(1, anchor):
-            return None
         size = self._ring_size
         position = self._head
+        cutoff = serial + 1 - size  # serials below it are overwritten
+        if cutoff > self._oldest and (
+            anchor < cutoff
+            or cutoff - self._oldest != 1
+            or self._refs.item((self._oldest + position - serial) % size)
+        ):  # not `_claim(1, anchor)`'s common case: the oldest step no item's first
+            if not self._claim(1, anchor):
+                return None
+            size = self._ring_size
+            position = self._head
         columns, preds, frames = self._columns, self._preds, self._frames
         assert columns is not None and preds is not None and frames is not None
         field = frames.field
