@@ -64,17 +64,6 @@ class EnvWriters:
             writer = self._target.open_writer()
             self.writers[index] = writer
         writer.append(step)
-        self.count(index)
-
-    def count(self, index: int) -> None:
-        """Counts a step appended to env `index`'s open writer (by `append`, or by its caller
-        straight to the writer), waiting for the server every `flush_every` steps.
-
-        Raises:
-          WriteTimeoutError: If the server does not confirm items within the write timeout.
-        """
-        writer = self.writers[index]
-        assert writer is not None
         self.steps[index] += 1
         since_flush = self._since_flush[index] + 1
         if since_flush >= self._flush_every:

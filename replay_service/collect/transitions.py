@@ -196,6 +196,7 @@ class TransitionWriter:
         self._turn = -1
         # The read-only array over the buffer `_expected` holds (None: `_expected` is other).
         self._expected_kept: np.ndarray | None = None
+        self._reward_type = self._plan.reward.leaves[0].scalar_type
         # Discrete actions as the read-only arrays the fast path converts them to, by value.
         self._action_arrays: dict[int, np.ndarray] = {}
 
@@ -525,16 +526,16 @@ class TransitionWriter:
             array = converted[0]
             if type(array) is np.ndarray:
                 array = array.copy()  # the caller may refill its array
-        plan = self._plan
-        if type(reward) is float or type(reward) is plan.reward.leaves[0].scalar_type:
-            value = plan.reward.leaves[0].scalar_type(reward)
-            if not math.isfinite(value):
-                return False
-        else:
+        reward_type = self._reward_type
+        if type(reward) is not float and type(reward) is not reward_type:
             return False
+        value = reward_type(reward)
+        if not math.isfinite(value):
+            return False
+        plan = self._plan
         expected = self._expected
         self._stacked([plan.mid, kept, array, plan.next_mid, value, plan.continuing], expected[0])
-        self._envs.count(0)
+        self._envs.steps[0] += 1  # its writer never waits (`stacked_path`): no flush counted
         # `_keep_next`, inline.
         turn = self._turn = (self._turn + 1) % len(self._pool)
         np.copyto(self._pool_arrays[turn], next_state)

@@ -253,7 +253,8 @@ class LocalWindowWriter:
 
     def stacked_path(self) -> Any:
         """`append_stacked`, where this writer takes a transition writer's steps straight: one
-        unpadded table at stride 1 in host memory, stacks along axis 0; else None."""
+        unpadded table at stride 1 in host memory, stacks along axis 0; else None. Its caller
+        need not count steps for `flush`, which never waits."""
         if self._single is None or not self._keeps_bytes:
             return None
         return self.append_stacked
