@@ -74,12 +74,19 @@ class WindowStream:
 
 
 def _flat_views(
-    columns: list[Any], preds: np.ndarray, fields: list[int]
-) -> tuple[list[Any], np.ndarray, list[tuple[int, memoryview | None, bool]], memoryview]:
+    columns: list[Any], preds: np.ndarray, fields: list[int], stacked: int
+) -> tuple[
+    list[Any],
+    np.ndarray,
+    list[tuple[int, memoryview | None, bool]],
+    memoryview,
+    memoryview | None,
+]:
     """`WindowInserts.insert_next`'s views of a host ring's `columns` and `preds`: per field
     of `fields`, `(index, view, first)`: a one-dimensional memoryview of a column of one value
     per step (`first`: of shape [1], its values given as one-element arrays), None for any
-    other column; and the flat view of `preds`."""
+    other column; the flat view of `preds`; the bytes of the frames' column `stacked` (None
+    where it is not one C-contiguous numpy array)."""
     views: list[tuple[int, memoryview | None, bool]] = []
     for index in fields:
         column = columns[index]
@@ -96,7 +103,13 @@ def _flat_views(
             except (TypeError, ValueError):  # a format memoryview does not take
                 view = None
         views.append((index, view, column.ndim == 2))
-    return columns, preds, views, memoryview(preds).cast("B").cast(preds.dtype.char)
+    frames = columns[stacked]
+    frame_view = (
+        memoryview(frames).cast("B")
+        if type(frames) is np.ndarray and frames.flags.c_contiguous
+        else None
+    )
+    return columns, preds, views, memoryview(preds).cast("B").cast(preds.dtype.char), frame_view
 
 
 class WindowInserts(FrameWrites):
@@ -372,10 +385,15 @@ class WindowInserts(FrameWrites):
         else:
             zero = frames.zero(stack)
         row = [-1] * (frames.k - 1) if zero else chain
-        columns[field][position] = newest
         flat = self._flat
         if flat is None or flat[0] is not columns or flat[1] is not preds:
-            flat = self._flat = _flat_views(columns, preds, self._unstacked)
+            flat = self._flat = _flat_views(columns, preds, self._unstacked, field)
+        frame_view = flat[4]
+        if frame_view is not None and newest.flags.c_contiguous:  # its bytes, as they are
+            start = position * newest.nbytes
+            frame_view[start : start + newest.nbytes] = memoryview(newest).cast("B")
+        else:
+            columns[field][position] = newest
         for index, view, first in flat[2]:
             value = step[index]
             if view is None:
@@ -408,13 +426,17 @@ class WindowInserts(FrameWrites):
         refs[at] = count
         if count >= 255 and refs.dtype == np.uint8:
             self._refs = refs.astype(np.int32)
-        slot, key = slots.allocate_one()
+        number = slots.next  # `slots.allocate_one()`
+        slot = number % slots.capacity
+        slots.next = number + 1
+        slots.size += 1
+        key = slots.key_of(number, slot)
         self._first[slot] = keep
         if self._consecutive is not None:
             self._consecutive[slot] = True
         self._times_sampled[slot] = 0
         stream.key = key
-        stream.number = slots.next - 1
+        stream.number = number
         cell = self._cell  # `_publish`: held, its steps and first serial are written
         cell[CELL_SIZE] = slots.size
         cell[CELL_OLDEST] = slots.first
