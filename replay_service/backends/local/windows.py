@@ -346,12 +346,11 @@ class WindowInserts(FrameWrites):
                     self._scattered -= 1
                 self.deletes += 1
                 self.evictions += 1
-        chain = stream.frames
-        serials = stream.serials
-        length = self._length
-        if not chain or len(serials) < length - 1 or not self._shares:
+        keep = self._shared_first(stream)
+        if keep is None:
             return None
-        keep = serials[1 - length]
+        chain = stream.frames
+        assert chain is not None
         # `slots.holds(stream.key)`: the writer's last item, number `stream.number`, is held
         # until the oldest held one is a later one (-1: not known, asked).
         number = stream.number
@@ -405,20 +404,7 @@ class WindowInserts(FrameWrites):
         for serial_of in row:
             pview[at] = serial_of
             at += 1
-        stream.frames = [*row[1:], serial]
-        oldest = min(row)  # `_anchor(serial)`, from the row at hand
-        if oldest < 0:
-            oldest = min([s for s in row if s >= 0], default=serial)
-        stream.anchored = (serial, oldest)
-        last = serials[-1]
-        if serial - last != 1:  # interleaved writers: `_gap` made, then `_insert_next`
-            self._gaps()[(last - serial + position) % size] = serial - last
-        end = serial + 1
-        self._head = position + 1 if position + 1 < size else 0
-        self._written = end
-        if end - size > self._oldest:
-            self._oldest = end - size
-        stream.serials = [*serials[1 - length :], serial]
+        self._advance_next(stream, row, serial, position)
         # `_hold`: the item's count at its anchor, its slot, key and first serial.
         at = (anchor - serial + position) % size
         refs = self._refs
@@ -445,6 +431,40 @@ class WindowInserts(FrameWrites):
         self._changed.notify()
         return key
 
+    def _shared_first(self, stream: WindowStream) -> int | None:
+        """The first serial of a writer's next window that shares all but its last step with
+        its previous one; None where it cannot (an episode's first window, frames not known,
+        a ring whose writers do not share steps)."""
+        serials = stream.serials
+        length = self._length
+        if not stream.frames or len(serials) < length - 1 or not self._shares:
+            return None
+        return serials[1 - length]
+
+    def _advance_next(
+        self, stream: WindowStream, row: list[int], serial: int, position: int
+    ) -> int:
+        """After a writer's next step, serial `serial` at ring `position` with earlier frames
+        `row`, was written: the stream's frames, anchor and serials, the ring's head and
+        counters (a gap where writers interleave). Returns the serial after it."""
+        stream.frames = [*row[1:], serial]
+        oldest = min(row)  # `_anchor(serial)`, from the row at hand
+        if oldest < 0:
+            oldest = min([s for s in row if s >= 0], default=serial)
+        stream.anchored = (serial, oldest)
+        serials = stream.serials
+        last = serials[-1]
+        size = self._ring_size
+        if serial - last != 1:  # interleaved writers
+            self._gaps()[(last - serial + position) % size] = serial - last
+        end = serial + 1
+        self._head = position + 1 if position + 1 < size else 0
+        self._written = end
+        if end - size > self._oldest:
+            self._oldest = end - size
+        stream.serials = [*serials[1 - self._length :], serial]
+        return end
+
     def _newest_frame(self, stack: np.ndarray) -> np.ndarray:
         """The newest frame of `stack` (`FrameStack.part`), with `_zero_frame` made on first
         use (a zero frame's bytes along axis 0, b"" along another axis)."""
@@ -469,12 +489,11 @@ class WindowInserts(FrameWrites):
         `(step in the window, field)` before the lock was taken). Returns the item's key, or
         None, having changed nothing but the ring's size, where the window cannot share its
         steps (`insert_window` then writes it as it writes any)."""
-        chain = stream.frames
-        serials = stream.serials
-        length = self._length
-        if not chain or len(serials) < length - 1 or not self._shares:
+        keep = self._shared_first(stream)
+        if keep is None:
             return None
-        keep = serials[1 - length]
+        chain = stream.frames
+        assert chain is not None
         if keep < self._oldest or not self._slots.holds(stream.key):
             return None
         # The oldest serial the item needs.
@@ -502,7 +521,7 @@ class WindowInserts(FrameWrites):
             zero = not any_bit(newest) and not any_bit(stack)
         row = [-1] * (k - 1) if zero else chain
         if self._compressed:
-            at = length - 1  # the step's place in its window
+            at = self._length - 1  # the step's place in its window
             for index, value in enumerate(step):
                 column = columns[index]
                 value = newest if index == field else value
@@ -517,20 +536,7 @@ class WindowInserts(FrameWrites):
         preds[position] = row
         if self._gap is not None:
             self._gap[position] = 1
-        stream.frames = [*row[1:], serial]
-        oldest = min(row)  # `_anchor(serial)`, from the row at hand
-        if oldest < 0:
-            oldest = min([s for s in row if s >= 0], default=serial)
-        stream.anchored = (serial, oldest)
-        last = serials[-1]
-        if serial - last != 1:  # interleaved writers
-            self._gaps()[(last - serial + position) % size] = serial - last
-        end = serial + 1
-        self._head = position + 1 if position + 1 < size else 0
-        self._written = end
-        if end - size > self._oldest:
-            self._oldest = end - size
-        stream.serials = [*serials[1 - length :], serial]
+        end = self._advance_next(stream, row, serial, position)
         key = self._hold((anchor - serial + position) % size, keep, end, priority, stream)
         self._changed.notify()
         return key
