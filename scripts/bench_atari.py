@@ -678,6 +678,8 @@ def run_child(job: dict[str, Any]) -> dict[str, Any] | None:
 def main(argv: list[str]) -> None:
     """`sample`: batches/s of the buffers named, `--repeats` rounds (each buffer once per
     round, in turn, in fresh processes), the median and its ratio to the first buffer's.
+    `insert`: the same rounds, the steps/s of their fills (`--run_steps` transitions into a
+    buffer of `--capacity`).
     `interleaved`: the buffers in one process, sampled in turn (`measure_interleaved`), the
     ratios to the first buffer's rate, `--repeats` processes.
     `fill`: RSS while `--steps` transitions (the env run cycled by whole episodes) fill a
@@ -685,7 +687,7 @@ def main(argv: list[str]) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("mode", choices=["sample", "interleaved", "fill"])
+    parser.add_argument("mode", choices=["sample", "insert", "interleaved", "fill"])
     parser.add_argument("--env", default="BreakoutNoFrameskip-v4")
     parser.add_argument("--run_steps", type=int, default=40_000, help="Steps of the env run.")
     parser.add_argument("--seed", type=int, default=0)
@@ -741,18 +743,19 @@ def main(argv: list[str]) -> None:
                     flush=True,
                 )
         return
+    key, unit = ("insert", "steps/s") if args.mode == "insert" else ("sample", "batches/s")
     rates: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(args.repeats):
         for name in names:
             job = {"name": name, "path": path, "capacity": capacity, "batches": args.batches}
             result = run_child(job)
             if result is not None:
-                rates[name].append(result["sample"])
-                print(f"round {round_} {name}: {result['sample']:.0f} batches/s", flush=True)
+                rates[name].append(result[key])
+                print(f"round {round_} {name}: {result[key]:.0f} {unit}", flush=True)
     reference = float(np.median(rates[names[0]])) if rates[names[0]] else float("nan")
     for name in names:
         median = float(np.median(rates[name])) if rates[name] else float("nan")
-        print(f"{name}: median {median:.0f} batches/s, {median / reference:.2f}x {names[0]}")
+        print(f"{name}: median {median:.0f} {unit}, {median / reference:.2f}x {names[0]}")
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--child":

@@ -22,6 +22,7 @@ every table), one writer per environment.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,6 +147,11 @@ class TransitionWriter:
         )
         self._frames_where = f"table {table_name!r} (frame_stack={frame_stack})"
         self._plan = FlatSteps(spec)
+        # A stacked observation's shape and dtype (`_add_fast`); None: not stacked.
+        self._stack: tuple[tuple[int, ...], np.dtype] | None = None
+        if frame_stack is not None:
+            leaf = self._plan.observation.leaves[0]
+            self._stack = (leaf.shape, leaf.dtype)
         # The fast path's steps, cast to the plan's dtypes and shapes: `CheckedStep`s for a
         # client whose writers take them as they are once they checked one.
         self._checked: type[CheckedStep] | None = (
@@ -164,9 +170,35 @@ class TransitionWriter:
             target, tree.flatten(padding_step(spec)) if pad_end_of_episode else None
         )
         # The previous call's next states, one `bytes` per observation leaf (all envs' rows).
-        self._expected: list[bytes] = []
+        self._expected: list[bytes | bytearray] = []
         self._has_expected: list[bool] = []
         self._closed = False
+        # `add`'s path for a frame-stacked step within an episode, straight to a writer that
+        # takes such steps (`_bind_stacked`): None until bound, False where it cannot be.
+        self._stacked: Any = None
+        self._stacked_possible = (
+            frame_stack is not None
+            and frame_axis == 0
+            and check_continuity
+            and not pad_end_of_episode
+            and not extra_tables
+            and not self._plan.hidden.leaves
+            and len(self._plan.observation.leaves) == 1
+            and len(self._plan.action.leaves) == 1
+            and len(self._plan.reward.leaves) == 1
+            and self._plan.reward.leaves[0].finite_scalar
+        )
+        # A stacked path's copies of the next states (`_bind_stacked`): a ring of preallocated
+        # buffers, their writable arrays and read-only ones, and the one last filled.
+        self._pool: list[bytearray] = []
+        self._pool_arrays: list[np.ndarray] = []
+        self._pool_kept: list[np.ndarray] = []
+        self._turn = -1
+        # The read-only array over the buffer `_expected` holds (None: `_expected` is other).
+        self._expected_kept: np.ndarray | None = None
+        self._reward_type = self._plan.reward.leaves[0].scalar_type
+        # Discrete actions as the read-only arrays the fast path converts them to, by value.
+        self._action_arrays: dict[int, np.ndarray] = {}
 
     @property
     def num_envs(self) -> int | None:
@@ -216,6 +248,14 @@ class TransitionWriter:
           WriteTimeoutError: If the server does not confirm items within the write timeout.
           ManagerClosedError: If the writer was closed.
         """
+        stacked = self._stacked
+        if (
+            stacked
+            and hidden is None
+            and not extras
+            and self._add_stacked(state, action, reward, next_state, done, truncated)
+        ):
+            return
         label = "hidden"
         if extras or (hidden is not None and self._hidden_extra and not isinstance(hidden, dict)):
             hidden, label = gather_extras(self._extra_names, hidden, extras, "hidden"), "extras"
@@ -353,6 +393,7 @@ class TransitionWriter:
         if self._closed:
             return
         self._closed = True
+        self._stacked = False
         self._envs.close()
 
     def __enter__(self) -> TransitionWriter:
@@ -395,12 +436,13 @@ class TransitionWriter:
         cut = fast_flag(truncated)
         if terminated is None or cut is None:
             return False
-        if (
-            self._check_continuity
-            and self._has_expected[0]
-            and not same_bytes(states, self._expected)
-        ):
-            return False
+        if self._check_continuity and self._has_expected[0]:
+            if not same_bytes(states, self._expected):
+                return False
+            if self._stack is not None:
+                # The state is the previous next_state's copy, byte for byte: the step holds
+                # that copy (read-only; a writer need not copy it again), not the caller's array.
+                states = [np.ndarray(*self._stack, self._expected[0])]
         ended = terminated or cut
         if self._frames is not None and ended:
             self._check_stacks(states, [next_states[0]], [True])
@@ -419,14 +461,134 @@ class TransitionWriter:
             boundary = [plan.last, *next_states, *plan.boundary_tail]
             self._envs.append(0, boundary if checked is None else checked(boundary))
             self._envs.end_episode(0, confirm=False)
-        if self._check_continuity:
+        if self._pool:
+            self._keep_next(next_states[0])
+        elif self._check_continuity:
             self._expected = (
                 [next_states[0].tobytes()]
                 if len(next_states) == 1
                 else [a.tobytes() for a in next_states]
             )
         self._has_expected[0] = not ended
+        if self._stacked is None and self._stacked_possible:
+            self._bind_stacked()
         return True
+
+    def _add_stacked(
+        self,
+        state: Any,
+        action: Any,
+        reward: Any,
+        next_state: Any,
+        done: Any,
+        truncated: Any,
+    ) -> bool:
+        """`_add_fast` of a frame-stacked step within an episode that does not end it, straight
+        to the env's writer (`_bind_stacked`): the state compared in place with the previous
+        next state's copy, which the step holds as it is (a read-only array of the copies'
+        ring), the next state copied into the ring's next buffer, a Discrete action and a
+        float reward converted once.
+
+        Returns:
+          False, having written nothing, where any value or the episode's state needs
+          `_add_fast` (which then converts, refuses or writes it); True once it is written.
+        """
+        if (
+            not (done is False or done is np.False_)
+            or not (truncated is False or truncated is np.False_)
+            or not self._has_expected[0]
+        ):
+            return False
+        kept = self._expected_kept
+        shape, dtype = self._stack  # type: ignore[misc]
+        if (
+            kept is None
+            or type(state) is not np.ndarray
+            or type(next_state) is not np.ndarray
+            or state.shape != shape
+            or next_state.shape != shape
+            or (state.dtype is not dtype and state.dtype != dtype)
+            or (next_state.dtype is not dtype and next_state.dtype != dtype)
+            or not state.flags.c_contiguous
+            or not self._expected[0].startswith(state)  # the previous next state's bytes
+        ):
+            return False
+        if type(action) is int:
+            array = self._action_arrays.get(action)
+            if array is None:
+                array = self._action_array(action)
+                if array is None:
+                    return False
+        else:
+            converted = self._plan.action.convert(action)
+            if converted is None:
+                return False
+            array = converted[0]
+            if type(array) is np.ndarray:
+                array = array.copy()  # the caller may refill its array
+        reward_type = self._reward_type
+        if type(reward) is not float and type(reward) is not reward_type:
+            return False
+        value = reward_type(reward)
+        if not math.isfinite(value):
+            return False
+        plan = self._plan
+        expected = self._expected
+        self._stacked([plan.mid, kept, array, plan.next_mid, value, plan.continuing], expected[0])
+        self._envs.steps[0] += 1  # its writer never waits (`stacked_path`): no flush counted
+        # `_keep_next`, inline.
+        turn = self._turn = (self._turn + 1) % len(self._pool)
+        np.copyto(self._pool_arrays[turn], next_state)
+        expected[0] = self._pool[turn]
+        self._expected_kept = self._pool_kept[turn]
+        return True
+
+    def _action_array(self, action: int) -> np.ndarray | None:
+        """A Discrete action as `Leaf.convert` makes it, read-only and kept for its next use;
+        None where the action takes the full validation (out of the dtype's range)."""
+        leaf = self._plan.action.leaves[0]
+        if leaf.dtype.kind not in "iu" or leaf.shape not in ((), (1,)):
+            return None
+        info = np.iinfo(leaf.dtype)
+        if not info.min <= action <= info.max:
+            return None
+        array = np.full(leaf.shape, action, leaf.dtype)
+        array.flags.writeable = False
+        if len(self._action_arrays) < 4096:
+            self._action_arrays[action] = array
+        return array
+
+    def _keep_next(self, next_state: np.ndarray) -> None:
+        """Copies a next state into the next buffer of the copies' ring (the one no kept step
+        holds), as the state the next call must continue."""
+        turn = self._turn = (self._turn + 1) % len(self._pool)
+        np.copyto(self._pool_arrays[turn], next_state)
+        self._expected = [self._pool[turn]]
+        self._expected_kept = self._pool_kept[turn]
+
+    def _bind_stacked(self) -> None:
+        """Binds `add`'s stacked path once the env's writer is open: where it takes a
+        transition writer's steps within an episode straight (`stacked_path`), the next
+        states are then copied into a ring of `sequence_length + 2` preallocated buffers, so
+        that the steps its history keeps (the last `sequence_length`) and the expected state
+        are never the buffer filled next."""
+        writer = self._envs.writers[0] if self._envs.writers else None
+        path = getattr(writer, "stacked_path", None)
+        bound = path() if path is not None else None
+        if bound is None:
+            self._stacked = False
+            return
+        shape, dtype = self._stack  # type: ignore[misc]
+        count = self._target.sequence_length + 2
+        self._pool = [bytearray(math.prod(shape) * dtype.itemsize) for _ in range(count)]
+        self._pool_arrays = [np.frombuffer(raw, dtype).reshape(shape) for raw in self._pool]
+        self._pool_kept = []
+        for array in self._pool_arrays:
+            kept = array.view()
+            kept.flags.writeable = False
+            self._pool_kept.append(kept)
+        self._turn = -1
+        self._stacked = bound
 
     def _add_multi_fast(
         self,
@@ -592,4 +754,5 @@ class TransitionWriter:
     def _remember(self, next_states: list[np.ndarray], known: list[bool]) -> None:
         if self._check_continuity:
             self._expected = [leaf.tobytes() for leaf in next_states]
+            self._expected_kept = None
         self._has_expected = [bool(k) for k in known]

@@ -7,6 +7,7 @@ the same windows as Reverb's structured writer configs do.
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -81,6 +82,14 @@ class LocalWindowWriter:
         self._since = [0] * len(self._windows)
         self._step_index = -1
         self._longest = max(w.sequence_length for w in self._windows)
+        # A writer of one unpadded table at stride 1 (a collector's usual one): its windows'
+        # bookkeeping without the loop over tables (`_store`).
+        only = self._windows[0]
+        self._single = (
+            only
+            if len(self._windows) == 1 and not only.padded and only.stride_length == 1
+            else None
+        )
         self._frames = self._windows[0].table.frames  # stacked observations: checked
         # Named by the frames' errors, as the Reverb writers and `TransitionWriter` name it.
         self._where = (
@@ -89,6 +98,23 @@ class LocalWindowWriter:
             else f"table {self._windows[0].table.name!r} (frame_stack={self._frames.k})"
         )
         self._exact = [(dtype.type, dtype, shape) for _, dtype, shape in self._fields]
+        # Stacks along axis 0: each step's stack is kept as one byte copy (`_store`), the
+        # history's array over it and the bytes the next stack's first K-1 frames are compared
+        # with in place; `_previous` is the episode's previous stack's copy (None: none yet).
+        self._framed = self._frames is not None and self._frames.axis == 0
+        # A host ring's writer keeps a stack that is a read-only array over a `bytes` object
+        # of its size (`TransitionWriter` hands its continuity copy so) as it is: it cannot
+        # change. A device ring's takes writable copies (`torch.as_tensor`).
+        self._keeps_bytes = self._framed and self._windows[0].table.on_host
+        self._previous: bytes | bytearray | None = None
+        if self._frames is not None:
+            field = self._frames.field
+            _, dtype, shape = self._fields[field]
+            self._stack = (dtype, shape)
+            self._frame_bytes = dtype.itemsize * math.prod(shape) // self._frames.k
+            self._field = field
+            self._others = [i for i in range(len(self._fields)) if i != field]
+            self._earlier = (self._frames.k - 1) * self._frames.channels  # frames 0..K-2
         # The `CheckedStep` subclass of the step last checked whole: its others are taken as
         # they are.
         self._checked: type | None = None
@@ -151,22 +177,66 @@ class LocalWindowWriter:
         for its next step (a vectorised environment's observation, a torch tensor's memory),
         and the step waits in the history until its windows are written (an episode's first
         step until the second is appended; any step whose window cannot share its steps)."""
-        arrays = [value.copy() if type(value) is np.ndarray else value for value in arrays]
         history = self._history
         frames = self._frames
-        if frames is not None:
+        if self._framed:
+            assert frames is not None
+            kept = list(arrays)
+            for index in self._others:
+                value = kept[index]
+                if type(value) is np.ndarray:
+                    kept[index] = value.copy()
             field = frames.field
-            frames.check_step(
-                arrays[field],
-                history[-1][field] if history else None,
-                self._step_index + 1,
-                self._where,
-            )
+            stack = kept[field]
+            raw: bytes | bytearray | None = stack.base
+            if (
+                type(raw) is not bytes
+                or not self._keeps_bytes
+                or stack.flags.writeable
+                or not stack.flags.c_contiguous
+                or len(raw) != stack.nbytes
+            ):
+                raw = bytearray(stack if stack.flags.c_contiguous else np.ascontiguousarray(stack))
+                dtype, shape = self._stack
+                stack = kept[field] = np.ndarray(shape, dtype, raw)
+            previous = self._previous
+            # The common case: the stack follows the previous one (`FrameStack.check_step`'s
+            # first comparison, the previous copy's bytes read in place).
+            if previous is None or not previous.startswith(
+                stack[: self._earlier], self._frame_bytes
+            ):
+                frames.check_step(
+                    stack,
+                    history[-1][field] if history else None,
+                    self._step_index + 1,
+                    self._where,
+                )
+            self._previous = raw
+            arrays = kept
+        else:
+            arrays = [value.copy() if type(value) is np.ndarray else value for value in arrays]
+            if frames is not None:
+                field = frames.field
+                frames.check_step(
+                    arrays[field],
+                    history[-1][field] if history else None,
+                    self._step_index + 1,
+                    self._where,
+                )
         history.append(arrays)
         if len(history) > self._longest:
             del history[0]
         index = self._step_index = self._step_index + 1
         since = self._since
+        single = self._single
+        if single is not None:  # one table, every window: each step from the first full one
+            since[0] += 1
+            length = single.sequence_length
+            if index >= length - 1:
+                fresh = since[0]
+                since[0] = 0
+                single.table.insert_window(history[-length:], single.priority, single.stream, fresh)
+            return
         for position, window in enumerate(self._windows):
             since[position] += 1
             length = window.sequence_length
@@ -181,6 +251,51 @@ class LocalWindowWriter:
                 since[position] = 0
                 window.table.insert_window(history[-length:], window.priority, window.stream, fresh)
 
+    def stacked_path(self) -> Any:
+        """`append_stacked`, where this writer takes a transition writer's steps straight: one
+        unpadded table at stride 1 in host memory, stacks along axis 0; else None. Its caller
+        need not count steps for `flush`, which never waits."""
+        if self._single is None or not self._keeps_bytes:
+            return None
+        return self.append_stacked
+
+    def append_stacked(self, step: list[Any], buffer: bytearray) -> None:
+        """`append` of a transition writer's step within an episode (`stacked_path`): its
+        fields of the table's dtypes and shapes, none the caller's array, its stack a
+        read-only C-contiguous array over `buffer`, which the writer fills again only once the
+        step left the history (`TransitionWriter._keep_next`): the step keeps it as it is. Its
+        window goes straight to the ring where it continues the writer's previous item
+        (`LocalTable.insert_next`).
+
+        Raises:
+          SpecMismatchError: If the stack does not follow the previous one (`_store`'s check,
+            naming the step); nothing is changed then.
+        """
+        stack = step[self._field]
+        previous = self._previous
+        # `FrameStack.check_step`'s first comparison, as in `_store`; anything else is
+        # checked (and refused or kept as a copy) there.
+        if previous is None or not previous.startswith(stack[: self._earlier], self._frame_bytes):
+            self._store(step)
+            return
+        history = self._history
+        history.append(step)
+        if len(history) > self._longest:
+            del history[0]
+        self._previous = buffer
+        index = self._step_index = self._step_index + 1
+        single = self._single
+        assert single is not None
+        since = self._since
+        since[0] += 1
+        length = single.sequence_length
+        if index >= length - 1:
+            fresh = since[0]
+            since[0] = 0
+            table = single.table
+            if fresh != 1 or table.insert_next(step, single.priority, single.stream) is None:
+                table.insert_window(history[-length:], single.priority, single.stream, fresh)
+
     def flush(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to wait for: items are in the table once `append` returns."""
 
@@ -188,6 +303,7 @@ class LocalWindowWriter:
         """Ends the episode: the next step starts new windows."""
         del clear_buffers, timeout_ms
         self._history = []
+        self._previous = None
         self._since = [0] * len(self._windows)
         self._step_index = -1
         for window in self._windows:

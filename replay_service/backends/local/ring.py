@@ -163,6 +163,17 @@ class StepRing(RingReads):
         self._max_steps = capacity * span * span
         # Whether a writer's windows share steps (not once in shared memory, see `sharing`).
         self._shares = True
+        # The writers' path (`WindowInserts._insert_next`): the fields other than the stacked
+        # one, and a zero frame's bytes (b"": frames not stacked along axis 0; None: not made).
+        self._unstacked = [
+            index
+            for index in range(len(self._step_shapes))
+            if frames is None or index != frames.field
+        ]
+        self._zero_frame: bytes | None = None
+        # `WindowInserts.insert_next`'s flat views of `_columns` and `_preds` (`_flat_views`),
+        # remade when either is.
+        self._flat: Any = None
         # "memmap": the directory of the files (made by `_allocate`); None: none yet.
         self._memmap_dir: str | None = None
         # Files that could not grow: the ring grows again once this serial is written.
@@ -189,6 +200,11 @@ class StepRing(RingReads):
     def frames(self) -> FrameStack | None:
         """The stacked observation whose frames are stored once; None: none."""
         return self._frames
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the step ring is in host memory (numpy columns), not on a device."""
+        return self._device is None
 
     @property
     def step_bytes(self) -> int:

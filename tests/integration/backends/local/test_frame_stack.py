@@ -148,6 +148,31 @@ def test_warm_up_writes_the_envs_stacks(make) -> None:
         assert (item[0].tobytes(), item[1].tobytes()) in consecutive
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_a_caller_reusing_its_stack_arrays_never_changes_what_was_written(
+    make, episodes, compression: str | None
+) -> None:
+    # A vectorised env or a torch loop fills the same observation arrays in place each step;
+    # the writer keeps copies (the state of a step within an episode: the copy its continuity
+    # check made of the previous next state).
+    if compression is not None:
+        pytest.importorskip("lz4", reason="the compression extra is not installed")
+    transitions = laid_out(episodes["reset"], 0)[:60]
+    manager = make(compression=compression)
+    manager.create_replay_buffer()
+    state = np.empty_like(transitions[0][0])
+    next_state = np.empty_like(transitions[0][3])
+    with manager.transition_writer() as writer:
+        for s, a, r, n, done, cut in transitions:
+            state[...] = s
+            next_state[...] = n
+            writer.add(state, a, r, next_state, done, cut)
+            state[...] = 0  # the caller's arrays change before the next add
+            next_state[...] = 255
+    check_items(manager, transitions)
+
+
 def test_stacks_that_are_no_shift_are_refused(make, episodes) -> None:
     transitions = episodes["reset"][:6]
     manager = make()
@@ -171,6 +196,27 @@ def test_stacks_that_are_no_shift_are_refused(make, episodes) -> None:
         fresh.transition_writer().add(unpadded, 0, 0.0, transitions[4][3], False, False)
     assert fresh.num_frames() == 0
     assert table(fresh).nbytes == 0 or table(fresh).size == 0
+
+
+def test_a_next_state_that_is_no_shift_is_refused_as_the_following_state(make, episodes) -> None:
+    # Within an episode a state is the previous next state's copy; the stack that does not
+    # follow its previous one is refused when it is written as a state, deep in an episode.
+    transitions = episodes["reset"][:12]
+    assert not any(done or cut for *_, done, cut in transitions)
+    manager = make()
+    manager.create_replay_buffer()
+    writer = manager.transition_writer()
+    for transition in transitions[:10]:
+        writer.add(*transition)
+    state, action, reward, next_state, done, cut = transitions[10]
+    wrong = next_state.copy()
+    wrong[1] ^= 1  # frame 1 is not frame 2 of the previous stack
+    writer.add(state, action, reward, wrong, done, cut)
+    before = manager.num_frames()
+    with pytest.raises(SpecMismatchError, match=r"step 11 of the episode: frame 1"):
+        writer.add(wrong, *transitions[11][1:])
+    assert manager.num_frames() == before
+    check_items(manager, transitions[:10])
 
 
 @pytest.mark.heavy
