@@ -167,7 +167,8 @@ class RingReads:
         (each stack's K frames, each other field's step) crosses to the device in one copy,
         the frames of every stack are gathered by one `index_select`, and an episode's zero
         padding is a multiply by a keep mask that crossed with them (a boolean-mask write
-        would wait for the device)."""
+        would wait for the device; float frames: a `masked_fill_` by it, as a multiply keeps
+        NaN and -0.0)."""
         frames = self._frames
         assert frames is not None and self._preds is not None and self._columns is not None
         k = frames.k
@@ -196,8 +197,13 @@ class RingReads:
         column = self._columns[frames.field]
         gathered = column.index_select(0, index[:frame_count])
         if masked:
-            keep_mask = index[-frame_count:].to(column.dtype)
-            gathered.mul_(keep_mask.view(frame_count, *([1] * (column.dim() - 1))))
+            keep_mask = index[-frame_count:].view(frame_count, *([1] * (column.dim() - 1)))
+            if column.dtype.is_floating_point or column.dtype == torch.bool:
+                # A multiply would keep a NaN or infinity (NaN) and a negative value's sign
+                # (-0.0) of the frame read in the padding's place: zeros written, no sync.
+                gathered.masked_fill_(keep_mask == 0, 0)
+            else:
+                gathered.mul_(keep_mask.to(column.dtype))
         gathered = gathered.view(len(stacked), count, k, *column.shape[1:])
         stacks = {step: frames.assemble(gathered[i]) for i, step in enumerate(stacked)}
         at_step = {

@@ -160,3 +160,35 @@ def test_add_multi_refused_for_one_envs_final_stack_writes_no_env(make) -> None:
 
 def items_of(manager: ReplayBufferManager) -> list[Any]:
     return manager._backend.read_items(manager.table_config).data
+
+
+def test_a_ring_on_a_device_pads_float_stacks_holding_nan_and_negatives_with_zeros(make) -> None:
+    # SB3's zero padding of episode starts: the padded frames read back as +0.0 even where
+    # the ring's frame read in their place holds NaN or a negative value.
+    rng = np.random.default_rng(2)
+    frames = [-rng.random((3, 3)).astype(np.float32) for _ in range(6)]
+    for frame in frames:
+        frame[0, 0] = np.nan
+    zero = np.zeros((3, 3), np.float32)
+    stacks = [
+        np.stack([frames[i - j] if i >= j else zero for j in range(K - 1, -1, -1)])
+        for i in range(len(frames))
+    ]
+    transitions = [
+        (stacks[i], 0, 1.0, stacks[i + 1], i == len(stacks) - 2, False)
+        for i in range(len(stacks) - 1)
+    ]
+    truth = {(s.tobytes(), n.tobytes()) for s, _, _, n, _, _ in transitions}
+    manager = make(np.float32, device="cpu")  # the device code path, on the host
+    with manager.transition_writer() as writer:
+        for _ in range(2):  # the second episode's padding reads the first one's frames
+            for transition in transitions:
+                writer.add(*transition)
+    seen: set[tuple[bytes, bytes]] = set()
+    with manager.torch_batches(8, transitions=True, device="cpu") as stream:
+        for _, batch in zip(range(30), stream, strict=False):
+            seen.update(
+                (s.numpy().tobytes(), n.numpy().tobytes())
+                for s, n in zip(batch.states, batch.next_states, strict=True)
+            )
+    assert seen == truth
