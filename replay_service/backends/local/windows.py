@@ -317,9 +317,13 @@ class WindowInserts(FrameWrites):
         if self._columns is None:
             return None
         held = slots.size
+        serials = stream.serials
         if (
             type(slots) is not RingSlots
             or self._gap is not None
+            # Another writer's steps follow this one's last: the step interleaves them (its
+            # item is not consecutive, `_hold` tells so).
+            or (serials and serials[-1] != self._written - 1)
             or self._tree is not None
             or self._priority is not None
             or priority != self._flat_priority

@@ -192,3 +192,32 @@ def test_a_ring_on_a_device_pads_float_stacks_holding_nan_and_negatives_with_zer
                 for s, n in zip(batch.states, batch.next_states, strict=True)
             )
     assert seen == truth
+
+
+@pytest.mark.parametrize("sequence_length", [4, 5])
+def test_two_writers_whose_steps_first_interleave_in_a_next_step_keep_their_windows(
+    make, sequence_length
+) -> None:
+    # Each writer's first item writes its window whole, one after the other in the ring; the
+    # first writer's next step is the first whose predecessor is not the ring's last step.
+    first = episode([np.full((3, 3), 1 + i, np.uint8) for i in range(10)])
+    second = episode([np.full((3, 3), 100 + i, np.uint8) for i in range(10)])
+    manager = make(sequence_length=sequence_length)
+    writers = [manager.transition_writer(), manager.transition_writer()]
+    for pair in zip(first, second, strict=True):
+        for writer, transition in zip(writers, pair, strict=True):
+            writer.add(*transition)
+    for writer in writers:
+        writer.close()
+
+    def windows(transitions: list[tuple[Any, ...]]) -> set[bytes]:
+        steps = [t[0] for t in transitions] + [transitions[-1][3]]
+        return {
+            np.stack(steps[i - sequence_length + 1 : i + 1]).tobytes()
+            for i in range(sequence_length - 1, len(steps))
+        }
+
+    truth = windows(first) | windows(second)
+    got = [np.asarray(item).tobytes() for item in stored(manager)]
+    assert len(got) == len(truth)
+    assert set(got) == truth
