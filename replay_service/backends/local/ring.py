@@ -163,7 +163,7 @@ class StepRing(RingReads):
         self._max_steps = capacity * span * span
         # Whether a writer's windows share steps (not once in shared memory, see `sharing`).
         self._shares = True
-        # The writers' path (`WindowInserts._insert_next`): the fields other than the stacked
+        # The writers' path (`next_steps.NextSteps`): the fields other than the stacked
         # one, and a zero frame's bytes (b"": frames not stacked along axis 0; None: not made).
         self._unstacked = [
             index
@@ -171,8 +171,8 @@ class StepRing(RingReads):
             if frames is None or index != frames.field
         ]
         self._zero_frame: bytes | None = None
-        # `WindowInserts.insert_next`'s flat views of `_columns` and `_preds` (`_flat_views`),
-        # remade when either is.
+        # `next_steps.NextSteps.insert_next`'s flat views of `_columns` and `_preds`
+        # (`_flat_views`), remade when either is.
         self._flat: Any = None
         # "memmap": the directory of the files (made by `_allocate`); None: none yet.
         self._memmap_dir: str | None = None

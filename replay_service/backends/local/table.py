@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from replay_service.backends.local.compressed_column import PayloadBudget
+from replay_service.backends.local.next_steps import NextSteps
 from replay_service.backends.local.pair_draws import PairDrawing
 from replay_service.backends.local.ring import STORAGES
 from replay_service.backends.local.shared import (
@@ -131,10 +132,11 @@ def check_local_table(config: TableConfig) -> None:
         )
 
 
-class LocalTable(WindowInserts, Shareable, PairDrawing):
+class LocalTable(WindowInserts, NextSteps, Shareable, PairDrawing):
     """One table of the local backend (see module docstring): its items, their sampling,
     priorities and checkpoints; its step ring, inserts and move into shared memory are its base
-    classes' (`ring.StepRing`, `windows.WindowInserts`, `sharing.Shareable`).
+    classes' (`ring.StepRing`, `windows.WindowInserts`, `next_steps.NextSteps`,
+    `sharing.Shareable`).
 
     Args:
       config: The table's name, capacity, sequence length and sampling.
