@@ -498,6 +498,7 @@ def test_pick_free_port_never_hands_out_a_port_twice_in_one_process():
     assert len(set(ports)) == len(ports)
 
 
+@pytest.mark.heavy
 def test_a_client_whose_first_call_stalls_is_replaced_within_the_timeout():
     from replay_service.backends.reverb.connection import first_answer, pick_free_port
 

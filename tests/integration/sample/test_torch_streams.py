@@ -275,6 +275,7 @@ def test_small_batches_are_fetched_together_only_from_independent_draws(
                 assert leaf.untyped_storage().nbytes() == leaf.nbytes * draws
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("prefetch", [0, 3])
 def test_closing_the_manager_fails_streams_before_batches_sampled_ahead(
     make_manager, env, policy, prefetch

@@ -124,6 +124,7 @@ def pair(make_manager: Any, tmp_path: Any, steps: list[Any]) -> Any:
     return nested, packed_manager, expected
 
 
+@pytest.mark.heavy
 def test_packed_table_stores_one_uint8_column_and_the_same_items(pair: Any) -> None:
     nested, manager, expected = pair
     info = manager.py_client.server_info()[manager.table_name]
@@ -546,6 +547,7 @@ def _tf_agents_observers(client: Any, table: str) -> list[Any]:
     ]
 
 
+@pytest.mark.heavy
 def test_tf_agents_own_observers_on_the_managers_clients_write_packed_items(
     make_manager: Any, tmp_path: Any, steps: list[Any]
 ) -> None:

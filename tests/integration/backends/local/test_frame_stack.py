@@ -497,6 +497,7 @@ def test_memmap_storage_and_tf_datasets_read_the_envs_stacks(make, episodes) -> 
     assert {(o[0].tobytes(), o[1].tobytes()) for o in got} <= truth
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "device",
     [

@@ -157,6 +157,7 @@ def test_workers_with_info_give_keys_of_the_table(make) -> None:
         np.testing.assert_array_equal(info.table_size.numpy(), 30)
 
 
+@pytest.mark.heavy
 def test_spawned_workers_sample_the_shared_table(make) -> None:
     manager = make(seed=2)
     writer = manager.transition_writer()
@@ -258,6 +259,7 @@ def test_a_hand_built_loader_says_what_to_do(make) -> None:
         next(iter(loader))
 
 
+@pytest.mark.heavy
 def test_closing_the_manager_stops_the_workers(make) -> None:
     manager = make()
     write(manager.transition_writer(), 0, 5)

@@ -110,6 +110,7 @@ ATARI = [  # a DQN transition step of Breakout, frame_stack=4
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("compression", ["lz4", "zstd"])
 def test_a_compressed_million_step_atari_ring_fits_where_its_raw_frames_would_not(
     tmp_path, monkeypatch, compression: str
