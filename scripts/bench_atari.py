@@ -289,10 +289,12 @@ class FrameRing(Buffer):
 class TorchRL(Buffer):
     """TorchRL's `ReplayBuffer(LazyTensorStorage)`, one TensorDict per transition."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, device: str = "cpu", batch_size: int | None = BATCH) -> None:
         from torchrl.data import LazyTensorStorage, ReplayBuffer
 
-        self.buffer = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=BATCH)
+        self.buffer = ReplayBuffer(
+            storage=LazyTensorStorage(capacity, device=device), batch_size=batch_size
+        )
 
     def add(self, s: Any, a: int, r: float, ns: Any, term: bool, trunc: bool) -> None:
         import torch

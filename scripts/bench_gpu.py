@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_atari
 from bench_atari import STACK, load_run, spaces, stack_hash
 
 CHECK_BATCHES = 20
@@ -100,33 +101,14 @@ class Ours(GpuBuffer):
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-class TorchRL(GpuBuffer):
+class TorchRL(bench_atari.TorchRL, GpuBuffer):
     """TorchRL's `ReplayBuffer(LazyTensorStorage(capacity, device=device))`, one TensorDict of
-    whole stacks per transition."""
+    whole stacks per transition (`bench_atari.TorchRL` on a device), sampled `size` at a time."""
 
     def __init__(self, capacity: int, device: str) -> None:
-        from torchrl.data import LazyTensorStorage, ReplayBuffer
+        super().__init__(capacity, device=device, batch_size=None)
 
-        self.buffer = ReplayBuffer(storage=LazyTensorStorage(capacity, device=device))
-
-    def add(self, s: Any, a: int, r: float, ns: Any, term: bool, trunc: bool) -> None:
-        import torch
-        from tensordict import TensorDict
-
-        self.buffer.add(
-            TensorDict(
-                {
-                    "obs": torch.from_numpy(s),
-                    "action": torch.tensor(a),
-                    "reward": torch.tensor(r),
-                    "next_obs": torch.from_numpy(ns),
-                    "done": torch.tensor(term),
-                },
-                batch_size=[],
-            )
-        )
-
-    def batches(self, size: int) -> Iterator[tuple[Any, ...]]:
+    def batches(self, size: int) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
         while True:
             b = self.buffer.sample(size)
             yield b["obs"], b["action"], b["reward"], b["next_obs"], b["done"]
